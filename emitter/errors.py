@@ -1,0 +1,27 @@
+"""The one error type every refusal of a program, its weights or its config raises."""
+
+
+class ProgramError(ValueError):
+    """A refusal at a place in a file: `PATH:LINE: message` on the command line.
+
+    `line` is 1-based, or None when the error belongs to a whole file (a weight file of the wrong
+    size, say). `path` is filled in by whoever knows the file name (the reader is given text).
+    """
+
+    def __init__(self, message, line=None, path=None):
+        super().__init__(message)
+        self.message = message
+        self.line = line
+        self.path = path
+
+    def at(self, path):
+        """The same error, naming `path` (kept if already set)."""
+        if self.path is None:
+            self.path = str(path)
+        return self
+
+    def __str__(self):
+        where = self.path or "<program>"
+        if self.line is not None:
+            where = f"{where}:{self.line}"
+        return f"{where}: {self.message}"

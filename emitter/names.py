@@ -1,0 +1,84 @@
+"""Which tensor names may reach emitted Python, and the checkpoint names the convention gives them."""
+
+import builtins
+import keyword
+import re
+
+from .ops import HELPER_NAMES
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Names model.py and compile.py use themselves: imports, module-level names, forward's locals.
+_EMITTED = {
+    "argparse", "json", "math", "os", "sys", "np", "torch", "nn", "F",
+    "self", "inputs", "args", "LEAVES", "FILLS", "INPUTS", "STATES", "OUTPUT", "PROGRAM", "EPS",
+    "weights", "LogosModule", "load_weights", "main", "name", "value", "shape", "role", "kind",
+    "dtype", "path", "model", "out", "samba", "utils", "parse_app_args", "get_pefmeta",
+}
+
+RESERVED = frozenset(
+    set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | _EMITTED | set(HELPER_NAMES))
+
+
+def unsafe_name(name):
+    """Why `name` cannot be a tensor name, or None when it can."""
+    if not _IDENT.fullmatch(name):
+        return "is not a name ([A-Za-z_][A-Za-z0-9_]*)"
+    if name.startswith("__"):
+        return "starts with `__`, which Python mangles or reserves"
+    if name in RESERVED:
+        return "is a Python keyword or a name the emitted model.py uses itself"
+    return None
+
+
+def layer_of(var):
+    """The layer number a variable name ends in (`Wq12` → 12), or None."""
+    m = re.search(r"[0-9]+\Z", var)
+    return int(m.group()) if m else None
+
+
+_WHOLE = {"on": "output_norm.weight", "Wout": "output.weight", "emb": "token_embd.weight",
+          "Emb": "token_embd.weight"}
+# stem -> (on an attention layer, on a Gated DeltaNet layer)
+_STEMS = {
+    "an": ("attn_norm.weight",) * 2,
+    "fn": ("post_attention_norm.weight",) * 2,
+    "Qn": ("attn_q_norm.weight",) * 2,
+    "Kn": ("attn_k_norm.weight",) * 2,
+    "Wq": ("attn_q.weight", "attn_qkv.weight"),
+    "Wqg": ("attn_q.weight", None),
+    "Wk": ("attn_k.weight", "attn_qkv.weight"),
+    "Wv": ("attn_v.weight", "attn_qkv.weight"),
+    "Wo": ("attn_output.weight", "ssm_out.weight"),
+    "Wz": (None, "attn_gate.weight"),
+    "Wcq": ("ssm_conv1d.weight",) * 2,
+    "Wck": ("ssm_conv1d.weight",) * 2,
+    "Wcv": ("ssm_conv1d.weight",) * 2,
+    "Wb": ("ssm_beta.weight",) * 2,
+    "Wa": ("ssm_alpha.weight",) * 2,
+    "Dt": ("ssm_dt.bias",) * 2,
+    "Al": ("ssm_a",) * 2,
+    "Gn": ("ssm_norm.weight",) * 2,
+    "Wg": ("ffn_gate.weight",) * 2,
+    "Wu": ("ffn_up.weight",) * 2,
+    "Wd": ("ffn_down.weight",) * 2,
+}
+
+
+def gguf_name(var, attention_layers):
+    """The GGUF tensor a weight variable comes from by the extractor's naming convention, or None.
+
+    `Wq3` is `blk.3.attn_q.weight` when layer 3 is an attention layer (its `attention` op reads a
+    layer-numbered query) and `blk.3.attn_qkv.weight` on a Gated DeltaNet layer.
+    """
+    if var in _WHOLE:
+        return _WHOLE[var]
+    layer = layer_of(var)
+    if layer is None:
+        return None
+    stem = var[: len(var) - len(re.search(r"[0-9]+\Z", var).group())]
+    names = _STEMS.get(stem)
+    if names is None:
+        return None
+    name = names[0] if layer in attention_layers else names[1]
+    return None if name is None else f"blk.{layer}.{name}"

@@ -1,0 +1,87 @@
+"""The one IR: what the reader makes of a tensor program, and all the emitter, VM and lock consume."""
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from .ops import Args, Op
+
+
+@dataclass(frozen=True)
+class Decl:
+    """`Let V be a R by C tensor of Real|Int.`"""
+    var: str
+    rows: int
+    cols: int
+    real: bool
+    line: int
+
+
+@dataclass(frozen=True)
+class Fill:
+    """`Set item N of V to VALUE.` — `index` is the 1-based row-major item number."""
+    var: str
+    index: int
+    value: Union[int, float]
+    line: int
+
+
+@dataclass(frozen=True)
+class OpSentence:
+    """`Let OUT be <op> …` or `Set row P of TABLE to ROW.`; `bound` maps the op's placeholders."""
+    out: str
+    op: Op
+    bound: dict
+    line: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Show:
+    """`Show …` — host output, nothing for the module."""
+    words: tuple
+    line: int
+
+
+@dataclass
+class Stage:
+    """One op in program order: the unit the emitter prints and the lock compares."""
+    index: int
+    out: str
+    op: Op
+    bound: dict
+    line: int
+    text: str
+    inputs: list
+    writes: Optional[str]
+
+    def args(self, shapes, values=None):
+        return Args(self.bound, shapes, values)
+
+    @property
+    def binds(self):
+        """Whether the stage binds `out` (every op but `Set row`, which writes its table back)."""
+        return self.writes != self.out
+
+
+@dataclass
+class Program:
+    source: str
+    sentences: list
+    shapes: dict            # every bound name -> (rows, cols)
+    real: dict              # every bound name -> Real (True) or Int (False)
+    decls: dict             # declared name -> Decl, in declaration order
+    fills: dict             # declared name -> [(flat index from 0, value), ...] in line order
+    stages: list
+    output: str
+    states: list            # leaves an op writes back, in declaration order
+    attention_layers: frozenset
+    path: Optional[str] = None
+    bound_at: dict = field(default_factory=dict)   # name -> line that binds it
+
+    @property
+    def leaves(self):
+        return list(self.decls)
+
+    @property
+    def computed(self):
+        return [s.out for s in self.stages if s.binds]

@@ -1,0 +1,246 @@
+"""The reader: LOGOS tensor sugar to the Program IR, refusing every ill-formed or ill-shaped line."""
+
+import math
+import re
+
+from .errors import ProgramError
+from .names import layer_of, unsafe_name
+from .ops import OPS, SET_ROW, Args, ShapeError, key_of, match, parse_pattern
+from .program import Decl, Fill, OpSentence, Program, Show, Stage
+
+MAX_ELEMENTS = 1 << 31
+_UINT = re.compile(r"[0-9]+")
+_INT = re.compile(r"[+-]?[0-9]+")
+_REAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+DECL_FORM = "Let V be a R by C tensor of Real."
+FILL_FORM = "Set item N of V to VALUE."
+_PATTERNS = [(op, parse_pattern(op.pattern)) for op in OPS]
+_KEYS = [(op, items, key_of(items)) for op, items in _PATTERNS]
+_SET_ROW_ITEMS = parse_pattern(SET_ROW.pattern)
+
+
+def _form(op):
+    return f"{op.pattern}." if op is SET_ROW else f"Let OUT be {op.pattern}."
+
+
+def _known():
+    return "; ".join([DECL_FORM, FILL_FORM, _form(SET_ROW), "Show …"] + [_form(op) for op, _ in _PATTERNS])
+
+
+class _Line:
+    """One line's text and number, for errors that quote the sentence."""
+
+    def __init__(self, text, number):
+        self.text, self.number = text, number
+
+    def error(self, message):
+        return ProgramError(f"`{self.text}`: {message}", self.number)
+
+    def expected(self, form, detail=""):
+        return self.error(f"expected `{form}`" + (f" ({detail})" if detail else ""))
+
+
+def _name(line, word, what="a tensor name"):
+    why = unsafe_name(word)
+    if why:
+        raise line.error(f"{what} `{word}` {why}")
+    return word
+
+
+def _count(line, word, what):
+    if not _UINT.fullmatch(word) or int(word) == 0:
+        raise line.error(f"{what} must be a positive integer literal, got `{word}`")
+    return int(word)
+
+
+def _bind(line, op, bound):
+    """Check and convert a matched op's placeholder words: integers, indices and safe names."""
+    out = {}
+    for p, w in bound.items():
+        if p in op.ints:
+            out[p] = _count(line, w, f"`{p}` in `{_form(op)}`")
+        elif p in op.index:
+            out[p] = int(w) if _UINT.fullmatch(w) else _name(line, w, "the row index")
+        else:
+            out[p] = _name(line, w)
+    return out
+
+
+def _op_sentence(line, out, op, bound):
+    return OpSentence(out, op, _bind(line, op, bound), line.number, line.text)
+
+
+def _read_let(line, words):
+    out = _name(line, words[1], "the bound name")
+    rest = words[3:]
+    candidates = [(op, items) for op, items, (pos, word) in _KEYS
+                  if pos < len(rest) and rest[pos] == word]
+    for op, items in candidates:
+        bound = match(items, rest)
+        if bound is not None:
+            return _op_sentence(line, out, op, bound)
+    if candidates:
+        raise line.expected(_form(candidates[0][0]))
+    if rest and rest[0] == "a":
+        if not (len(rest) == 7 and rest[2] == "by" and rest[4] == "tensor" and rest[5] == "of"):
+            raise line.expected(DECL_FORM, "or `… of Int.`")
+        if rest[6] not in ("Real", "Int"):
+            raise line.error(f"a tensor is of Real or Int, not `{rest[6]}`")
+        rows, cols = _count(line, rest[1], "the row count"), _count(line, rest[3], "the column count")
+        if rows * cols > MAX_ELEMENTS:
+            raise line.error(f"{rows} by {cols} is more than {MAX_ELEMENTS} elements")
+        return Decl(out, rows, cols, rest[6] == "Real", line.number)
+    raise line.error(f"not a tensor sentence; the forms are: {_known()}")
+
+
+def _read_set(line, words):
+    if len(words) > 1 and words[1] == "item":
+        if not (len(words) == 7 and words[3] == "of" and words[5] == "to"):
+            raise line.expected(FILL_FORM)
+        if not _UINT.fullmatch(words[2]):
+            raise line.error(f"the item number must be an integer literal, got `{words[2]}`")
+        if not _REAL.fullmatch(words[6]):
+            raise line.error(f"VALUE must be a numeric literal (`3`, `-0.25`, `1e-3`), got `{words[6]}`")
+        return Fill(_name(line, words[4]), int(words[2]), words[6], line.number)
+    if len(words) > 1 and words[1] == "row":
+        bound = match(_SET_ROW_ITEMS, words)
+        if bound is None:
+            raise line.expected(_form(SET_ROW))
+        return _op_sentence(line, bound["TABLE"], SET_ROW, bound)
+    raise line.error(f"expected `{FILL_FORM}` or `{_form(SET_ROW)}`")
+
+
+def _read_sentence(text, number):
+    t = text.strip()
+    if not t or t.startswith("#"):
+        return None
+    line = _Line(t, number)
+    if not t.endswith("."):
+        raise line.error("a sentence ends with a period")
+    words = t[:-1].split()
+    if not words:
+        raise line.error("an empty sentence")
+    if words[0] == "Show":
+        return Show(tuple(words[1:]), number)
+    if words[0] == "Set":
+        return _read_set(line, words)
+    if words[0] == "Let" and len(words) >= 4 and words[2] == "be":
+        return _read_let(line, words)
+    raise line.error(f"not a tensor sentence; the forms are: {_known()}")
+
+
+def read_tensor_sentences(source):
+    """Every sentence of a program in order (Decl, Fill, OpSentence, Show); no binding checks."""
+    out = []
+    for number, text in enumerate(source.split("\n"), start=1):
+        s = _read_sentence(text, number)
+        if s is not None:
+            out.append(s)
+    return out
+
+
+class _Checker:
+    """Binding, fill and shape checks over the sentences, building the Program."""
+
+    def __init__(self):
+        self.shapes, self.real, self.decls, self.fills = {}, {}, {}, {}
+        self.bound_at, self.read_at, self.stages, self.written = {}, {}, [], set()
+
+    def bind(self, s, name, shape, real):
+        if name in self.bound_at:
+            raise ProgramError(f"`{name}` is bound here and already on line {self.bound_at[name]}; "
+                               "a name is bound once", s.line)
+        self.bound_at[name], self.shapes[name], self.real[name] = s.line, shape, real
+
+    def decl(self, s):
+        self.bind(s, s.var, (s.rows, s.cols), s.real)
+        self.decls[s.var] = s
+        self.fills[s.var] = []
+
+    def fill(self, s):
+        if s.var not in self.decls:
+            if s.var in self.bound_at:
+                raise ProgramError(f"`Set item … of {s.var}` fills a tensor the op on line "
+                                   f"{self.bound_at[s.var]} computes; only a declared tensor is filled",
+                                   s.line)
+            raise ProgramError(f"`Set item … of {s.var}` fills `{s.var}`, which is not declared on an "
+                               "earlier line", s.line)
+        if s.var in self.read_at:
+            raise ProgramError(f"`{s.var}` is filled after the op on line {self.read_at[s.var]} read it; "
+                               "fills come before the first read", s.line)
+        d = self.decls[s.var]
+        if not 1 <= s.index <= d.rows * d.cols:
+            raise ProgramError(f"`Set item {s.index} of {s.var}`: `{s.var}` is {d.rows} by {d.cols}, "
+                               f"so items run 1..{d.rows * d.cols}", s.line)
+        if d.real:
+            value = float(s.value)
+            if not math.isfinite(value):
+                raise ProgramError(f"`Set item {s.index} of {s.var}`: `{s.value}` is not a finite number",
+                                   s.line)
+        elif _INT.fullmatch(s.value):
+            value = int(s.value)
+        else:
+            raise ProgramError(f"`Set item {s.index} of {s.var}`: `{s.var}` is an Int tensor and takes "
+                               f"an integer, not `{s.value}`", s.line)
+        self.fills[s.var].append((s.index - 1, value))
+
+    def op(self, s):
+        err = lambda message: ProgramError(f"`{s.text}`: {message}", s.line)  # noqa: E731
+        inputs = s.op.tensor_inputs(s.bound)
+        for name in inputs:
+            if name not in self.bound_at:
+                raise err(f"`{s.op.name}` reads `{name}`, which is not bound on an earlier line")
+        try:
+            shape = s.op.shape(Args(s.bound, self.shapes))
+        except ShapeError as e:
+            raise err(str(e)) from None
+        writes = s.bound[s.op.writes] if s.op.writes else None
+        if writes is not None and writes not in self.decls:
+            raise err(f"`{writes}` is computed on line {self.bound_at[writes]}; only a declared "
+                      "tensor carries state")
+        for name in inputs:
+            self.read_at.setdefault(name, s.line)
+        if writes is None or writes != s.out:
+            self.bind(s, s.out, tuple(shape), self.real[inputs[0]])
+        if writes is not None:
+            self.written.add(writes)
+        self.stages.append(Stage(len(self.stages), s.out, s.op, s.bound, s.line, s.text, inputs,
+                                 writes))
+
+
+def read_program(source, path=None):
+    """The Program IR of a tensor program's text, or a ProgramError at the offending line."""
+    try:
+        sentences = read_tensor_sentences(source)
+        c = _Checker()
+        for s in sentences:
+            if isinstance(s, Decl):
+                c.decl(s)
+            elif isinstance(s, Fill):
+                c.fill(s)
+            elif isinstance(s, OpSentence):
+                c.op(s)
+        outputs = [st.out for st in c.stages if st.binds]
+        if not outputs:
+            raise ProgramError("a tensor program with no op has nothing to compute")
+    except ProgramError as e:
+        raise e.at(path) if path is not None else e
+    attention_layers = frozenset(
+        layer_of(st.bound["Q"]) for st in c.stages
+        if st.op.name == "attention" and layer_of(st.bound["Q"]) is not None)
+    return Program(
+        source=source, sentences=sentences, shapes=c.shapes, real=c.real, decls=c.decls,
+        fills=c.fills, stages=c.stages, output=outputs[-1],
+        states=[v for v in c.decls if v in c.written], attention_layers=attention_layers,
+        path=None if path is None else str(path), bound_at=c.bound_at)
+
+
+def read_file(path):
+    """Read a program file (UTF-8); an unreadable or undecodable file is a ProgramError too."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProgramError(f"cannot read the program: {e}", path=str(path)) from None
+    return read_program(source, path)
