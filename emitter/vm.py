@@ -1,0 +1,144 @@
+"""The VM: a NumPy float64 interpreter of the Program IR, the program's meaning. It never imports torch.
+
+Leaf values come from `<name>.f64` / `<name>.f32` files in the program's weights directory, else the
+declared zeros with their fills. Each step runs every stage in order; states written back carry
+into the next step.
+"""
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import ProgramError
+from .ops import ShapeError
+
+_EXTS = ((".f64", "<f8"), (".f32", "<f4"))
+
+
+def declared_value(program, name):
+    d = program.decls[name]
+    value = np.zeros((d.rows, d.cols))
+    flat = value.reshape(-1)
+    for index, item in program.fills[name]:
+        flat[index] = item
+    return value
+
+
+def _read_leaf(program, name, path, dtype):
+    d = program.decls[name]
+    itemsize = np.dtype(dtype).itemsize
+    size = os.path.getsize(path)
+    if size != d.rows * d.cols * itemsize:
+        raise ProgramError(f"`{name}` is {d.rows} by {d.cols}: expected {d.rows * d.cols * itemsize} "
+                           f"bytes of {dtype[1:]}, the file has {size}", path=path)
+    value = np.fromfile(path, dtype=dtype).astype(np.float64).reshape(d.rows, d.cols)
+    bad = np.flatnonzero(~np.isfinite(value))
+    if bad.size:
+        raise ProgramError(f"`{name}` holds a non-finite value ({value.reshape(-1)[bad[0]]}) at "
+                           f"flat index {bad[0]}", path=path)
+    if not d.real and not np.array_equal(value, np.round(value)):
+        raise ProgramError(f"`{name}` is an Int tensor but the file holds non-integers", path=path)
+    return value
+
+
+@dataclass
+class Leaves:
+    """Every leaf's value, where each came from, and the directory's files no leaf claimed."""
+    values: dict
+    sources: dict
+    unmatched: list = field(default_factory=list)
+
+
+def load_leaves(program, weights_dir=None, ignore=()):
+    """Leaf values for `program`: files in `weights_dir` where present, else declared values.
+
+    `ignore` names files that belong to the directory without being leaves (its manifest)."""
+    values, sources, claimed = {}, {}, set()
+    for name in program.leaves:
+        found = []
+        if weights_dir is not None:
+            found = [(name + ext, dt) for ext, dt in _EXTS
+                     if os.path.isfile(os.path.join(weights_dir, name + ext))]
+        if len(found) > 1:
+            raise ProgramError(f"both `{found[0][0]}` and `{found[1][0]}` exist for `{name}`; keep one",
+                               path=str(weights_dir))
+        if found:
+            fname, dtype = found[0]
+            claimed.add(fname)
+            values[name] = _read_leaf(program, name, os.path.join(weights_dir, fname), dtype)
+            sources[name] = fname
+        else:
+            values[name] = declared_value(program, name)
+            sources[name] = "declared"
+    unmatched = []
+    if weights_dir is not None:
+        if not os.path.isdir(weights_dir):
+            raise ProgramError("the weights directory does not exist", path=str(weights_dir))
+        unmatched = sorted(f for f in os.listdir(weights_dir)
+                           if f not in claimed and f not in ignore and not f.startswith("."))
+    return Leaves(values, sources, unmatched)
+
+
+@dataclass
+class StepTrace:
+    """One step: every stage's value (the op's result as the stage returns it), the output, the
+    states after the step, and the step's wall time."""
+    stages: list
+    output: np.ndarray
+    states: dict
+    seconds: float
+
+
+def run_stage(program, stage, env):
+    """One stage's result on the values in `env` (a ProgramError at its line on a bad index)."""
+    try:
+        return stage.op.vm(stage.args(program.shapes, env))
+    except ShapeError as e:
+        raise ProgramError(f"`{stage.text}`: {e}", stage.line, program.path) from None
+
+
+def bind_result(stage, env, result):
+    """Put a stage's result into `env`: its output, and the state it writes back."""
+    if stage.writes is None:
+        env[stage.out] = result
+    elif stage.binds:
+        env[stage.out], env[stage.writes] = result
+    else:
+        env[stage.writes] = result
+
+
+def step(program, leaves, keep_stages=True):
+    """Run every stage once on `leaves`; returns the StepTrace (its states are the next leaves')."""
+    start = time.perf_counter()
+    env = dict(leaves)
+    stages = []
+    with np.errstate(all="ignore"):
+        for stage in program.stages:
+            result = run_stage(program, stage, env)
+            bind_result(stage, env, result)
+            if keep_stages:
+                stages.append(result)
+    return StepTrace(stages, env[program.output], {s: env[s] for s in program.states},
+                     time.perf_counter() - start)
+
+
+def run(program, leaves, steps=1, keep_stages=False):
+    """`steps` steps from `leaves`, each starting from the states the last one wrote."""
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    current, traces = dict(leaves), []
+    for _ in range(steps):
+        trace = step(program, current, keep_stages)
+        current.update(trace.states)
+        traces.append(trace)
+    return traces
+
+
+def output_summary(program, output):
+    flat = output.reshape(-1)
+    first = float(flat[0]) if flat.size else math.nan
+    return {"output": program.output, "shape": list(output.shape), "first": first,
+            "argmax": int(np.argmax(flat))}
