@@ -125,8 +125,9 @@ def render_model(p: Program, name):
 
 _MODULE_HEAD = '''
 class LogosModule(nn.Module):
-    """The tensor program. Every leaf is a buffer `leaf_<name>` holding its value from `weights`,
-    else its declared zeros with the program's fills; a leaf passed to forward overrides it."""
+    """The tensor program. Every leaf is a buffer `leaf_<name>` holding its value from `weights`
+    (shared, not copied, when already of `dtype`), else its declared zeros with the program's
+    fills; a leaf passed to forward overrides it."""
 
     probe = None  # the lock check's hook: sees each stage's value and may hand back its own
 
@@ -135,7 +136,9 @@ class LogosModule(nn.Module):
         weights = weights or {}
         for name, (shape, role, kind) in LEAVES.items():
             if name in weights:
-                value = torch.as_tensor(weights[name]).to(dtype).reshape(shape).clone()
+                value = torch.as_tensor(weights[name]).to(dtype).reshape(shape)
+                if name in STATES:  # written back in place: never into the caller's tensor
+                    value = value.clone()
             else:
                 value = torch.zeros(shape, dtype=dtype)
                 for index, item in FILLS.get(name, ()):

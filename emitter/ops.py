@@ -47,7 +47,8 @@ class Args:
         return rows * cols
 
     def __getitem__(self, p):
-        return self.values[self.bound[p]]
+        """The value bound to a tensor placeholder, widened to float64 (a no-op when it is)."""
+        return np.asarray(self.values[self.bound[p]], dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -438,7 +439,8 @@ def _index(a, p, table):
 
 
 def _vm_row(a):
-    return a["TABLE"][_index(a, "TOK", "TABLE")].reshape(1, -1).copy()
+    table = a.values[a.bound["TABLE"]]  # widen the one row, not the table
+    return np.array(table[_index(a, "TOK", "TABLE")], dtype=np.float64).reshape(1, -1)
 
 
 def _vm_set_row(a):

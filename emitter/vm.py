@@ -1,8 +1,9 @@
 """The VM: a NumPy float64 interpreter of the Program IR, the program's meaning. It never imports torch.
 
 Leaf values come from `<name>.f64` / `<name>.f32` files in the program's weights directory, else the
-declared zeros with their fills. Each step runs every stage in order; states written back carry
-into the next step.
+declared zeros with their fills. A `.f32` leaf is held as read and widened to float64 where an op
+reads it (exact, and it keeps a big checkpoint at its own size in memory). Each step runs every
+stage in order; states written back carry into the next step.
 """
 
 import math
@@ -34,7 +35,7 @@ def _read_leaf(program, name, path, dtype):
     if size != d.rows * d.cols * itemsize:
         raise ProgramError(f"`{name}` is {d.rows} by {d.cols}: expected {d.rows * d.cols * itemsize} "
                            f"bytes of {dtype[1:]}, the file has {size}", path=path)
-    value = np.fromfile(path, dtype=dtype).astype(np.float64).reshape(d.rows, d.cols)
+    value = np.fromfile(path, dtype=dtype).reshape(d.rows, d.cols)
     bad = np.flatnonzero(~np.isfinite(value))
     if bad.size:
         raise ProgramError(f"`{name}` holds a non-finite value ({value.reshape(-1)[bad[0]]}) at "
