@@ -1,0 +1,48 @@
+import importlib.util
+import os
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests", "data")
+
+
+def emit_bundle(source, directory):
+    """Emit `source` into `directory` (through the library) and return the path."""
+    from emitter import emit_torch_module, write_bundle
+    write_bundle(emit_torch_module(source), str(directory))
+    return str(directory)
+
+
+def load_model(bundle_dir):
+    """Import a bundle's model.py as a fresh module."""
+    spec = importlib.util.spec_from_file_location(f"model_{uuid.uuid4().hex}",
+                                                  os.path.join(bundle_dir, "model.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_weights(program, directory, seed=0, skip=()):
+    """Random float64 weights for every Real leaf of `program` (skipping `skip`)."""
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for name in program.leaves:
+        d = program.decls[name]
+        if d.real and name not in skip:
+            rng.standard_normal((d.rows, d.cols)).astype("<f8").tofile(os.path.join(directory, name + ".f64"))
+    return str(directory)
+
+
+@pytest.fixture
+def all_ops_path():
+    return os.path.join(DATA, "all_ops.logos")
+
+
+def run_cli(*args, **kw):
+    import subprocess
+    return subprocess.run([sys.executable, "-m", "emitter", *args], capture_output=True, text=True,
+                          cwd=kw.get("cwd", ROOT), env={**os.environ, "PYTHONPATH": ROOT})
