@@ -237,7 +237,7 @@ def render_compile(name):
 
 The shape of a SambaNova app: `parse_app_args` gives the `compile` and `run` subcommands (with
 `--pef`, `--pef-name`, `--output-folder`, `--inference`); weights are loaded before tracing; inputs
-are fixed-shape samba tensors. Every line that touches the vendor SDK carries the TEMPLATE mark:
+are fixed-shape SDK tensors. Every line that touches the vendor SDK carries the TEMPLATE mark:
 nobody here has run it.
 """
 import os

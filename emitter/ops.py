@@ -684,7 +684,8 @@ OPS = (
 )
 
 # `Set row P of TABLE to ROW.` is a sentence of its own (no `Let`): the op that writes TABLE back.
-SET_ROW = Op("set row", "Set row P of TABLE to ROW", shape=_set_row_shape, vm=_vm_set_row,
+# Its pattern is matched after the leading `Set`.
+SET_ROW = Op("set row", "row P of TABLE to ROW", shape=_set_row_shape, vm=_vm_set_row,
              call=lambda a: f"set_row({a.name('TABLE')}, {a.bound['P']}, {a.name('ROW')})",
              spelling="set_row(table, pos, row)", helper=_SET_ROW_PY, index=("P",),
              writes="TABLE", inputs_order=("TABLE", "P", "ROW"))

@@ -21,7 +21,7 @@ _SET_ROW_ITEMS = parse_pattern(SET_ROW.pattern)
 
 
 def _form(op):
-    return f"{op.pattern}." if op is SET_ROW else f"Let OUT be {op.pattern}."
+    return f"Set {op.pattern}." if op is SET_ROW else f"Let OUT be {op.pattern}."
 
 
 def _known():
@@ -104,7 +104,7 @@ def _read_set(line, words):
             raise line.error(f"VALUE must be a numeric literal (`3`, `-0.25`, `1e-3`), got `{words[6]}`")
         return Fill(_name(line, words[4]), int(words[2]), words[6], line.number)
     if len(words) > 1 and words[1] == "row":
-        bound = match(_SET_ROW_ITEMS, words)
+        bound = match(_SET_ROW_ITEMS, words[1:])
         if bound is None:
             raise line.expected(_form(SET_ROW))
         return _op_sentence(line, bound["TABLE"], SET_ROW, bound)

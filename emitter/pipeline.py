@@ -1,0 +1,345 @@
+"""The doit pipeline's actions and up-to-date checks, as module-level functions.
+
+They live here, not in dodo.py, so `doit -n N` can pickle them and a worker never re-imports the
+dodo file (which takes the build/ lock). Every file they write is written whole and renamed into
+place, so an interrupted run leaves old targets or new ones, never half of one.
+
+A program's problems are results, not task crashes: `emit` records a refused program in its status
+file and `lock` turns it into an `error` verdict, so the report (which depends on every program)
+always runs; the report task is what fails the run when any program did not pass.
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+from .emit import BUNDLE_FILES, write_atomic, write_files
+
+# Modules of the pipeline itself: they make no bundle and no verdict, so editing them reruns nothing
+# but the report (which depends on report.py directly).
+PIPELINE_MODULES = {"__main__.py", "cli.py", "config.py", "pipeline.py", "progress.py", "report.py",
+                    "results.py"}
+VM_MODULES = {"vm.py", "lock.py"}
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_text(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def dumps(obj):
+    """Canonical JSON: sorted keys, so equal content is equal bytes (and equal md5 for doit)."""
+    return json.dumps(obj, indent=1, sort_keys=True, allow_nan=True) + "\n"
+
+
+def write_if_changed(path, text):
+    """Write `text` atomically unless the file already holds it (its mtime then stays)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return False
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    write_atomic(path, text)
+    return True
+
+
+# --- process-wide guards --------------------------------------------------------------------------
+
+_LOCK_FD = None
+
+
+class BuildBusy(SystemExit):
+    pass
+
+
+def exclusive(build_dir):
+    """Hold `build_dir/.doit.lock` for this process's life; refuse clearly if another run holds it.
+
+    doit's dependency DB allows one process at a time (pydoit issues #121, #380)."""
+    global _LOCK_FD
+    if _LOCK_FD is not None:
+        return
+    os.makedirs(build_dir, exist_ok=True)
+    path = os.path.join(build_dir, ".doit.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            other = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
+        finally:
+            os.close(fd)
+        sys.stderr.write(f"doit: refused: another doit run (pid {other}) is using {build_dir}/ and "
+                         "its dependency DB; wait for it to finish and run again\n")
+        raise BuildBusy(3)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    _LOCK_FD = fd
+
+
+def sigterm_to_interrupt(signum, frame):
+    """SIGTERM as Ctrl-C: doit then flushes the finished tasks' state instead of losing the run."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def install_sigterm():
+    signal.signal(signal.SIGTERM, sigterm_to_interrupt)
+
+
+# --- code digests ---------------------------------------------------------------------------------
+
+def code_files(root, kind):
+    """The emitter package's files that `kind` ("emit", "vm", "import") depends on, repo-relative."""
+    base = os.path.join(root, "emitter")
+    out = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        sub = rel_dir != "emitter"
+        for f in sorted(filenames):
+            if not f.endswith(".py"):
+                continue
+            is_import = sub and rel_dir.startswith("emitter/importers")
+            if kind == "import":
+                take = is_import
+            elif sub:
+                take = False
+            elif kind == "vm":
+                take = f in VM_MODULES
+            else:
+                take = f not in VM_MODULES and f not in PIPELINE_MODULES
+            if take:
+                out.append(f"{rel_dir}/{f}")
+    return out
+
+
+def _digest_of(files):
+    shas = {f: sha256_file(f) for f in files}
+    return {"files": shas, "digest": sha256_text(dumps(shas))}
+
+
+def digest_current(task, values, target, files):
+    """Up to date when `target` already holds the digest of `files` (hashing a few sources is cheap)."""
+    try:
+        with open(target, encoding="utf-8") as f:
+            return f.read() == dumps(_digest_of(files))
+    except OSError:
+        return False
+
+
+def write_digest(target, files):
+    write_if_changed(target, dumps(_digest_of(files)))
+
+
+# --- weights manifest -----------------------------------------------------------------------------
+
+def _listing(weights_dir):
+    """name -> (size, mtime_ns) of the plain files of a weights directory (dot files ignored)."""
+    out = {}
+    if weights_dir and os.path.isdir(weights_dir):
+        for e in sorted(os.scandir(weights_dir), key=lambda e: e.name):
+            if e.name.startswith(".") or not e.is_file():
+                continue
+            st = e.stat()
+            out[e.name] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _stat_path(manifest):
+    return manifest + ".stat"
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def weights_current(task, values, weights_dir, manifest):
+    """Up to date when the directory's names, sizes and contents match the manifest.
+
+    Files whose mtime moved are re-hashed; if their content is unchanged the stat cache is updated
+    here, so a touched (or freshly cloned) weight file reruns nothing and is hashed only once."""
+    man, cache = _read_json(manifest), _read_json(_stat_path(manifest))
+    if man is None or cache is None or man.get("dir") != weights_dir:
+        return False
+    listing = _listing(weights_dir)
+    files = man.get("files", {})
+    if set(listing) != set(files):
+        return False
+    moved = {}
+    for name, (size, mtime) in listing.items():
+        if files[name]["size"] != size:
+            return False
+        if cache.get(name) != [size, mtime]:
+            moved[name] = (size, mtime)
+    for name in moved:
+        if sha256_file(os.path.join(weights_dir, name)) != files[name]["sha256"]:
+            return False
+    if moved:
+        cache.update({n: list(v) for n, v in moved.items()})
+        write_atomic(_stat_path(manifest), dumps(cache))
+    return True
+
+
+def write_weights_manifest(weights_dir, manifest):
+    """names, sizes and sha256 of the weights directory; rewritten only when they change."""
+    listing = _listing(weights_dir)
+    files = {n: {"size": s, "sha256": sha256_file(os.path.join(weights_dir, n))}
+             for n, (s, _) in listing.items()}
+    body = {"schema": "logos.weights.manifest", "version": 1, "dir": weights_dir,
+            "exists": bool(weights_dir) and os.path.isdir(weights_dir), "files": files,
+            "digest": sha256_text(dumps(files))}
+    write_if_changed(manifest, dumps(body))
+    write_atomic(_stat_path(manifest), dumps({n: list(v) for n, v in listing.items()}))
+
+
+# --- derived weights ------------------------------------------------------------------------------
+
+def import_weights(importer, checkpoint, source, out_dir):
+    """`python -m emitter import-IMPORTER CHECKPOINT --program SOURCE -o DIR` into a fresh
+    directory beside `out_dir`, then swapped into place: the old weights stay until the new exist."""
+    parent = os.path.dirname(out_dir) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out_dir)}.")
+    try:
+        cmd = [sys.executable, "-m", "emitter", f"import-{importer}", checkpoint, "--program", source,
+               "-o", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stdout.write(done.stdout)
+        sys.stderr.write(done.stderr)
+        if done.returncode != 0:
+            from doit.exceptions import TaskFailed
+            return TaskFailed(f"{' '.join(cmd[1:])} exited {done.returncode}")
+        old = None
+        if os.path.exists(out_dir):
+            old = tmp + ".old"
+            os.rename(out_dir, old)
+        os.rename(tmp, out_dir)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+        return True
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- emit -----------------------------------------------------------------------------------------
+
+def emit_bundle(name, source, bundle_dir, status, config_error=None):
+    """Write NAME's bundle and its status (ok + bundle hashes, or the refusal).
+
+    A refused program or config leaves no bundle (a stale one is removed, so nothing locks it) and
+    succeeds as a task: its lock records the error, and the report fails the run."""
+    from .errors import ProgramError
+    state = {"schema": "logos.pipeline.emit", "version": 1, "name": name, "source": source}
+    error = config_error
+    if error is None:
+        try:
+            from .emit import emit_program
+            from .reader import read_file
+            artifact = emit_program(read_file(source))
+        except ProgramError as e:
+            error = str(e)
+        except OSError as e:
+            error = f"{source}: {e.strerror}"
+    if error is None:
+        files = artifact.files()
+        write_files(bundle_dir, files)
+        state.update(status="ok", reason=None,
+                     bundle={f: sha256_text(files[f]) for f in BUNDLE_FILES})
+    else:
+        for f in BUNDLE_FILES:
+            try:
+                os.unlink(os.path.join(bundle_dir, f))
+            except FileNotFoundError:
+                pass
+        state.update(status="error", reason=error, bundle=None)
+        sys.stderr.write(f"emit:{name}: {error}\n")
+    write_if_changed(status, dumps(state))
+    return True
+
+
+# --- lock -----------------------------------------------------------------------------------------
+
+def _error_result(name, source, bundle_dir, weights, dtype, steps, reason):
+    return {"schema": "logos.lock.result", "version": 1, "program": None, "name": name,
+            "program_path": source, "bundle": bundle_dir, "weights": weights, "dtype": dtype,
+            "steps": steps, "verdict": "error", "reason": reason, "tolerance": None, "output": None,
+            "first_divergence": None, "stages": [], "steps_detail": [], "timings": {},
+            "hashes": {"source": None, "bundle": {}, "weights": None}, "versions": {},
+            "unmatched_weights": []}
+
+
+def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, manifest=None,
+                 config_files=()):
+    """Lock NAME's bundle once per dtype: each RESULT.json written whole, each run appended to the
+    history DB. `checks` is [(dtype, atol, rtol, result_path)]. Verdicts are recorded, not raised."""
+    from . import results as history
+    state = _read_json(status) or {"status": "error", "reason": f"{status}: missing or unreadable"}
+    man = _read_json(manifest) if manifest else None
+    config_sha = sha256_text("".join(sha256_file(c) for c in config_files if os.path.isfile(c)))
+    for dtype, atol, rtol, out in checks:
+        if state.get("status") != "ok":
+            r = _error_result(name, source, bundle_dir, weights, dtype, steps, state.get("reason"))
+        elif weights and not os.path.isdir(weights):
+            r = _error_result(name, source, bundle_dir, weights, dtype, steps,
+                              f"{weights}: the weights directory does not exist")
+        else:
+            try:
+                from .lock import lock_bundle
+                r = lock_bundle(bundle_dir, source, weights, dtype=dtype, steps=steps, atol=atol,
+                                rtol=rtol)
+            except Exception as e:   # a lock that crashes is this program's error, not the run's
+                r = _error_result(name, source, bundle_dir, weights, dtype, steps,
+                                  f"the lock check raised {type(e).__name__}: {e}")
+        r["name"] = name
+        r.setdefault("hashes", {})["weights_manifest"] = man.get("digest") if man else None
+        r["hashes"]["config"] = config_sha
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        write_atomic(out, json.dumps(r, indent=2, sort_keys=True, allow_nan=True) + "\n")
+        history.record(db, r)
+        line = history.verdict_line(r)
+        (sys.stdout if r["verdict"] == "pass" else sys.stderr).write(f"lock:{name} {line}\n")
+    return True
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+def entries_current(task, values, entries):
+    """The report reruns when the set of programs or checks changes (not only their files)."""
+    return values.get("entries") == sha256_text(dumps(entries))
+
+
+def make_report(entries, out_dir):
+    """report.json, junit.xml and summary.md from every program's status and results; fails the
+    task (so the run exits non-zero) when any check did not pass."""
+    from doit.exceptions import TaskFailed
+    from .report import build_rows, write_reports
+    rows = build_rows(entries)
+    write_reports(rows, out_dir)
+    bad = [r for r in rows if r["verdict"] != "pass"]
+    values = {"entries": sha256_text(dumps(entries))}
+    if bad:
+        names = ", ".join(f"{r['name']}[{r['check']}]={r['verdict']}" for r in bad[:10])
+        more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+        return TaskFailed(f"{len(bad)} of {len(rows)} checks did not pass: {names}{more} "
+                          f"(see {out_dir}/summary.md)")
+    return values

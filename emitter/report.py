@@ -1,0 +1,142 @@
+"""The zoo's report: build/report.json, build/junit.xml (one testcase per program and dtype) and
+build/summary.md (a CI job summary). Failures come first, each with its first diverging op.
+
+The output is a function of the status and result files only (no clock, no host), so an unchanged
+zoo gives byte-identical reports.
+"""
+
+import json
+import os
+import xml.etree.ElementTree as ET
+
+from .emit import write_files
+
+ORDER = {"fail": 0, "error": 1, "pass": 2}
+
+
+def _read(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _divergence(r):
+    f = (r or {}).get("first_divergence")
+    if not f:
+        return None
+    return {k: f.get(k) for k in ("step", "stage", "out", "op", "line", "max_abs", "max_rel", "nmse")}
+
+
+def build_rows(entries):
+    """One row per check: (program, dtype) for locked programs, (program, "emit") for the rest.
+
+    `entries`: [{"name", "source", "status", "checks": [(dtype, result_path)]}]."""
+    rows = []
+    for e in entries:
+        status = _read(e["status"]) or {"status": "error",
+                                        "reason": f"{e['status']}: not written (emit did not run)"}
+        if not e["checks"]:
+            ok = status.get("status") == "ok"
+            rows.append({"name": e["name"], "source": e["source"], "check": "emit",
+                         "verdict": "pass" if ok else "error", "reason": status.get("reason"),
+                         "first_divergence": None, "output": None, "result": None})
+        for dtype, path in e["checks"]:
+            r = _read(path)
+            if r is None:
+                reason = status.get("reason") if status.get("status") != "ok" else \
+                    f"{path}: not written (the lock did not run)"
+                r = {"verdict": "error", "reason": reason}
+            out = r.get("output") or None
+            rows.append({"name": e["name"], "source": e["source"], "check": dtype,
+                         "verdict": r.get("verdict", "error"), "reason": r.get("reason"),
+                         "first_divergence": _divergence(r),
+                         "output": {k: out.get(k) for k in ("max_abs", "max_rel", "nmse", "cosine",
+                                                           "argmax_agree")} if out else None,
+                         "steps": r.get("steps"), "tolerance": r.get("tolerance"),
+                         "program": r.get("program"), "result": path})
+    rows.sort(key=lambda r: (ORDER.get(r["verdict"], 1), r["name"], r["check"]))
+    return rows
+
+
+def counts(rows):
+    c = {"pass": 0, "fail": 0, "error": 0}
+    for r in rows:
+        c[r["verdict"]] = c.get(r["verdict"], 0) + 1
+    return c
+
+
+def _fmt(x):
+    return "" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+def describe(r):
+    """One line on why a check did not pass."""
+    if r["verdict"] == "error":
+        return r["reason"] or "error"
+    f = r["first_divergence"]
+    o = r["output"] or {}
+    text = f"output max abs {_fmt(o.get('max_abs'))}, max rel {_fmt(o.get('max_rel'))}"
+    if f:
+        text = (f"first diverging op: stage {f['stage']} `{f['out']} = {f['op']}` (line {f['line']}, "
+                f"step {f['step']}), max abs {_fmt(f['max_abs'])}; " + text)
+    return text
+
+
+def render_json(rows):
+    body = {"schema": "logos.pipeline.report", "version": 1,
+            "programs": len({r["name"] for r in rows}), "checks": len(rows), "counts": counts(rows),
+            "failures": [dict(r, why=describe(r)) for r in rows if r["verdict"] != "pass"],
+            "results": rows}
+    return json.dumps(body, indent=2, sort_keys=True, allow_nan=True) + "\n"
+
+
+def render_junit(rows):
+    c = counts(rows)
+    suite = ET.Element("testsuite", name="logos-lock", tests=str(len(rows)),
+                       failures=str(c["fail"]), errors=str(c["error"]), skipped="0")
+    for r in rows:
+        case = ET.SubElement(suite, "testcase", classname=r["name"], name=r["check"],
+                             file=r["source"])
+        if r["verdict"] == "fail":
+            ET.SubElement(case, "failure", message=describe(r), type="lock-fail").text = describe(r)
+        elif r["verdict"] != "pass":
+            ET.SubElement(case, "error", message=describe(r), type="lock-error").text = describe(r)
+    root = ET.Element("testsuites", name="logos", tests=str(len(rows)), failures=str(c["fail"]),
+                      errors=str(c["error"]))
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _md(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_summary(rows):
+    c = counts(rows)
+    names = {r["name"] for r in rows}
+    mark = "✅" if c["fail"] == c["error"] == 0 else "❌"
+    out = [f"## {mark} LOGOS lock: {len(names)} programs, {len(rows)} checks — "
+           f"{c['pass']} pass, {c['fail']} fail, {c['error']} error", ""]
+    bad = [r for r in rows if r["verdict"] != "pass"]
+    if bad:
+        out += ["### Failures", "", "| program | check | verdict | why |", "|---|---|---|---|"]
+        out += [f"| `{r['name']}` | {r['check']} | **{r['verdict']}** | {_md(describe(r))} |"
+                for r in bad]
+        out.append("")
+    out += ["### All checks", "", "| program | check | verdict | max abs | max rel | cosine |",
+            "|---|---|---|---|---|---|"]
+    for r in rows:
+        o = r["output"] or {}
+        out.append(f"| `{r['name']}` | {r['check']} | {r['verdict']} | {_fmt(o.get('max_abs'))} | "
+                   f"{_fmt(o.get('max_rel'))} | {_fmt(o.get('cosine'))} |")
+    return "\n".join(out) + "\n"
+
+
+def write_reports(rows, out_dir):
+    """All three files, each whole (staged, then renamed together)."""
+    os.makedirs(out_dir, exist_ok=True)
+    write_files(out_dir, {"report.json": render_json(rows), "junit.xml": render_junit(rows),
+                          "summary.md": render_summary(rows)})
