@@ -1,0 +1,142 @@
+"""The VM: fills, states across steps, leaf files and their errors, the `run` command."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import reference as ref
+from conftest import run_cli
+from emitter import ProgramError, read_program
+from emitter import vm
+
+RING = """Let x be a 1 by 3 tensor of Real.
+Set item 1 of x to 1.
+Set item 3 of x to -2.5.
+Let wc be a 2 by 3 tensor of Real.
+Set item 1 of wc to 1.
+Set item 4 of wc to 2.
+Set item 6 of wc to 0.5.
+Let cs be a 2 by 3 tensor of Real.
+Let y be causal conv of x with weight wc state cs over 2 taps.
+"""
+
+
+def test_fills_count_from_one_row_major():
+    p = read_program(RING)
+    np.testing.assert_array_equal(vm.declared_value(p, "x"), [[1.0, 0.0, -2.5]])
+    np.testing.assert_array_equal(vm.declared_value(p, "wc"), [[1.0, 0, 0], [2.0, 0, 0.5]])
+
+
+def test_states_carry_across_steps():
+    p = read_program(RING)
+    leaves = vm.load_leaves(p).values
+    traces = vm.run(p, leaves, steps=3)
+    ring = leaves["cs"]
+    for t in traces:
+        want, ring = ref.causal_conv(leaves["x"], leaves["wc"], ring)
+        np.testing.assert_allclose(t.output, want)
+        np.testing.assert_allclose(t.states["cs"], ring)
+    # step 1 sees an empty ring: only the newest tap weighs in; step 2 sees x in the old slot too
+    np.testing.assert_allclose(traces[0].output, [[2.0, 0, -1.25]])
+    np.testing.assert_allclose(traces[1].output, [[3.0, 0, -1.25]])
+
+
+def test_kv_table_written_back_and_read_in_same_step():
+    p = read_program("Let t be a 3 by 2 tensor of Real.\nLet r be a 1 by 2 tensor of Real.\n"
+                     "Set item 1 of r to 4.\nSet row 1 of t to r.\nLet y be row 1 of t.\n")
+    tr = vm.run(p, vm.load_leaves(p).values, steps=2)
+    np.testing.assert_array_equal(tr[0].output, [[4.0, 0.0]])
+    np.testing.assert_array_equal(tr[1].states["t"], [[0, 0], [4.0, 0], [0, 0]])
+
+
+def _write(path, values, dtype):
+    np.asarray(values, dtype=dtype).tofile(path)
+
+
+def test_weights_files_f64_f32_and_unmatched(tmp_path):
+    p = read_program(RING)
+    _write(tmp_path / "x.f32", [1, 2, 3], "<f4")
+    _write(tmp_path / "wc.f64", np.arange(6), "<f8")
+    (tmp_path / "notes.txt").write_text("hi")
+    leaves = vm.load_leaves(p, str(tmp_path))
+    assert leaves.sources == {"x": "x.f32", "wc": "wc.f64", "cs": "declared"}
+    assert leaves.unmatched == ["notes.txt"]
+    assert leaves.values["x"].dtype == np.float32  # widened where read
+    out = vm.run(p, leaves.values)[0].output
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, [[3.0, 8.0, 15.0]])
+
+
+@pytest.mark.parametrize("files,needle", [
+    ({"x.f64": ([1, 2], "<f8")}, "expected 24 bytes of f8, the file has 16"),
+    ({"x.f32": ([1, 2, 3, 4], "<f4")}, "expected 12 bytes of f4, the file has 16"),
+    ({"x.f64": ([1, np.nan, 3], "<f8")}, "non-finite value (nan) at flat index 1"),
+    ({"x.f32": ([1, np.inf, 3], "<f4")}, "non-finite value (inf)"),
+    ({"x.f64": ([1, 2, 3], "<f8"), "x.f32": ([1, 2, 3], "<f4")}, "both `x.f64` and `x.f32` exist"),
+])
+def test_bad_weights(tmp_path, files, needle):
+    p = read_program(RING)
+    for name, (vals, dt) in files.items():
+        _write(tmp_path / name, vals, dt)
+    with pytest.raises(ProgramError) as e:
+        vm.load_leaves(p, str(tmp_path))
+    assert needle in e.value.message
+    assert str(tmp_path) in str(e.value)
+
+
+def test_int_leaf_file_must_hold_integers(tmp_path):
+    p = read_program("Let t be a 1 by 2 tensor of Int.\nLet y be silu of t.\n")
+    _write(tmp_path / "t.f64", [1, 2.5], "<f8")
+    with pytest.raises(ProgramError, match="Int tensor but the file holds non-integers"):
+        vm.load_leaves(p, str(tmp_path))
+
+
+def test_missing_weights_dir():
+    with pytest.raises(ProgramError, match="does not exist"):
+        vm.load_leaves(read_program(RING), "/nonexistent/weights")
+
+
+@pytest.mark.parametrize("value,needle", [("7", "not a row number in 0..2"), ("-1", "not a row number"),
+                                          ("1.5", "is 1.5, not a row number")])
+def test_row_index_out_of_range_names_line(value, needle):
+    p = read_program(f"Let t be a 3 by 2 tensor of Real.\nLet i be a 1 by 1 tensor of Real.\n"
+                     f"Set item 1 of i to {value}.\nLet y be row i of t.\n")
+    with pytest.raises(ProgramError) as e:
+        vm.run(p, vm.load_leaves(p).values)
+    assert e.value.line == 4 and needle in e.value.message
+
+
+def test_set_row_index_out_of_range_names_line():
+    p = read_program("Let t be a 3 by 2 tensor of Real.\nLet i be a 1 by 1 tensor of Int.\n"
+                     "Set item 1 of i to 3.\nLet r be a 1 by 2 tensor of Real.\nSet row i of t to r.\n"
+                     "Let y be silu of r.\n")
+    with pytest.raises(ProgramError) as e:
+        vm.run(p, vm.load_leaves(p).values)
+    assert e.value.line == 5
+
+
+def test_run_cli(tmp_path):
+    prog = tmp_path / "ring.logos"
+    prog.write_text(RING)
+    (tmp_path / "w").mkdir()
+    _write(tmp_path / "w" / "x.f64", [1, 2, 3], "<f8")
+    _write(tmp_path / "w" / "extra.f64", [1], "<f8")
+    r = run_cli("run", str(prog), "--weights", str(tmp_path / "w"), "--steps", "2", "--out",
+                str(tmp_path / "o.bin"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"output": "y", "shape": [1, 3], "first": 3.0, "argmax": 0, "steps": 2}
+    assert "`extra.f64` matches no leaf" in r.stderr
+    got = np.fromfile(tmp_path / "o.bin", dtype="<f8")
+    assert os.path.getsize(tmp_path / "o.bin") == 24
+    np.testing.assert_allclose(got, [3.0, 0.0, 1.5])
+
+
+def test_run_cli_bad_weight_exit_1(tmp_path):
+    prog = tmp_path / "ring.logos"
+    prog.write_text(RING)
+    _write(tmp_path / "x.f64", [1, 2], "<f8")
+    r = run_cli("run", str(prog), "--weights", str(tmp_path), "--out", str(tmp_path / "o.bin"))
+    assert r.returncode == 1 and "x.f64" in r.stderr and "expected 24 bytes" in r.stderr
+    assert not (tmp_path / "o.bin").exists()
