@@ -1,0 +1,390 @@
+"""A GGUF checkpoint to a weights directory, and the llama decode step written from its metadata.
+
+`python -m emitter import-gguf CHECKPOINT --program PROG.logos -o OUT_DIR [--write-program]
+[--context L]`
+
+- With `--write-program`, PROG.logos is first (re)written from the checkpoint's own metadata by
+  `llama_decode_program` (n_layer, n_embd, n_head, n_head_kv, FFN length, vocab, rope theta; the KV
+  tables hold `--context` rows, default 256). Without `-o` nothing else happens.
+- With `-o`, every leaf of PROG.logos whose manifest gguf name (`emitter.emit.render_manifest`)
+  names a tensor of the checkpoint is dequantised (`gguf.quants.dequantize`), un-permuted (llama.cpp
+  permutes the Q and K rows of llama models to GPT-J pairs; the sugar's rope is NEOX) and laid out as
+  the program uses it, then written as OUT_DIR/<var>.f32 (raw little-endian, row-major, by temporary
+  file and rename). The leaves the decode step derives rather than reads (the rope tables COS and
+  SIN, the K caches' initial mask column) are written too (`derived_leaves`); every other leaf keeps
+  its declared value. OUT_DIR/.import.json lists what was written (name, bytes, sha256).
+- CHECKPOINT is a path, or `package:DIST_MODULE/relative/path` for a file inside an installed package
+  (found without importing the package).
+
+Layout: GGUF lists dims in reverse of numpy, so a linear map stored as GGUF dims (in, out) reads as a
+numpy (out, in) array, torch's layout; the sugar computes `x matmul W` with W (in, out), so it gets
+the transpose. A table read by `row TOK of TABLE` (the token embedding) keeps numpy's (rows, cols).
+
+Why the decode step pads heads: the sugar's `attention` softmaxes over *all* L rows of the cache,
+while a decode step at position P must see rows 0..P only. Each head gets one extra column (hd + 1):
+the query's is 1 (the `qmask` fills), a cached key's is 0 for a written row (the zero column of the
+padding `Pkv`) and -1e5 for a row not yet written (the initial K cache, written here), so unwritten
+rows score -1e5/sqrt(hd + 1) and get no weight, exactly. The padding matrices `Pq` (scaled by
+sqrt((hd + 1)/hd) so that the scores keep the model's 1/sqrt(hd)), `Pkv` and `Po` (which drops the
+extra columns before the output projection) are fills of the program; the GGUF weights themselves are
+written unpadded, as their gguf names say.
+"""
+
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import re
+import tempfile
+
+import numpy as np
+
+from ..errors import ProgramError
+
+MASK = -1e5            # a not-yet-written cache row's key in the mask column
+DEFAULT_CONTEXT = 256  # rows of the KV caches and rope tables
+# A gguf name by the project's convention that this architecture spells differently.
+ALIASES = {"llama": {"post_attention_norm.weight": "ffn_norm.weight"}}
+
+
+# ── the checkpoint ────────────────────────────────────────────────────────────────────────────────
+
+def resolve_checkpoint(spec):
+    """A checkpoint path; `package:MODULE/rel/path` is a file inside an installed package."""
+    if not spec.startswith("package:"):
+        return spec
+    module, _, rel = spec[len("package:"):].partition("/")
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        raise ProgramError(f"no installed package `{module}` holds the checkpoint", path=spec)
+    for base in found.submodule_search_locations:
+        path = os.path.join(base, rel)
+        if os.path.isfile(path):
+            return path
+    raise ProgramError(f"package `{module}` has no file `{rel}`", path=spec)
+
+
+def open_gguf(path):
+    from gguf import GGUFReader
+    try:
+        return GGUFReader(path)
+    except (OSError, ValueError) as e:
+        raise ProgramError(f"cannot read the GGUF file: {e}", path=str(path)) from None
+
+
+def field_value(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        if default is None:
+            raise ProgramError(f"the GGUF metadata has no `{key}`")
+        return default
+    return f.contents()
+
+
+def llama_meta(reader):
+    """The decode step's hyperparameters from a llama-architecture GGUF's own metadata."""
+    arch = field_value(reader, "general.architecture")
+    if arch != "llama":
+        raise ProgramError(f"the llama decode step needs a llama GGUF, this one is `{arch}`")
+    k = lambda key, default=None: field_value(reader, f"{arch}.{key}", default)  # noqa: E731
+    tensors = {t.name: t for t in reader.tensors}
+    n_embd, n_head = int(k("embedding_length")), int(k("attention.head_count"))
+    vocab = k("vocab_size", -1)
+    if vocab == -1:
+        vocab = int(tensors["token_embd.weight"].shape[1])
+    meta = {
+        "arch": arch,
+        "name": str(field_value(reader, "general.name", "")),
+        "n_layer": int(k("block_count")),
+        "n_embd": n_embd,
+        "n_head": n_head,
+        "n_head_kv": int(k("attention.head_count_kv", n_head)),
+        "n_ff": int(k("feed_forward_length")),
+        "vocab": int(vocab),
+        "rope_theta": float(k("rope.freq_base", 10000.0)),
+        "rms_eps": float(k("attention.layer_norm_rms_epsilon", 1e-5)),
+        "context_length": int(k("context_length", 0)),
+        "tied": "output.weight" not in tensors,
+    }
+    hd = n_embd // n_head
+    rot = int(k("rope.dimension_count", hd))
+    if n_embd % n_head or rot != hd or hd % 2:
+        raise ProgramError(f"the decode step needs full rotary over an even head size: "
+                           f"n_embd {n_embd}, {n_head} heads, rope dims {rot}")
+    meta["head_dim"] = hd
+    return meta
+
+
+def unpermute(w, n_head):
+    """Undo llama.cpp's Q/K row permutation of a numpy (out, in) weight: GPT-J pairs back to NEOX."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
+def permute(w, n_head):
+    """llama.cpp's permutation (convert_hf_to_gguf `LlamaModel.permute`), for tests."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
+def tensor_array(tensor):
+    """A GGUF tensor as float32 in numpy's layout (dims reversed from the GGUF's)."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    if tensor.tensor_type in (Q.F32, Q.F16):
+        data = np.asarray(tensor.data, dtype=np.float32)
+    else:
+        data = dequantize(tensor.data, tensor.tensor_type)
+    return np.ascontiguousarray(data, dtype=np.float32).reshape(shape)
+
+
+# ── the program ───────────────────────────────────────────────────────────────────────────────────
+
+def _lit(x):
+    return repr(float(x)) if x != int(x) else str(int(x))
+
+
+def llama_decode_program(meta, context=DEFAULT_CONTEXT, source=""):
+    """The LOGOS text of one llama decode step (every layer) for `meta` (see `llama_meta`).
+
+    Inputs: `tok` (the token id) and `pos` (its position, from 0), both 1 by 1. States: the K and V
+    caches `Kc<i>`, `Vc<i>` (context by KV·(hd+1)), written at row `pos`. Output: the logits.
+    """
+    L, d, H, KV = meta["n_layer"], meta["n_embd"], meta["n_head"], meta["n_head_kv"]
+    hd, ff, V = meta["head_dim"], meta["n_ff"], meta["vocab"]
+    hp, half = hd + 1, hd // 2
+    scale = math.sqrt(hp / hd)
+    out = [
+        f"# {meta.get('name') or 'llama'}: one llama decode step, {L} layers, hidden {d}, {H} heads / "
+        f"{KV} KV heads of {hd}, FFN {ff}, vocab {V}, rope theta {_lit(meta['rope_theta'])}.",
+        "# Generated by emitter/importers/gguf.py (llama_decode_program) from the GGUF's metadata"
+        + (f" ({source})" if source else "") + ";",
+        "# weights by `python -m emitter import-gguf CHECKPOINT --program THIS -o DIR`.",
+        f"# The model up to the sugar's fixed rmsnorm eps (1e-6; the model's is {meta['rms_eps']:.0e}).",
+        f"# Inputs: tok, pos (1 by 1). States: the KV caches Kc<i>, Vc<i> ({context} rows). "
+        "Output: the logits.",
+        f"# Each head is padded to {hp} columns so that cache rows not yet written get no attention",
+        f"# weight: the query's extra column is 1, a written key's 0, an unwritten key's {_lit(MASK)}"
+        " (the initial K cache).",
+        f"# Pq also scales the query by sqrt({hp}/{hd}), so that attention's 1/sqrt({hp}) is the "
+        f"model's 1/sqrt({hd}).",
+        "",
+        "## Inputs, tables and the head padding",
+        "Let tok be a 1 by 1 tensor of Int.",
+        "Let pos be a 1 by 1 tensor of Int.",
+        f"Let emb be a {V} by {d} tensor of Real.",
+        f"Let COS be a {context} by {half} tensor of Real.",
+        f"Let SIN be a {context} by {half} tensor of Real.",
+        f"Let Pq be a {H * hd} by {H * hp} tensor of Real.",
+    ]
+    out += [f"Set item {(h * hd + j) * H * hp + h * hp + j + 1} of Pq to {scale!r}."
+            for h in range(H) for j in range(hd)]
+    out.append(f"Let Pkv be a {KV * hd} by {KV * hp} tensor of Real.")
+    out += [f"Set item {(g * hd + j) * KV * hp + g * hp + j + 1} of Pkv to 1."
+            for g in range(KV) for j in range(hd)]
+    out.append(f"Let Po be a {H * hp} by {H * hd} tensor of Real.")
+    out += [f"Set item {(h * hp + j) * H * hd + h * hd + j + 1} of Po to 1."
+            for h in range(H) for j in range(hd)]
+    out.append(f"Let qmask be a 1 by {H * hp} tensor of Real.")
+    out += [f"Set item {h * hp + hd + 1} of qmask to 1." for h in range(H)]
+    out += [
+        "Let x0 be row tok of emb.",
+        "Let cs be row pos of COS.",
+        "Let sn be row pos of SIN.",
+    ]
+    for i in range(L):
+        out += [
+            "",
+            f"## Layer {i}",
+            f"Let an{i} be a 1 by {d} tensor of Real.",
+            f"Let Wq{i} be a {d} by {H * hd} tensor of Real.",
+            f"Let Wk{i} be a {d} by {KV * hd} tensor of Real.",
+            f"Let Wv{i} be a {d} by {KV * hd} tensor of Real.",
+            f"Let Wo{i} be a {H * hd} by {d} tensor of Real.",
+            f"Let fn{i} be a 1 by {d} tensor of Real.",
+            f"Let Wg{i} be a {d} by {ff} tensor of Real.",
+            f"Let Wu{i} be a {d} by {ff} tensor of Real.",
+            f"Let Wd{i} be a {ff} by {d} tensor of Real.",
+            f"Let Kc{i} be a {context} by {KV * hp} tensor of Real.",
+            f"Let Vc{i} be a {context} by {KV * hp} tensor of Real.",
+            f"Let h{i}n be rmsnorm of x{i} with weight an{i}.",
+            f"Let qp{i} be h{i}n matmul Wq{i}.",
+            f"Let qs{i} be qp{i} matmul Pq.",
+            f"Let qm{i} be qs{i} plus qmask.",
+            f"Let q{i} be rope of qm{i} with cos cs and sin sn across {H} heads.",
+            f"Let kp{i} be h{i}n matmul Wk{i}.",
+            f"Let ks{i} be kp{i} matmul Pkv.",
+            f"Let k{i} be rope of ks{i} with cos cs and sin sn across {KV} heads.",
+            f"Let vp{i} be h{i}n matmul Wv{i}.",
+            f"Let v{i} be vp{i} matmul Pkv.",
+            f"Set row pos of Kc{i} to k{i}.",
+            f"Set row pos of Vc{i} to v{i}.",
+            f"Let a{i} be attention of q{i} over Kc{i} and Vc{i} with {H} heads {KV} groups.",
+            f"Let ap{i} be a{i} matmul Po.",
+            f"Let o{i} be ap{i} matmul Wo{i}.",
+            f"Let r{i} be x{i} plus o{i}.",
+            f"Let f{i}n be rmsnorm of r{i} with weight fn{i}.",
+            f"Let g{i} be f{i}n matmul Wg{i}.",
+            f"Let u{i} be f{i}n matmul Wu{i}.",
+            f"Let s{i} be swiglu of g{i} and u{i}.",
+            f"Let d{i} be s{i} matmul Wd{i}.",
+            f"Let x{i + 1} be r{i} plus d{i}.",
+        ]
+    out += ["", "## Output", f"Let on be a 1 by {d} tensor of Real.",
+            f"Let xf be rmsnorm of x{L} with weight on."]
+    if meta["tied"]:
+        out += ["Let embT be transpose of emb.", "Let logits be xf matmul embT."]
+    else:
+        out += [f"Let Wout be a {d} by {V} tensor of Real.", "Let logits be xf matmul Wout."]
+    return "\n".join(out) + "\n"
+
+
+def rope_tables(rows, head_dim, theta):
+    """cos and sin of pos · theta^(-2i/hd), rows 0..rows-1 by i < hd/2 (float64)."""
+    inv = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    ang = np.arange(rows, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(ang), np.sin(ang)
+
+
+def derived_leaves(program, meta):
+    """The decode step's leaves that are no GGUF tensor but not zeros either: {name: array}."""
+    out = {}
+    hd = meta["head_dim"]
+    if "COS" in program.decls and "SIN" in program.decls:
+        rows = program.decls["COS"].rows
+        out["COS"], out["SIN"] = rope_tables(rows, hd, meta["rope_theta"])
+    for name, d in program.decls.items():
+        if re.fullmatch(r"Kc[0-9]+", name):
+            if d.cols != meta["n_head_kv"] * (hd + 1):
+                raise ProgramError(f"`{name}` is {d.rows} by {d.cols}, not a padded K cache of "
+                                   f"{meta['n_head_kv']} heads of {hd} + 1", d.line, program.path)
+            k = np.zeros((d.rows, d.cols), dtype=np.float32)
+            k[:, hd::hd + 1] = MASK
+            out[name] = k
+    return out
+
+
+# ── the import ────────────────────────────────────────────────────────────────────────────────────
+
+def _write_f32(path, array):
+    """Raw little-endian float32, by a temporary file in the same directory and rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".f32")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.ascontiguousarray(array, dtype="<f4").tofile(f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _tables(program):
+    return {st.bound["TABLE"] for st in program.stages if st.op.name == "embedding"}
+
+
+def gguf_leaves(program, reader, meta=None):
+    """Yield (var, float32 array in the program's shape) for every leaf the GGUF provides."""
+    from ..emit import render_manifest
+    meta = meta or llama_meta(reader)
+    tensors = {t.name: t for t in reader.tensors}
+    aliases = ALIASES.get(meta["arch"], {})
+    tables = _tables(program)
+    manifest = json.loads(render_manifest(program, "import"))
+    for entry in manifest["tensors"]:
+        name = entry["gguf"]
+        if name is None or entry["role"] == "computed":
+            continue
+        var, (rows, cols) = entry["var"], entry["shape"]
+        if name not in tensors:
+            stem = name.split(".", 2)[-1] if name.startswith("blk.") else name
+            alt = aliases.get(stem)
+            alt = None if alt is None else name[: len(name) - len(stem)] + alt
+            if alt not in tensors:
+                raise ProgramError(f"`{var}`: the GGUF has no tensor `{name}`"
+                                   + (f" (nor `{alt}`)" if alt else ""), entry["line"], program.path)
+            name = alt
+        w = tensor_array(tensors[name])
+        if name.endswith("attn_q.weight"):
+            w = unpermute(w, meta["n_head"])
+        elif name.endswith("attn_k.weight"):
+            w = unpermute(w, meta["n_head_kv"])
+        if w.ndim == 2 and var not in tables:
+            w = w.T       # a linear map: numpy (out, in) -> the sugar's (in, out)
+        if w.size != rows * cols or (w.ndim == 2 and w.shape != (rows, cols)):
+            raise ProgramError(f"`{var}` is {rows} by {cols} but `{name}` is "
+                               f"{' by '.join(map(str, w.shape))} as the program uses it",
+                               entry["line"], program.path)
+        yield var, w.reshape(rows, cols)
+
+
+def import_gguf(checkpoint, program, out_dir):
+    """Write `out_dir/<var>.f32` for every leaf of `program` the GGUF or the decode step provides;
+    returns the list of (file, bytes) written."""
+    path = resolve_checkpoint(checkpoint)
+    reader = open_gguf(path)
+    meta = llama_meta(reader)
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+
+    def put(var, array):
+        target = os.path.join(out_dir, var + ".f32")
+        other = os.path.join(out_dir, var + ".f64")
+        if os.path.exists(other):
+            os.unlink(other)
+        _write_f32(target, array)
+        written.append(var + ".f32")
+
+    for var, w in gguf_leaves(program, reader, meta):
+        put(var, w)
+        del w
+    for var, w in derived_leaves(program, meta).items():
+        put(var, w)
+    record = {"checkpoint": checkpoint, "path": os.path.abspath(path), "meta": meta,
+              "program": program.path, "files": []}
+    for f in written:
+        with open(os.path.join(out_dir, f), "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        record["files"].append({"file": f, "bytes": os.path.getsize(os.path.join(out_dir, f)),
+                                "sha256": digest})
+    from ..emit import write_atomic
+    write_atomic(os.path.join(out_dir, ".import.json"), json.dumps(record, indent=1) + "\n")
+    return written
+
+
+def write_program(checkpoint, program_path, context=DEFAULT_CONTEXT):
+    """Generate the decode step from the checkpoint's metadata into `program_path`."""
+    from ..emit import write_atomic
+    reader = open_gguf(resolve_checkpoint(checkpoint))
+    text = llama_decode_program(llama_meta(reader), context, source=checkpoint)
+    write_atomic(program_path, text)
+    return text
+
+
+# ── command line ──────────────────────────────────────────────────────────────────────────────────
+
+def add_arguments(p):
+    p.add_argument("checkpoint", help="a .gguf file, or package:MODULE/relative/path")
+    p.add_argument("--program", required=True, help="the program whose leaves to write (PROG.logos)")
+    p.add_argument("-o", "--out", help="the weights directory (<var>.f32 files)")
+    p.add_argument("--write-program", action="store_true",
+                   help="first write PROG.logos: the llama decode step from the GGUF's metadata")
+    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
+                   help=f"rows of the KV caches and rope tables (default {DEFAULT_CONTEXT})")
+
+
+def main(args):
+    from ..reader import read_file
+    if args.write_program:
+        write_program(args.checkpoint, args.program, args.context)
+        print(f"wrote {args.program}")
+    if args.out:
+        program = read_file(args.program)
+        written = import_gguf(args.checkpoint, program, args.out)
+        total = sum(os.path.getsize(os.path.join(args.out, f)) for f in written)
+        print(f"wrote {len(written)} files ({total / 1e6:.1f} MB) to {args.out}")
+    elif not args.write_program:
+        print("nothing to do: give -o OUT_DIR and/or --write-program")
+        return 2
+    return 0
