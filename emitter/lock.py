@@ -57,7 +57,7 @@ def compare(got, want, tol):
             "nmse": float(np.sum(diff * diff) / power) if power > 0 else float(np.sum(diff * diff)),
             "cosine": float(np.dot(g, w) / norms) if norms > 0 else (1.0 if not diff.any() else 0.0),
             "nonfinite_mismatch": mismatch,
-            "worst_ratio": float((diff / bound).max()) if diff.size else 0.0,
+            "worst_ratio": float(np.where(diff == 0, 0.0, diff / bound).max()) if diff.size else 0.0,
         }
     m["pass"] = bool(mismatch == 0 and m["worst_ratio"] <= 1.0)
     return m

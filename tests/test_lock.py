@@ -1,0 +1,153 @@
+"""The lock check: passes on honest bundles, names the op a wrong helper breaks, sees write-backs."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import emit_bundle, run_cli, write_weights
+from emitter import read_file
+from emitter import vm
+from emitter.lock import compare, lock_bundle
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory, request):
+    """The all-ops program with random weights (tok/pos keep their fills) and its bundle."""
+    from conftest import DATA
+    d = tmp_path_factory.mktemp("lock")
+    src = os.path.join(DATA, "all_ops.logos")
+    shutil.copy(src, d / "all_ops.logos")
+    program = read_file(str(d / "all_ops.logos"))
+    weights = write_weights(program, d / "weights", seed=3)
+    bundle = emit_bundle(program.source, d / "bundle")
+    return {"dir": d, "program": str(d / "all_ops.logos"), "weights": weights, "bundle": bundle}
+
+
+@pytest.mark.parametrize("dtype,steps", [("float64", 1), ("float64", 3), ("float32", 1), ("float32", 3)])
+def test_lock_passes_every_op(zoo, dtype, steps):
+    r = lock_bundle(zoo["bundle"], zoo["program"], zoo["weights"], dtype, steps)
+    assert r["verdict"] == "pass", r["reason"] or r["first_divergence"]
+    program = read_file(zoo["program"])
+    assert [s["op"] for s in r["stages"]] == [s.op.name for s in program.stages]
+    assert len(r["steps_detail"]) == steps
+    assert set(r["steps_detail"][-1]["states"]) == {"K0", "V0", "cs", "S"}
+    assert r["output"]["argmax_agree"] and r["output"]["cosine"] > 0.999999
+    if dtype == "float64":
+        assert r["output"]["max_abs"] <= 1e-12
+    else:
+        assert 0 < r["output"]["max_abs"] < 1e-4
+    assert r["hashes"]["source"] and r["hashes"]["weights"] and r["hashes"]["bundle"]["model.py"]
+    assert r["versions"]["torch"].startswith("2.13")
+    assert r["timings"]["vm_s"] > 0 and r["timings"]["module_s"] > 0
+
+
+def _sabotage(zoo, tmp_path, old, new):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(zoo["bundle"], bundle)
+    text = (bundle / "model.py").read_text()
+    assert old in text
+    (bundle / "model.py").write_text(text.replace(old, new))
+    return str(bundle)
+
+
+def test_wrong_helper_names_op_and_stage(zoo, tmp_path):
+    bundle = _sabotage(zoo, tmp_path, "    return F.silu(g) * u\n", "    return F.silu(g) * u * 1.001\n")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 2)
+    assert r["verdict"] == "fail"
+    program = read_file(zoo["program"])
+    sw = next(s for s in program.stages if s.op.name == "swiglu")
+    f = r["first_divergence"]
+    assert (f["stage"], f["out"], f["op"], f["line"], f["step"]) == (sw.index, "sw", "swiglu", sw.line, 1)
+    assert 1e-4 < f["max_rel"] < 2e-3
+    bad = [s["stage"] for s in r["stages"] if not s["pass"]]
+    assert bad[0] == sw.index  # ops before it agree
+
+
+RING = """Let x be a 1 by 3 tensor of Real.
+Let wc be a 2 by 3 tensor of Real.
+Let cs be a 2 by 3 tensor of Real.
+Let h be causal conv of x with weight wc state cs over 2 taps.
+Let y be silu of h.
+"""
+
+
+def test_wrong_state_write_back_fails_only_at_step_2(tmp_path):
+    (tmp_path / "ring.logos").write_text(RING)
+    program = read_file(str(tmp_path / "ring.logos"))
+    weights = write_weights(program, tmp_path / "w", seed=1)
+    bundle = emit_bundle(RING, tmp_path / "good")
+    text = open(os.path.join(bundle, "model.py")).read()
+    old = 'self.write_state("cs", cs, inputs)'
+    assert old in text
+    open(os.path.join(bundle, "model.py"), "w").write(text.replace(old, 'self.write_state("cs", cs * 0.5, inputs)'))
+    one = lock_bundle(bundle, str(tmp_path / "ring.logos"), weights, "float64", 1)
+    two = lock_bundle(bundle, str(tmp_path / "ring.logos"), weights, "float64", 2)
+    for r in (one, two):
+        assert r["verdict"] == "fail" and r["first_divergence"] is None  # every op agrees on VM inputs
+        assert r["steps_detail"][0]["output"]["pass"]  # the output of step 1 is right
+        assert not r["steps_detail"][0]["states"]["cs"]["pass"]  # the ring it carries is not
+    assert not two["steps_detail"][1]["output"]["pass"]  # which the output shows one step later
+    assert two["output"]["max_abs"] > 1e-3
+
+
+def test_bundle_of_another_source_is_refused(zoo, tmp_path):
+    prog = tmp_path / "p.logos"
+    prog.write_text(open(zoo["program"]).read() + "\n# edited\n")
+    r = lock_bundle(zoo["bundle"], str(prog), zoo["weights"])
+    assert r["verdict"] == "error" and "emit it again" in r["reason"]
+
+
+def test_module_that_raises_names_the_stage(zoo, tmp_path):
+    bundle = _sabotage(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    raise RuntimeError('boom')\n")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"])
+    assert r["verdict"] == "error"
+    assert "stage" in r["reason"] and "= gelu" in r["reason"] and "boom" in r["reason"]
+
+
+def test_cli_exit_codes_and_result_file(zoo, tmp_path):
+    out = tmp_path / "r.json"
+    r = run_cli("lock", zoo["bundle"], "--program", zoo["program"], "--weights", zoo["weights"],
+                "--steps", "2", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["schema"] == "logos.lock.result" and res["verdict"] == "pass" and res["steps"] == 2
+    assert "PASS" in r.stdout
+
+    bundle = _sabotage(zoo, tmp_path, "    return F.silu(g) * u\n", "    return F.silu(g) * u * 1.001\n")
+    r = run_cli("lock", bundle, "--program", zoo["program"], "--weights", zoo["weights"], "-o", str(out))
+    assert r.returncode == 1 and "first diverging op: stage" in r.stderr and "sw = swiglu" in r.stderr
+    assert json.loads(out.read_text())["verdict"] == "fail"
+
+    bad = tmp_path / "badw"
+    shutil.copytree(zoo["weights"], bad)
+    np.zeros(3).tofile(bad / "emb.f64")
+    r = run_cli("lock", zoo["bundle"], "--program", zoo["program"], "--weights", str(bad), "-o", str(out))
+    assert r.returncode == 2 and "emb.f64" in r.stderr and "expected 320 bytes" in r.stderr
+    res = json.loads(out.read_text())
+    assert res["verdict"] == "error" and "emb.f64" in res["reason"]
+
+
+def test_model_py_command_line_matches_vm(zoo, tmp_path):
+    out = tmp_path / "m.bin"
+    r = subprocess.run([sys.executable, os.path.join(zoo["bundle"], "model.py"), "--weights", zoo["weights"],
+                        "--dtype", "float64", "--steps", "2", "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["output"] == "y"
+    program = read_file(zoo["program"])
+    want = vm.run(program, vm.load_leaves(program, zoo["weights"]).values, steps=2)[-1].output
+    np.testing.assert_allclose(np.fromfile(out, dtype="<f8").reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+
+
+def test_compare_metrics():
+    m = compare(np.array([1.0, 2.0, np.nan]), np.array([1.0, 2.1, 3.0]), {"abs": 1e-9, "rel": 1e-9})
+    assert m["nonfinite_mismatch"] == 1 and not m["pass"]
+    assert m["max_abs"] == pytest.approx(0.1) and m["max_rel"] == pytest.approx(0.1 / 2.1)
+    m = compare(np.array([1.0, -1.0]), np.array([1.0, -1.0]), {"abs": 0, "rel": 0})
+    assert m["pass"] and m["nmse"] == 0 and m["cosine"] == pytest.approx(1.0)
+    m = compare(np.array([2.0, 0.0]), np.array([1.0, 0.0]), {"abs": 0.5, "rel": 0.0})
+    assert m["nmse"] == pytest.approx(1.0) and m["worst_ratio"] == pytest.approx(2.0) and not m["pass"]
