@@ -226,7 +226,18 @@ def render_manifest(p: Program, name):
         "tensors": tensors,
         "ops": ops,
     }
-    return json.dumps(manifest, indent=2, ensure_ascii=False) + "\n"
+    return _layout(manifest)
+
+
+def _layout(manifest):
+    """Pretty JSON with one tensor or op per line: readable, diffable, and fast (the C encoder
+    serves each line; `indent=` would fall back to the pure-Python one)."""
+    def value(v):
+        if isinstance(v, list) and v and isinstance(v[0], dict):
+            return "[\n" + ",\n".join("    " + json.dumps(x, ensure_ascii=False) for x in v) + "\n  ]"
+        return json.dumps(v, ensure_ascii=False)
+    body = ",\n".join(f"  {json.dumps(k)}: {value(v)}" for k, v in manifest.items())
+    return "{\n" + body + "\n}\n"
 
 
 def render_compile(name):
