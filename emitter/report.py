@@ -71,10 +71,16 @@ def _fmt(x):
     return "" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)
 
 
+def short(text, limit=240):
+    """A reason cut to one readable line (the full text stays in report.json's results)."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def describe(r):
     """One line on why a check did not pass."""
     if r["verdict"] == "error":
-        return r["reason"] or "error"
+        return short(r["reason"] or "error")
     f = r["first_divergence"]
     o = r["output"] or {}
     text = f"output max abs {_fmt(o.get('max_abs'))}, max rel {_fmt(o.get('max_rel'))}"

@@ -1,0 +1,182 @@
+"""doit tasks: the zoo in programs/ to bundles, lock verdicts and a report, all under build/.
+
+`doit` builds everything; `doit lock:NAME` one program; `doit -n 2` in parallel; `doit list --all`
+shows every task. See docs/PIPELINE.md. Each program is `programs/NAME.logos` with an optional
+`programs/NAME.yaml` (zoo defaults in `programs/defaults.yaml`); a bad config or program fails only
+its own checks, and the run exits non-zero when any check did not pass.
+"""
+
+import hashlib
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from emitter import pipeline  # noqa: E402
+from emitter.config import NAME_RE, discover  # noqa: E402
+from emitter.progress import ProgressReporter  # noqa: E402
+
+BUILD = "build"
+DIGESTS = f"{BUILD}/digests"
+DB = f"{BUILD}/results.sqlite"
+
+os.chdir(ROOT)
+pipeline.exclusive(BUILD)
+pipeline.install_sigterm()
+
+DOIT_CONFIG = {
+    "dep_file": f"{BUILD}/.doit.db",
+    "backend": "sqlite3",
+    "check_file_uptodate": "md5",
+    "continue": True,          # one program's failure never stops the others
+    "reporter": ProgressReporter,
+}
+
+PROGRAMS = discover(ROOT)
+CODE = {kind: pipeline.code_files(ROOT, kind) for kind in ("emit", "vm", "import")}
+
+
+def _slug(name):
+    """A program name safe as a path under build/ (an invalid name still gets its own tasks)."""
+    if NAME_RE.fullmatch(name):
+        return name
+    return "invalid-" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def _paths(pc):
+    s = _slug(pc.name)
+    return {
+        "bundle": f"{BUILD}/bundles/{s}",
+        "status": f"{BUILD}/status/{s}.emit.json",
+        "manifest": f"{BUILD}/weights-manifests/{s}.json",
+        "results": f"{BUILD}/results/{s}",
+    }
+
+
+def _config_files(pc):
+    files = [f"programs/{n}" for n in ("defaults.yaml",) if os.path.isfile(f"programs/{n}")]
+    if pc.config:
+        files.append(pc.config)
+    return files
+
+
+def _existing(paths):
+    return [p for p in paths if os.path.isfile(p)]
+
+
+def task_digest():
+    """Digests of the emitter's code: what every emit, lock and import depends on."""
+    for kind, files in CODE.items():
+        target = f"{DIGESTS}/{kind}.json"
+        yield {
+            "name": kind,
+            "doc": f"keep {target} the sha256 of the {kind} code ({len(files)} files)",
+            "actions": [(pipeline.write_digest, [target, files])],
+            "targets": [target],
+            "uptodate": [(pipeline.digest_current, [target, files])],
+            "verbosity": 1,
+        }
+
+
+def task_weights():
+    """Derived weights: a program's `derive:` checkpoint through its importer."""
+    for pc in PROGRAMS:
+        if pc.error or not pc.derive:
+            continue
+        d = pc.derive
+        yield {
+            "name": pc.name,
+            "doc": f"import {d.checkpoint} with import-{d.importer} into {pc.weights}",
+            "actions": [(pipeline.import_weights, [d.importer, d.checkpoint_path, pc.source,
+                                                   pc.weights])],
+            "file_dep": [d.checkpoint_path, pc.source, f"{DIGESTS}/import.json",
+                         f"{DIGESTS}/emit.json"] + _config_files(pc),
+            "targets": [pc.weights],
+            "verbosity": 1,
+        }
+
+
+def task_wmanifest():
+    """Per-directory weights manifests (names, sizes, sha256): a lock's one weights dependency."""
+    for pc in PROGRAMS:
+        if pc.error or not pc.weights or not pc.lock:
+            continue
+        p = _paths(pc)
+        task = {
+            "name": pc.name,
+            "doc": f"keep {p['manifest']} current with {pc.weights}/",
+            "actions": [(pipeline.write_weights_manifest, [pc.weights, p["manifest"]])],
+            "targets": [p["manifest"]],
+            "uptodate": [(pipeline.weights_current, [pc.weights, p["manifest"]])],
+            "verbosity": 1,
+        }
+        if pc.derive:
+            task["task_dep"] = [f"weights:{pc.name}"]
+        yield task
+
+
+def task_emit():
+    """Bundles: model.py, manifest.json, compile.py per program (and its emit status)."""
+    for pc in PROGRAMS:
+        p = _paths(pc)
+        yield {
+            "name": pc.name,
+            "doc": f"emit {pc.source} to {p['bundle']}/",
+            "actions": [(pipeline.emit_bundle, [pc.name, pc.source, p["bundle"], p["status"],
+                                                pc.error])],
+            "file_dep": _existing([pc.source]) + _config_files(pc) + [f"{DIGESTS}/emit.json"],
+            "targets": [f"{p['bundle']}/{f}" for f in ("model.py", "manifest.json", "compile.py")]
+                       + [p["status"]],
+            "verbosity": 1,
+        }
+
+
+def _checks(pc):
+    p = _paths(pc)
+    return [(dt, *pc.tolerance(dt), f"{p['results']}/{dt}.json") for dt in pc.dtypes]
+
+
+def task_lock():
+    """Lock checks: each program's bundle against the VM, one RESULT.json per dtype."""
+    for pc in PROGRAMS:
+        if not pc.lock and not pc.error:
+            continue
+        p = _paths(pc)
+        checks = _checks(pc)
+        deps = [p["status"], f"{DIGESTS}/vm.json", f"{DIGESTS}/emit.json"] + _config_files(pc)
+        manifest = None
+        if pc.weights and not pc.error:
+            manifest = p["manifest"]
+            deps.append(manifest)
+        yield {
+            "name": pc.name,
+            "doc": f"lock {pc.name} ({', '.join(pc.dtypes)}, {pc.steps} step(s))",
+            "actions": [(pipeline.lock_program, [pc.name, pc.source, p["bundle"], p["status"],
+                                                 pc.weights, checks, pc.steps, DB, manifest,
+                                                 _config_files(pc)])],
+            "file_dep": deps,
+            "targets": [c[3] for c in checks],
+            "verbosity": 1,
+        }
+
+
+def task_report():
+    """build/report.json, junit.xml, summary.md; fails the run when any check did not pass."""
+    entries, deps = [], []
+    for pc in PROGRAMS:
+        p = _paths(pc)
+        checks = [(dt, path) for dt, _, _, path in _checks(pc)] if (pc.lock or pc.error) else []
+        entries.append({"name": pc.name, "source": pc.source, "status": p["status"],
+                        "checks": checks})
+        deps.append(p["status"])
+        deps.extend(path for _, path in checks)
+    return {
+        "doc": f"report {len(PROGRAMS)} programs into {BUILD}/report.json, junit.xml, summary.md",
+        "actions": [(pipeline.make_report, [entries, BUILD])],
+        "file_dep": deps + ["emitter/report.py"],
+        "targets": [f"{BUILD}/report.json", f"{BUILD}/junit.xml", f"{BUILD}/summary.md"],
+        "uptodate": [(pipeline.entries_current, [entries])],
+        "verbosity": 1,
+    }

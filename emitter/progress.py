@@ -1,0 +1,99 @@
+"""A doit reporter that, on long runs, replaces the task-name stream with one progress line:
+done/total, failures so far, ETA. Short runs keep doit's usual `.  task` / `-- task` lines.
+
+`LOGOS_PROGRESS=line|names|auto` (default auto: the line above PROGRESS_THRESHOLD tasks). On a
+terminal the line is rewritten in place; elsewhere (CI logs) it is printed every 10% or 15 s.
+"""
+
+import os
+import time
+
+from doit.reporter import ConsoleReporter
+
+PROGRESS_THRESHOLD = 40
+
+
+def _reachable(tasks, selected):
+    seen, todo = set(), list(selected)
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in tasks:
+            continue
+        seen.add(n)
+        t = tasks[n]
+        todo.extend(t.task_dep)
+        todo.extend(t.setup_tasks)
+    return [n for n in seen if tasks[n].actions and not n.startswith("_")]
+
+
+class ProgressReporter(ConsoleReporter):
+    desc = "task names on short runs, one progress line (done/total, failures, ETA) on long ones"
+
+    def __init__(self, outstream, options):
+        super().__init__(outstream, options)
+        self.mode = os.environ.get("LOGOS_PROGRESS", "auto")
+        self.line = False
+        self.total = self.done = self.ran = self.failed = 0
+        self.start = time.monotonic()
+        self.last_print = 0.0
+        self.last_frac = -1
+        self.tty = hasattr(outstream, "isatty") and outstream.isatty()
+
+    def initialize(self, tasks, selected_tasks):
+        self.total = len(_reachable(tasks, selected_tasks))
+        self.line = self.mode == "line" or (self.mode == "auto" and self.total > PROGRESS_THRESHOLD)
+        self.start = time.monotonic()
+
+    def _tick(self, final=False):
+        if not self.line:
+            return
+        now = time.monotonic()
+        elapsed = now - self.start
+        left = max(self.total - self.done, 0)
+        # tasks still to check cost about what the finished ones did on average
+        eta = elapsed / self.done * left if self.done else 0.0
+        frac = int(10 * self.done / self.total) if self.total else 10
+        text = (f"[{self.done}/{self.total}] ran {self.ran}, failures {self.failed}, "
+                f"elapsed {elapsed:.0f}s, ETA {eta:.0f}s")
+        if self.tty:
+            self.write("\r" + text.ljust(79) + ("\n" if final else ""))
+            self.outstream.flush()
+        elif final or frac != self.last_frac or now - self.last_print > 15:
+            self.write(text + "\n")
+            self.last_frac, self.last_print = frac, now
+
+    def execute_task(self, task):
+        if not self.line:
+            return super().execute_task(task)
+        self.ran += 1
+
+    def add_success(self, task):
+        if task.actions and not task.name.startswith("_"):
+            self.done += 1
+        self._tick()
+
+    def add_failure(self, task, fail):
+        if task.actions and not task.name.startswith("_"):
+            self.done += 1
+            self.failed += 1
+        if self.line and self.tty:
+            self.write("\n")
+        super().add_failure(task, fail)
+        self._tick()
+
+    def skip_uptodate(self, task):
+        if task.actions and not task.name.startswith("_"):
+            self.done += 1
+        if not self.line:
+            return super().skip_uptodate(task)
+        self._tick()
+
+    def skip_ignore(self, task):
+        self.done += 1
+        if not self.line:
+            return super().skip_ignore(task)
+        self._tick()
+
+    def complete_run(self):
+        self._tick(final=True)
+        super().complete_run()

@@ -1,0 +1,164 @@
+"""The lock history: every lock run appended to an embedded SQLite DB (build/results.sqlite), and
+`python -m emitter results` to read it — the latest verdict per program, or one program's runs so a
+regression shows the run where it began.
+
+SQLite because it ships with Python, takes concurrent appends from `doit -n N` workers (WAL and a
+busy timeout) and is one file that a CI cache can carry.
+"""
+
+import datetime
+import json
+import os
+import sqlite3
+import sys
+
+DEFAULT_DB = "build/results.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    name TEXT NOT NULL,
+    dtype TEXT NOT NULL,
+    steps INTEGER,
+    verdict TEXT NOT NULL,
+    reason TEXT,
+    program TEXT,
+    source_sha TEXT,
+    bundle_sha TEXT,
+    weights_sha TEXT,
+    config_sha TEXT,
+    max_abs REAL, max_rel REAL, nmse REAL, cosine REAL,
+    first_stage INTEGER, first_out TEXT, first_op TEXT, first_line INTEGER,
+    total_s REAL,
+    result TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_name ON runs (name, dtype, id);
+"""
+
+
+def connect(db):
+    os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+    con = sqlite3.connect(db, timeout=60)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.executescript(_SCHEMA)
+    return con
+
+
+def _bundle_sha(hashes):
+    b = hashes.get("bundle") or {}
+    if not b:
+        return None
+    return "|".join(f"{k}={b[k]}" for k in sorted(b))
+
+
+def record(db, r, at=None):
+    """Append one RESULT.json dict as a run; returns its id."""
+    o = r.get("output") or {}
+    f = r.get("first_divergence") or {}
+    h = r.get("hashes") or {}
+    at = at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    row = (at, r.get("name"), r.get("dtype"), r.get("steps"), r.get("verdict"), r.get("reason"),
+           r.get("program"), h.get("source"), _bundle_sha(h), h.get("weights_manifest") or h.get("weights"),
+           h.get("config"), o.get("max_abs"), o.get("max_rel"), o.get("nmse"), o.get("cosine"),
+           f.get("stage"), f.get("out"), f.get("op"), f.get("line"),
+           (r.get("timings") or {}).get("total_s"), json.dumps(r, sort_keys=True, allow_nan=True))
+    con = connect(db)
+    try:
+        with con:
+            cur = con.execute(
+                "INSERT INTO runs (at, name, dtype, steps, verdict, reason, program, source_sha, "
+                "bundle_sha, weights_sha, config_sha, max_abs, max_rel, nmse, cosine, first_stage, "
+                "first_out, first_op, first_line, total_s, result) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
+        return cur.lastrowid
+    finally:
+        con.close()
+
+
+def latest(db):
+    """The newest run per (program, dtype), sorted by program then dtype."""
+    con = connect(db)
+    try:
+        con.row_factory = sqlite3.Row
+        return [dict(x) for x in con.execute(
+            "SELECT r.* FROM runs r JOIN (SELECT name, dtype, MAX(id) AS id FROM runs "
+            "GROUP BY name, dtype) m ON r.id = m.id ORDER BY r.name, r.dtype")]
+    finally:
+        con.close()
+
+
+def history(db, name):
+    """Every run of one program, oldest first."""
+    con = connect(db)
+    try:
+        con.row_factory = sqlite3.Row
+        return [dict(x) for x in con.execute(
+            "SELECT * FROM runs WHERE name = ? ORDER BY id", (name,))]
+    finally:
+        con.close()
+
+
+def _short(text, limit=160):
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _g(x):
+    return "-" if x is None else f"{x:.3g}"
+
+
+def verdict_line(r):
+    """`dtype VERDICT max_abs ... first op` for one RESULT dict (what a lock task prints)."""
+    o = r.get("output") or {}
+    f = r.get("first_divergence")
+    text = f"[{r.get('dtype')}] {str(r.get('verdict')).upper()}"
+    if r.get("verdict") == "error":
+        return f"{text}: {_short(r.get('reason'), 300)}"
+    text += f" max abs {_g(o.get('max_abs'))} max rel {_g(o.get('max_rel'))}"
+    if f:
+        text += f"; first diverging op: stage {f.get('stage')} `{f.get('out')} = {f.get('op')}` " \
+                f"(line {f.get('line')})"
+    return text
+
+
+def _row_line(x, mark=""):
+    first = f" first: stage {x['first_stage']} `{x['first_out']} = {x['first_op']}` line " \
+            f"{x['first_line']}" if x["first_op"] else ""
+    why = f" ({_short(x['reason'])})" if x["verdict"] == "error" and x["reason"] else ""
+    return (f"{mark}#{x['id']:<5} {x['at']}  {x['name']:<24} {x['dtype']:<8} {x['verdict']:<5} "
+            f"max_abs {_g(x['max_abs']):<9} src {str(x['source_sha'] or '-')[:10]} "
+            f"w {str(x['weights_sha'] or '-')[:10]}{first}{why}")
+
+
+def add_arguments(p):
+    p.add_argument("--db", default=DEFAULT_DB, help=f"history DB (default {DEFAULT_DB})")
+    p.add_argument("--history", metavar="NAME", help="every run of program NAME, oldest first")
+
+
+def main(args):
+    if not os.path.isfile(args.db):
+        print(f"{args.db}: no lock history yet (run `doit`)", file=sys.stderr)
+        return 2
+    if args.history:
+        runs = history(args.db, args.history)
+        if not runs:
+            print(f"{args.db}: no runs of `{args.history}`", file=sys.stderr)
+            return 2
+        last = {}
+        for x in runs:
+            prev = last.get(x["dtype"])
+            mark = "  "
+            if prev is not None and prev == "pass" and x["verdict"] != "pass":
+                mark = "! "   # the run where a regression began
+            elif prev is not None and prev != "pass" and x["verdict"] == "pass":
+                mark = "+ "   # fixed
+            last[x["dtype"]] = x["verdict"]
+            print(_row_line(x, mark))
+        return 0
+    rows = latest(args.db)
+    for x in rows:
+        print(_row_line(x))
+    bad = sum(1 for x in rows if x["verdict"] != "pass")
+    print(f"{len({x['name'] for x in rows})} programs, {len(rows)} checks, {bad} not passing")
+    return 1 if bad else 0
