@@ -41,12 +41,17 @@ def compare(got, want, tol):
                 "nonfinite_mismatch": 0, "worst_ratio": math.inf, "pass": False,
                 "shape": [list(got.shape), list(want.shape)]}
     fin_g, fin_w = np.isfinite(got), np.isfinite(want)
-    both = fin_g & fin_w
-    mismatch = int(np.count_nonzero(fin_g != fin_w)
-                   + np.count_nonzero(~fin_g & ~fin_w & ~((got == want) | (np.isnan(got) & np.isnan(want)))))
-    g, w = got[both], want[both]
+    if fin_g.all() and fin_w.all():
+        mismatch, g, w = 0, got.reshape(-1), want.reshape(-1)
+    else:  # a NaN or Inf on one side only, or of another kind, is a mismatch by itself
+        same = (got == want) | (np.isnan(got) & np.isnan(want))
+        mismatch = int(np.count_nonzero(fin_g != fin_w) + np.count_nonzero(~fin_g & ~fin_w & ~same))
+        g, w = got[fin_g & fin_w], want[fin_g & fin_w]
     diff = np.abs(g - w)
-    bound = tol["abs"] + tol["rel"] * np.abs(w)
+    # rel is taken against the tensor's largest magnitude: rounding in a float32 sum scales with
+    # its terms, so a small element of a large vector carries the vector's absolute error
+    scale = float(np.abs(w).max()) if w.size else 0.0
+    bound = tol["abs"] + tol["rel"] * scale
     nz = np.abs(w) > 0
     power = float(np.sum(w * w))
     norms = float(np.linalg.norm(g) * np.linalg.norm(w))
@@ -54,6 +59,7 @@ def compare(got, want, tol):
         m = {
             "max_abs": float(diff.max()) if diff.size else 0.0,
             "max_rel": float((diff[nz] / np.abs(w[nz])).max()) if nz.any() else 0.0,
+            "scaled_err": float(diff.max() / scale) if diff.size and scale > 0 else 0.0,
             "nmse": float(np.sum(diff * diff) / power) if power > 0 else float(np.sum(diff * diff)),
             "cosine": float(np.dot(g, w) / norms) if norms > 0 else (1.0 if not diff.any() else 0.0),
             "nonfinite_mismatch": mismatch,
@@ -109,11 +115,19 @@ class _Probe:
         self.vm_stages, self.tol = vm_stages, tol
         self.results = {}
         self.last = -1
+        self.seconds = 0.0  # spent comparing and converting: the lock's, not the module's
 
     def to_torch(self, value):
         return self.torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64)).to(self.dtype)
 
     def __call__(self, index, value):
+        start = time.perf_counter()
+        try:
+            return self._compare(index, value)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def _compare(self, index, value):
         want = self.vm_stages[index]
         if isinstance(want, tuple):
             got = tuple(value) if isinstance(value, (tuple, list)) else (value,)
@@ -140,8 +154,10 @@ def _stage_label(program, index):
 
 def _run(torch, module, dtype, program, leaves, steps, tol, timings):
     """The stepwise comparison; returns (steps_detail, worst per stage, first divergence, output)."""
+    t = time.perf_counter()
     model = module.LogosModule({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in leaves.items()},
                                dtype)
+    timings["setup_s"] += time.perf_counter() - t
     current = dict(leaves)
     details, stages_worst, first, output_worst, argmax_all = [], {}, None, None, True
     for step in range(1, steps + 1):
@@ -166,7 +182,7 @@ def _run(torch, module, dtype, program, leaves, steps, tol, timings):
                          f"line {program.stages[nxt].line})") if nxt < len(program.stages) else ""
                 raise CouldNotRun(f"the module raised{where}: {type(e).__name__}: {e}") from None
             finally:
-                timings["probe_s"] += time.perf_counter() - t
+                timings["probe_s"] += time.perf_counter() - t - probe.seconds
                 model.probe = None
             for s in program.states:
                 getattr(model, "leaf_" + s).copy_(own[s])
@@ -186,7 +202,7 @@ def _run(torch, module, dtype, program, leaves, steps, tol, timings):
             stages_worst[i] = _worse(stages_worst.get(i), m)
             if first is None and not m["pass"]:
                 first = {"step": step, **_stage_label(program, i),
-                         **{k: m[k] for k in ("max_abs", "max_rel", "nmse", "worst_ratio")}}
+                         **{k: m[k] for k in ("max_abs", "max_rel", "scaled_err", "nmse", "worst_ratio")}}
         if len(probe.results) != len(program.stages):
             missing = [i for i in range(len(program.stages)) if i not in probe.results]
             raise CouldNotRun(f"the module's forward never tapped stage {missing[0]}: "
@@ -198,7 +214,7 @@ def _run(torch, module, dtype, program, leaves, steps, tol, timings):
         details.append({"step": step, "output": out_m, "states": state_m, "pass": ok})
         current.update(trace.states)
     stages = [{**_stage_label(program, i), **{k: m[k] for k in
-               ("max_abs", "max_rel", "nmse", "cosine", "worst_ratio", "pass")}}
+               ("max_abs", "max_rel", "scaled_err", "nmse", "cosine", "worst_ratio", "pass")}}
               for i, m in sorted(stages_worst.items())]
     return details, stages, first, {**output_worst, "argmax_agree": argmax_all}
 
@@ -245,7 +261,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         if getattr(module, "PROGRAM", None) != result["program"]:
             raise CouldNotRun(f"the bundle is of program {getattr(module, 'PROGRAM', None)!r}, the source "
                               f"is {result['program']!r}: emit it again")
-        result["timings"]["setup_s"] = time.perf_counter() - start
+        result["timings"]["setup_s"] = time.perf_counter() - start  # the module's build adds to it
         details, stages, first, output = _run(torch, module, getattr(torch, dtype), program,
                                               leaves.values, steps, tol, result["timings"])
         result.update(steps_detail=details, stages=stages, first_divergence=first, output=output)
@@ -256,6 +272,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     t["total_s"] = time.perf_counter() - start
     # what the lock itself adds per run beyond setup (imports, reading, hashing) and the two sides
     t["overhead_s"] = t["total_s"] - t.get("setup_s", t["total_s"]) - t["vm_s"] - t["module_s"] - t["probe_s"]
+    t["probe_s"] = max(t["probe_s"], 0.0)
     return result
 
 
