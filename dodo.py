@@ -86,16 +86,24 @@ def task_weights():
         if pc.error or not pc.derive:
             continue
         d = pc.derive
-        yield {
+        deps = [pc.source, f"{DIGESTS}/import.json", f"{DIGESTS}/emit.json"] + _config_files(pc)
+        task = {
             "name": pc.name,
             "doc": f"import {d.checkpoint} with import-{d.importer} into {pc.weights}",
-            "actions": [(pipeline.import_weights, [d.importer, d.checkpoint_path, pc.source,
-                                                   pc.weights])],
-            "file_dep": [d.checkpoint_path, pc.source, f"{DIGESTS}/import.json",
-                         f"{DIGESTS}/emit.json"] + _config_files(pc),
+            "file_dep": deps,
             "targets": [pc.weights],
             "verbosity": 1,
         }
+        if d.checkpoint.startswith("package:"):
+            # a package file's absolute path differs per install: depend on its identity instead
+            identity = pipeline.checkpoint_identity(d.checkpoint, d.checkpoint_path)
+            task["uptodate"] = [(pipeline.checkpoint_same, [identity])]
+        else:
+            identity = None
+            task["file_dep"] = [d.checkpoint_path] + deps
+        task["actions"] = [(pipeline.import_weights, [d.importer, d.checkpoint_path, pc.source,
+                                                      pc.weights, identity])]
+        yield task
 
 
 def task_wmanifest():

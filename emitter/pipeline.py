@@ -213,7 +213,21 @@ def write_weights_manifest(weights_dir, manifest):
 
 # --- derived weights ------------------------------------------------------------------------------
 
-def import_weights(importer, checkpoint, source, out_dir):
+def checkpoint_identity(spec, path):
+    """What stands for a package checkpoint's content across machines: its spec and size (its
+    absolute path and mtime differ per install, and hashing hundreds of MB each run costs seconds)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = None
+    return f"{spec}|{size}"
+
+
+def checkpoint_same(task, values, identity):
+    return values.get("checkpoint") == identity
+
+
+def import_weights(importer, checkpoint, source, out_dir, identity=None):
     """`python -m emitter import-IMPORTER CHECKPOINT --program SOURCE -o DIR` into a fresh
     directory beside `out_dir`, then swapped into place: the old weights stay until the new exist."""
     parent = os.path.dirname(out_dir) or "."
@@ -235,7 +249,7 @@ def import_weights(importer, checkpoint, source, out_dir):
         os.rename(tmp, out_dir)
         if old:
             shutil.rmtree(old, ignore_errors=True)
-        return True
+        return {"checkpoint": identity}
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)

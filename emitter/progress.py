@@ -65,7 +65,8 @@ class ProgressReporter(ConsoleReporter):
     def execute_task(self, task):
         if not self.line:
             return super().execute_task(task)
-        self.ran += 1
+        if task.actions and not task.name.startswith("_"):   # group tasks have no actions
+            self.ran += 1
 
     def add_success(self, task):
         if task.actions and not task.name.startswith("_"):

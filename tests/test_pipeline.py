@@ -1,0 +1,266 @@
+"""The doit pipeline end to end: real `doit` runs in a temporary copy of a tiny zoo.
+
+Which tasks ran is read from doit's own `.  TASK` lines (the reporter keeps them on short runs);
+reports are parsed (JSON, JUnit XML), the history is read with sqlite3, exit codes are asserted.
+"""
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROG_A = """Let x be a 1 by 4 tensor of Real.
+Let w be a 4 by 4 tensor of Real.
+Set item 1 of x to 1.5.
+Set item 3 of x to -0.5.
+Let h be x matmul w.
+Let y be rmsnorm of h.
+"""
+PROG_B = """Let x be a 1 by 3 tensor of Real.
+Set item 2 of x to 2.
+Let y be rmsnorm of x.
+"""
+
+
+def _weights(path, seed):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    np.random.default_rng(seed).standard_normal((4, 4)).astype("<f8").tofile(path)
+
+
+def make_zoo(tmp, programs):
+    """A repo copy: dodo.py, the emitter package, and `programs` {name: (source, yaml or None)}."""
+    tmp.mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "dodo.py"), tmp / "dodo.py")
+    shutil.copytree(os.path.join(ROOT, "emitter"), tmp / "emitter",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp / "programs").mkdir()
+    for name, (source, config) in programs.items():
+        (tmp / "programs" / f"{name}.logos").write_text(source)
+        if config is not None:
+            (tmp / "programs" / f"{name}.yaml").write_text(config)
+    return tmp
+
+
+def doit(cwd, *args, env=None):
+    """(exit code, set of tasks that ran, output) of one real doit run in `cwd`."""
+    e = {**os.environ, "LOGOS_PROGRESS": "names", **(env or {})}
+    p = subprocess.run([sys.executable, "-m", "doit", *args], cwd=cwd, capture_output=True,
+                       text=True, env=e, timeout=300)
+    ran = {line[3:].strip() for line in p.stdout.splitlines() if line.startswith(".  ")}
+    return p.returncode, ran, p.stdout + p.stderr
+
+
+@pytest.fixture
+def zoo(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64, float32]\n"),
+                                    "b": (PROG_B, None)})
+    _weights(z / "weights" / "a" / "w.f64", 0)
+    return z
+
+
+ALL_A_B = {"digest:emit", "digest:vm", "digest:import", "wmanifest:a", "emit:a", "emit:b",
+           "lock:a", "lock:b", "report"}
+
+
+def test_incremental_scenarios(zoo, tmp_path):
+    rc, ran, out = doit(zoo)
+    assert rc == 0, out
+    assert ran == ALL_A_B
+    for f in ("model.py", "manifest.json", "compile.py"):
+        assert (zoo / "build" / "bundles" / "a" / f).is_file()
+    assert json.loads((zoo / "build/results/a/float32.json").read_text())["verdict"] == "pass"
+
+    rc, ran, out = doit(zoo)                          # no-op
+    assert (rc, ran) == (0, set()), out
+
+    now = time.time() + 5                             # touched, unchanged
+    for p in ("programs/a.logos", "programs/a.yaml", "weights/a/w.f64", "emitter/emit.py"):
+        os.utime(zoo / p, (now, now))
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, set()), out
+
+    with open(zoo / "programs/b.logos", "a") as f:   # one program edited
+        f.write("Let z be sigmoid of y.\n")
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, {"emit:b", "lock:b", "report"}), out
+
+    _weights(zoo / "weights/a/w.f64", 1)              # one weight file changed
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, {"wmanifest:a", "lock:a", "report"}), out
+
+    with open(zoo / "emitter/emit.py", "a") as f:    # the emitter changed
+        f.write("\n# changed\n")
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, {"digest:emit", "emit:a", "emit:b", "lock:a", "lock:b", "report"}), out
+
+    with open(zoo / "emitter/vm.py", "a") as f:      # only the VM changed: no emit reruns
+        f.write("\n# changed\n")
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, {"digest:vm", "lock:a", "lock:b", "report"}), out
+
+    clone = tmp_path / "clone"                        # fresh clone, build/ restored: new mtimes
+    shutil.copytree(zoo, clone, ignore=shutil.ignore_patterns("__pycache__"))
+    later = time.time() + 60
+    for dirpath, _, files in os.walk(clone):
+        for f in files:
+            os.utime(os.path.join(dirpath, f), (later, later))
+    rc, ran, out = doit(clone)
+    assert (rc, ran) == (0, set()), out
+
+    con = sqlite3.connect(zoo / "build/results.sqlite")
+    runs = con.execute("SELECT name, dtype, verdict FROM runs ORDER BY id").fetchall()
+    # a: first build, weight change, emitter change, VM change; b: first, edit, emitter, VM
+    assert sorted(set(runs)) == [("a", "float32", "pass"), ("a", "float64", "pass"),
+                                 ("b", "float32", "pass"), ("b", "float64", "pass")]
+    assert sum(1 for r in runs if r[0] == "a") == 8 and sum(1 for r in runs if r[0] == "b") == 8
+
+
+def test_failures_are_isolated_and_reported(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {
+        "good": (PROG_B, None),
+        "tight": (PROG_A, "dtypes: [float32, float64]\ntolerances: {float32: {abs: 0, rel: 0}}\n"),
+        "broken": ("Let x be a 1 by 3 tensor of Real.\nLet y be frobnicate of x.\n", None),
+        "badcfg": (PROG_B, "steps: 1\ncolour: blue\n"),
+    })
+    _weights(z / "weights" / "tight" / "w.f64", 3)
+    rc, ran, out = doit(z)
+    assert rc != 0
+    assert {"emit:good", "lock:good", "emit:tight", "lock:tight", "emit:broken", "lock:broken",
+            "emit:badcfg", "lock:badcfg", "report"} <= ran, out
+    assert "5 of 8 checks did not pass" in out
+    assert json.loads((z / "build/results/good/float32.json").read_text())["verdict"] == "pass"
+
+    report = json.loads((z / "build/report.json").read_text())
+    assert report["counts"] == {"pass": 3, "fail": 1, "error": 4}
+    order = [(r["name"], r["check"], r["verdict"]) for r in report["results"]]
+    assert order[0] == ("tight", "float32", "fail")             # failures first
+    assert [v for *_, v in order[:5]] == ["fail", "error", "error", "error", "error"]
+    fail = report["failures"][0]
+    assert fail["first_divergence"]["op"] in ("matmul", "rmsnorm")
+    assert "first diverging op" in fail["why"]
+    cfg_err = next(r for r in report["results"] if r["name"] == "badcfg")
+    assert "programs/badcfg.yaml:2" in cfg_err["reason"] and "`colour`" in cfg_err["reason"]
+    broken = next(r for r in report["results"] if r["name"] == "broken")
+    assert broken["reason"].startswith("programs/broken.logos:2:")
+    assert not (z / "build/bundles/broken/model.py").exists()
+
+    suite = ET.parse(z / "build/junit.xml").getroot().find("testsuite")
+    cases = {(c.get("classname"), c.get("name")): c for c in suite.findall("testcase")}
+    assert len(cases) == 8 and suite.get("tests") == "8"
+    assert suite.get("failures") == "1" and suite.get("errors") == "4"
+    assert cases[("tight", "float32")].find("failure") is not None
+    assert cases[("tight", "float64")].find("failure") is None
+    assert cases[("broken", "float64")].find("error") is not None
+    assert list(cases[("good", "float64")]) == []
+
+    summary = (z / "build/summary.md").read_text()
+    assert summary.startswith("## ❌ LOGOS lock: 4 programs, 8 checks — 3 pass, 1 fail, 4 error")
+    assert summary.index("### Failures") < summary.index("### All checks")
+    assert summary.index("`tight` | float32 | **fail**") < summary.index("`broken`")
+
+    # a no-op rerun still fails (the report reruns and fails) without redoing any lock
+    rc, ran, out = doit(z)
+    assert rc != 0 and not any(t.startswith("lock:") for t in ran), out
+
+    # `results`: latest per program; --history shows where a regression began
+    res = subprocess.run([sys.executable, "-m", "emitter", "results"], cwd=z, capture_output=True,
+                         text=True)
+    assert res.returncode == 1
+    assert "4 programs, 8 checks, 5 not passing" in res.stdout
+    (z / "programs/good.yaml").write_text("tolerances: {float32: {abs: 0, rel: 0}}\n")
+    rc, ran, out = doit(z)
+    assert "lock:good" in ran
+    hist = subprocess.run([sys.executable, "-m", "emitter", "results", "--history", "good"], cwd=z,
+                          capture_output=True, text=True)
+    lines = [ln for ln in hist.stdout.splitlines() if "float32" in ln]
+    assert len(lines) == 2 and " pass " in lines[0] and lines[1].startswith("! ") and " fail " in lines[1]
+
+
+def test_sigterm_keeps_progress_and_second_run_is_refused(zoo):
+    e = dict(os.environ, LOGOS_PROGRESS="names")
+    p = subprocess.Popen([sys.executable, "-u", "-m", "doit"], cwd=zoo, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=e)
+    seen = []
+    for line in p.stdout:                 # wait until the emits are done and a lock has started
+        seen.append(line)
+        if line.startswith(".  lock:"):
+            break
+    rc2, ran2, out2 = doit(zoo)           # a second run while the first holds build/
+    assert rc2 == 3 and ran2 == set() and "refused: another doit run" in out2
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=120)
+    assert p.returncode != 0
+    for f in (zoo / "build/results").rglob("*.json"):
+        json.loads(f.read_text())         # no half-written target
+    rc, ran, out = doit(zoo)
+    assert rc == 0, out
+    assert not any(t.startswith("emit:") or t.startswith("digest:") for t in ran), (seen, out)
+    assert "report" in ran
+
+
+def test_parallel_with_progress_line(zoo):
+    rc, ran, out = doit(zoo, "-n", "2", env={"LOGOS_PROGRESS": "line"})
+    assert rc == 0, out
+    assert ran == set()                   # the progress line replaces the task names
+    assert "[9/9] ran 9, failures 0" in out
+    for n in ("a", "b"):
+        for dt in ("float64", "float32"):
+            assert json.loads((zoo / f"build/results/{n}/{dt}.json").read_text())["verdict"] == "pass"
+    rc, ran, out = doit(zoo, "-n", "2")
+    assert (rc, ran) == (0, set()), out
+
+
+FAKE_IMPORTER = '''"""A test importer: the checkpoint is raw float64 bytes of w."""
+import os, shutil
+
+
+def add_arguments(p):
+    p.add_argument("checkpoint")
+    p.add_argument("--program", required=True)
+    p.add_argument("-o", "--out", required=True)
+
+
+def main(args):
+    os.makedirs(args.out, exist_ok=True)
+    shutil.copy(args.checkpoint, os.path.join(args.out, "w.f64"))
+    return 0
+'''
+
+
+def test_derived_weights_task(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {"d": (PROG_A, "derive:\n  importer: fake\n"
+                                                  "  checkpoint: ckpt/w.bin\n")})
+    (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER)
+    with open(z / "emitter/cli.py", "a") as f:
+        f.write('\nCOMMANDS["import-fake"] = ("emitter.importers.fake", "test importer")\n')
+    _weights(z / "ckpt" / "w.bin", 5)
+    rc, ran, out = doit(z)
+    assert rc == 0, out
+    assert {"weights:d", "wmanifest:d", "lock:d"} <= ran
+    assert (z / "build/weights/d/w.f64").read_bytes() == (z / "ckpt/w.bin").read_bytes()
+    r = json.loads((z / "build/results/d/float64.json").read_text())
+    assert r["verdict"] == "pass" and r["weights"] == "build/weights/d"
+    _weights(z / "ckpt" / "w.bin", 6)
+    rc, ran, out = doit(z)
+    assert (rc, ran) == (0, {"weights:d", "wmanifest:d", "lock:d", "report"}), out
+
+
+def test_lock_false_and_list(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_B, "lock: false\n")})
+    rc, ran, out = doit(z, "list", "--all")
+    assert rc == 0
+    assert "emit:a" in out and "lock:a" not in out and "report" in out
+    rc, ran, out = doit(z)
+    assert rc == 0 and ran == {"digest:emit", "digest:vm", "digest:import", "emit:a", "report"}, out
+    suite = ET.parse(z / "build/junit.xml").getroot().find("testsuite")
+    assert [(c.get("classname"), c.get("name")) for c in suite] == [("a", "emit")]
