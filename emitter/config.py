@@ -81,8 +81,9 @@ def _key_lines(text):
     return lines
 
 
-def load_yaml(path):
-    """(mapping, key lines) of a YAML file; an empty file is an empty mapping."""
+def load_yaml(path, shown=None):
+    """(mapping, key lines) of a YAML file; an empty file is an empty mapping. Errors name the
+    file as `shown` (its repo-relative path)."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     try:
@@ -90,11 +91,11 @@ def load_yaml(path):
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise ConfigError(f"not valid YAML: {getattr(e, 'problem', None) or e}",
-                          mark.line + 1 if mark else None, path) from None
+                          mark.line + 1 if mark else None, shown or path) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"a config is a mapping of keys, got {type(data).__name__}", 1, path)
+        raise ConfigError(f"a config is a mapping of keys, got {type(data).__name__}", 1, shown or path)
     return data, _key_lines(text)
 
 
@@ -201,7 +202,7 @@ def load_defaults(root, programs_dir="programs"):
     path = os.path.join(programs_dir, DEFAULTS_FILE)
     if not os.path.isfile(os.path.join(root, path)):
         return merged
-    data, lines = load_yaml(os.path.join(root, path))
+    data, lines = load_yaml(os.path.join(root, path), path)
     given = _check_common(data, path, lines, DEFAULT_KEYS)
     tol = given.pop("tolerances", {})
     merged.update(given)
@@ -219,7 +220,7 @@ def load_program(root, name, defaults, programs_dir="programs"):
     if not NAME_RE.fullmatch(name):
         raise ConfigError(f"`{name}` is not a plain program name (letters, digits, _ and -)",
                           None, cfg_rel if has_cfg else source)
-    data, lines = load_yaml(cfg_path) if has_cfg else ({}, {})
+    data, lines = load_yaml(cfg_path, cfg_rel) if has_cfg else ({}, {})
     given = _check_common(data, cfg_rel, lines, PROGRAM_KEYS)
     pc = ProgramConfig(name=name, source=source, config=cfg_rel if has_cfg else None,
                        weights=None, weights_required=False, lock=defaults["lock"],
