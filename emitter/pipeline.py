@@ -19,7 +19,18 @@ import subprocess
 import sys
 import tempfile
 
-from .emit import BUNDLE_FILES, write_atomic, write_files
+BUNDLE_FILES = ("model.py", "manifest.json", "compile.py")   # emitter.emit.BUNDLE_FILES
+
+
+def write_atomic(path, data):
+    """emitter.emit.write_atomic, imported on first use: the dodo loads without numpy."""
+    from .emit import write_atomic as w
+    w(path, data)
+
+
+def write_files(directory, files):
+    from .emit import write_files as w
+    w(directory, files)
 
 # Modules of the pipeline itself: they make no bundle and no verdict, so editing them reruns nothing
 # but the report (which depends on report.py directly).
