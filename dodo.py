@@ -14,36 +14,6 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-
-
-def _lazy_emitter_package():
-    """Register `emitter` so that its __init__ (which imports numpy via the op table) runs on the
-    first use of a package attribute, not on import: the dodo then loads in a fraction of the time
-    (a no-op run is mostly loading). Submodules import as usual."""
-    import importlib.util
-    import types
-    if "emitter" in sys.modules:
-        return
-    init = os.path.join(ROOT, "emitter", "__init__.py")
-    spec = importlib.util.spec_from_file_location("emitter", init,
-                                                  submodule_search_locations=[os.path.dirname(init)])
-    pkg = importlib.util.module_from_spec(spec)
-    state = {"done": False}
-
-    def __getattr__(name):
-        if state["done"] or name.startswith("__"):
-            raise AttributeError(name)
-        state["done"] = True
-        del pkg.__dict__["__getattr__"]
-        spec.loader.exec_module(pkg)
-        return getattr(pkg, name)
-
-    pkg.__getattr__ = __getattr__
-    assert isinstance(pkg, types.ModuleType)
-    sys.modules["emitter"] = pkg
-
-
-_lazy_emitter_package()
 import emitter.pipeline as pipeline  # noqa: E402
 from emitter.config import NAME_RE, discover  # noqa: E402
 from emitter.progress import ProgressReporter  # noqa: E402

@@ -1,14 +1,28 @@
-"""LOGOS tensor programs to verified SambaFlow ingestion bundles: reader, emitter, VM, lock check."""
+"""LOGOS tensor programs to verified SambaFlow ingestion bundles: reader, emitter, VM, lock check.
 
-from .emit import (QWEN38_OPS, TEMPLATE_MARK, VENDOR_HEADER, TorchArtifact, emit_program,
-                   emit_torch_module, program_name, write_bundle)
-from .errors import ProgramError
-from .names import gguf_name
-from .ops import torch_spelling
-from .reader import read_file, read_program, read_tensor_sentences
+The public names load on first use (PEP 562), so importing a submodule such as `emitter.config`
+does not pay for the op table and numpy.
+"""
 
-__all__ = [
-    "QWEN38_OPS", "TEMPLATE_MARK", "VENDOR_HEADER", "ProgramError", "TorchArtifact", "emit_program",
-    "emit_torch_module", "gguf_name", "program_name", "read_file", "read_program",
-    "read_tensor_sentences", "torch_spelling", "write_bundle",
-]
+import importlib
+
+_EXPORTS = {
+    "QWEN38_OPS": "emit", "TEMPLATE_MARK": "emit", "VENDOR_HEADER": "emit", "TorchArtifact": "emit",
+    "emit_program": "emit", "emit_torch_module": "emit", "program_name": "emit", "write_bundle": "emit",
+    "ProgramError": "errors", "gguf_name": "names", "torch_spelling": "ops",
+    "read_file": "reader", "read_program": "reader", "read_tensor_sentences": "reader",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'emitter' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__
