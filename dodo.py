@@ -1,7 +1,7 @@
 """doit tasks: the zoo in programs/ to bundles, lock verdicts and a report, all under build/.
 
 `doit` builds everything; `doit lock:NAME` one program; `doit -n 2` in parallel; `doit list --all`
-shows every task. See docs/PIPELINE.md. Each program is `programs/NAME.logos` with an optional
+shows every task. See the README. Each program is `programs/NAME.logos` with an optional
 `programs/NAME.yaml` (zoo defaults in `programs/defaults.yaml`); a bad config or program fails only
 its own checks, and the run exits non-zero when any check did not pass.
 """
