@@ -33,7 +33,6 @@ written unpadded, as their gguf names say.
 """
 
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -43,6 +42,7 @@ import tempfile
 import numpy as np
 
 from ..errors import ProgramError
+from . import resolve_checkpoint  # noqa: F401  (also this module's API)
 
 MASK = -1e5            # a not-yet-written cache row's key in the mask column
 DEFAULT_CONTEXT = 256  # rows of the KV caches and rope tables
@@ -54,21 +54,6 @@ ALIASES = {"llama": {"post_attention_norm.weight": "ffn_norm.weight",
 
 
 # ── the checkpoint ────────────────────────────────────────────────────────────────────────────────
-
-def resolve_checkpoint(spec):
-    """A checkpoint path; `package:MODULE/rel/path` is a file inside an installed package."""
-    if not spec.startswith("package:"):
-        return spec
-    module, _, rel = spec[len("package:"):].partition("/")
-    found = importlib.util.find_spec(module)
-    if found is None or not found.submodule_search_locations:
-        raise ProgramError(f"no installed package `{module}` holds the checkpoint", path=spec)
-    for base in found.submodule_search_locations:
-        path = os.path.join(base, rel)
-        if os.path.isfile(path):
-            return path
-    raise ProgramError(f"package `{module}` has no file `{rel}`", path=spec)
-
 
 def open_gguf(path):
     from gguf import GGUFReader

@@ -24,7 +24,6 @@ with `--write-program --tokens 101,…` it first writes the program from the `co
 the checkpoint.
 """
 
-import importlib.util
 import json
 import os
 import sys
@@ -33,6 +32,7 @@ import tempfile
 import numpy as np
 
 from ..errors import ProgramError
+from . import resolve_checkpoint  # noqa: F401  (also this module's API)
 
 # ── the program ───────────────────────────────────────────────────────────────────────────────────
 
@@ -154,20 +154,6 @@ def bert_program(config, token_ids, title=None):
 
 
 # ── the importer ──────────────────────────────────────────────────────────────────────────────────
-
-def resolve_checkpoint(spec):
-    """A path, or `package:DIST_MODULE/relative/path` (a file inside an installed package)."""
-    if not spec.startswith("package:"):
-        return spec
-    module, _, rel = spec[len("package:"):].partition("/")
-    found = importlib.util.find_spec(module)
-    if found is None or not found.submodule_search_locations:
-        raise ProgramError(f"no installed package `{module}`", path=spec)
-    path = os.path.join(list(found.submodule_search_locations)[0], rel)
-    if not os.path.isfile(path):
-        raise ProgramError(f"the package `{module}` has no file `{rel}`", path=spec)
-    return path
-
 
 def _leaf_value(array, kind):
     if kind == LINEAR:
