@@ -20,6 +20,7 @@ COMMANDS = {
     "import-gguf": ("emitter.importers.gguf", "a GGUF checkpoint to a weights directory"),
     "import-safetensors": ("emitter.importers.safetensors",
                            "a safetensors checkpoint to a weights directory"),
+    "import-qwen35": ("emitter.importers.qwen35", "a Qwen3_5 HF checkpoint to a qwen35 decode step's weights"),
 }
 
 

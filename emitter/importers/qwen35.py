@@ -10,7 +10,7 @@ Three things live here, all for transformers' `Qwen3_5ForCausalLM` (text config,
   VM's `run(..., steps=N)` is N greedy steps, each starting from the states (KV tables, conv rings,
   delta memories, token, position) the last one wrote. The program's output is the next token;
   the logits are the stage `logits`.
-- `import_checkpoint(checkpoint_dir, program, out_dir)`: config.json + model.safetensors (as
+- `import_checkpoint(checkpoint, program, out_dir)`: config.json + model.safetensors (as
   `save_pretrained` writes them) to a weights directory of `<var>.f64` files, with the layout
   changes of REFERENCES.md ("How qwen35 maps onto the sugar"), plus the rope tables COS/SIN
   (rows = positions) and the first token and position.
@@ -19,12 +19,12 @@ Three things live here, all for transformers' `Qwen3_5ForCausalLM` (text config,
 The causal mask. The sugar's `attention` softmaxes over every row of the KV table, and a decode
 step's table has rows that no token has written yet (zeros: score 0, which would take weight).
 The step masks them exactly with sugar ops: each head is widened by one column (hd -> hd + 1).
-The query's extra column is 1 (`Qx = qr matmul Eq plus Cq`), a key's is 0 (`Ke = kr matmul Ek`),
+The query's extra column is 1 (`Qx = qr matmul Eq plus Mq`), a key's is 0 (`Ke = kr matmul Ek`),
 and the KV table is declared with MASK in every row's extra key column (`Set item` fills), so a
 row not yet written scores MASK / sqrt(hd + 1) (e^that is exactly 0.0 in float64 and float32)
 and a written row scores exactly q.k / sqrt(hd): Eq scales by sqrt((hd + 1) / hd) to undo the
 wider head's 1/sqrt(hd + 1). Values get a 0 column (`Ve = v matmul Ek`) and `Dq` drops the
-extra columns after attention. Eq, Ek, Cq, Dq are 0/1 (and one scale) placement matrices filled
+extra columns after attention. Eq, Ek, Mq, Dq are 0/1 (and one scale) placement matrices filled
 in the program; they are no weights and have no GGUF name.
 """
 
@@ -154,7 +154,7 @@ def dims_of(config, ctx=DEFAULT_CTX):
 # ── the program ──────────────────────────────────────────────────────────────────────────────────
 
 def _placements(m):
-    """Eq, Ek, Dq, Cq as (rows, cols, {flat index: value}) for the mask column."""
+    """Eq, Ek, Dq, Mq as (rows, cols, {flat index: value}) for the mask column."""
     hd, wide = m.head_dim, m.wide
     scale = math.sqrt(wide / hd)
     eq = {(h * hd + i) * (m.heads * wide) + h * wide + i: scale
@@ -164,7 +164,7 @@ def _placements(m):
     dq = {(h * wide + i) * (m.heads * hd) + h * hd + i: 1 for h in range(m.heads) for i in range(hd)}
     cq = {h * wide + hd: 1 for h in range(m.heads)}
     return {"Eq": (m.heads * hd, m.heads * wide, eq), "Ek": (m.kv_heads * hd, m.kv_heads * wide, ek),
-            "Dq": (m.heads * wide, m.heads * hd, dq), "Cq": (1, m.heads * wide, cq)}
+            "Dq": (m.heads * wide, m.heads * hd, dq), "Mq": (1, m.heads * wide, cq)}
 
 
 class _Writer:
@@ -275,7 +275,7 @@ def generate_program(config, ctx=DEFAULT_CTX):
             w(f"Let qr{L} be rope of qn{L} with cos rc and sin rs across {H} heads.")
             w(f"Let kr{L} be rope of kn{L} with cos rc and sin rs across {KV} heads.")
             w(f"Let qe{L} be qr{L} matmul Eq.")
-            w(f"Let Qx{L} be qe{L} plus Cq.")
+            w(f"Let Qx{L} be qe{L} plus Mq.")
             w(f"Let Ke{L} be kr{L} matmul Ek.")
             w(f"Let Ve{L} be v{L} matmul Ek.")
             w(f"Set row Pos of Kc{L} to Ke{L}.")
@@ -325,19 +325,34 @@ def generate_program(config, ctx=DEFAULT_CTX):
 
 # ── the importer ─────────────────────────────────────────────────────────────────────────────────
 
-def read_config(checkpoint_dir):
-    with open(os.path.join(checkpoint_dir, "config.json"), encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _read_tensors(checkpoint_dir):
-    from safetensors import safe_open
-    files = sorted(f for f in os.listdir(checkpoint_dir) if f.endswith(".safetensors"))
+def checkpoint_files(checkpoint):
+    """(directory, [safetensors paths]) of a checkpoint given as its directory or as its one
+    `model.safetensors` file (config.json beside it)."""
+    if os.path.isfile(checkpoint):
+        return os.path.dirname(os.path.abspath(checkpoint)), [checkpoint]
+    if not os.path.isdir(checkpoint):
+        raise ProgramError("no such checkpoint file or directory", path=checkpoint)
+    files = sorted(os.path.join(checkpoint, f) for f in os.listdir(checkpoint)
+                   if f.endswith(".safetensors"))
     if not files:
-        raise ProgramError("no *.safetensors file in the checkpoint directory", path=checkpoint_dir)
+        raise ProgramError("no *.safetensors file in the checkpoint directory", path=checkpoint)
+    return checkpoint, files
+
+
+def read_config(checkpoint):
+    """The config.json dict of a checkpoint (its directory, or a safetensors file inside it)."""
+    path = os.path.join(checkpoint_files(checkpoint)[0], "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise ProgramError(f"cannot read the config: {e}", path=path) from None
+
+
+def _read_tensors(checkpoint):
+    from safetensors import safe_open
     tensors = {}
-    for fname in files:
-        path = os.path.join(checkpoint_dir, fname)
+    for path in checkpoint_files(checkpoint)[1]:
         try:
             with safe_open(path, framework="np") as f:
                 for key in f.keys():
@@ -423,13 +438,14 @@ def convert(tensors, m):
     return {k: np.ascontiguousarray(v, dtype=np.float64) for k, v in out.items()}
 
 
-def import_checkpoint(checkpoint_dir, program, out_dir, token=0, position=0, dtype="f64"):
-    """Write every leaf of `program` the checkpoint defines (plus COS, SIN, Tok, Pos) into `out_dir`
+def import_checkpoint(checkpoint, program, out_dir, token=0, position=0, dtype="f64"):
+    """`checkpoint` is a directory or its safetensors file. Write every leaf of `program` the
+    checkpoint defines (plus COS, SIN, Tok, Pos) into `out_dir`
     as `<var>.f64` (or `.f32`). Returns {"written": [...], "declared": [...]}: the leaves left to
     their declared values (states, filled constants)."""
-    config = read_config(checkpoint_dir)
+    config = read_config(checkpoint)
     m = dims_of(config, ctx=program.decls["COS"].rows if "COS" in program.decls else DEFAULT_CTX)
-    values = convert(_read_tensors(checkpoint_dir), m)
+    values = convert(_read_tensors(checkpoint), m)
     values["COS"], values["SIN"] = rope_tables(m)
     values["Tok"] = np.array([[float(token)]])
     values["Pos"] = np.array([[float(position)]])
@@ -491,13 +507,17 @@ def make_tiny_checkpoint(out_dir, seed=0, config=None):
                 p.copy_(normal(p.shape, 1.0 / math.sqrt(p.shape[-1])))
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)
+    extra = os.path.join(out_dir, "generation_config.json")  # nothing here reads it
+    if os.path.exists(extra):
+        os.unlink(extra)
     return out_dir
 
 
 # ── command line ─────────────────────────────────────────────────────────────────────────────────
 
 def add_arguments(p):
-    p.add_argument("checkpoint", help="HF checkpoint directory (config.json + *.safetensors)")
+    p.add_argument("checkpoint", help="HF checkpoint: its directory (config.json + *.safetensors), "
+                                      "or its model.safetensors with config.json beside it")
     p.add_argument("--program", required=True, help="the decode-step program (PROG.logos)")
     p.add_argument("-o", "--out", required=True, help="weights directory to write")
     p.add_argument("--token", type=int, default=0, help="the first step's token (Tok.f64)")
@@ -508,8 +528,8 @@ def add_arguments(p):
     p.add_argument("--write-program", action="store_true",
                    help="first write the program generated from the checkpoint's config to --program")
     p.add_argument("--tiny-seed", type=int, default=None,
-                   help="first make the tiny random checkpoint with this seed in CHECKPOINT "
-                        "(if it has no config.json yet)")
+                   help="first make the tiny random checkpoint with this seed in the directory "
+                        "CHECKPOINT (if it has no config.json yet)")
 
 
 def main(args):
