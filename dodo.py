@@ -35,7 +35,7 @@ DOIT_CONFIG = {
 }
 
 PROGRAMS = discover(ROOT)
-CODE = {kind: pipeline.code_files(ROOT, kind) for kind in ("emit", "vm", "import")}
+CODE = {kind: pipeline.code_files(ROOT, kind) for kind in ("emit", "lock", "import")}
 
 
 def _slug(name):
@@ -55,15 +55,11 @@ def _paths(pc):
     }
 
 
+DEFAULTS = [f for f in ("programs/defaults.yaml",) if os.path.isfile(f)]
+
+
 def _config_files(pc):
-    files = [f"programs/{n}" for n in ("defaults.yaml",) if os.path.isfile(f"programs/{n}")]
-    if pc.config:
-        files.append(pc.config)
-    return files
-
-
-def _existing(paths):
-    return [p for p in paths if os.path.isfile(p)]
+    return DEFAULTS + ([pc.config] if pc.config else [])
 
 
 def task_digest():
@@ -117,11 +113,16 @@ def task_wmanifest():
             "doc": f"keep {p['manifest']} current with {pc.weights}/",
             "actions": [(pipeline.write_weights_manifest, [pc.weights, p["manifest"]])],
             "targets": [p["manifest"]],
-            "uptodate": [(pipeline.weights_current, [pc.weights, p["manifest"]])],
             "verbosity": 1,
         }
         if pc.derive:
+            # made by weights:NAME during the run: listed when this task runs, not at load
             task["task_dep"] = [f"weights:{pc.name}"]
+            task["uptodate"] = [(pipeline.weights_current, [pc.weights, p["manifest"]])]
+        else:
+            # the directory's files as listed now: doit's md5 checker sees edits, touches cost a
+            # hash and no rerun, and an added or removed file changes the set and reruns it
+            task["file_dep"] = pipeline.weight_files(pc.weights)
         yield task
 
 
@@ -134,7 +135,7 @@ def task_emit():
             "doc": f"emit {pc.source} to {p['bundle']}/",
             "actions": [(pipeline.emit_bundle, [pc.name, pc.source, p["bundle"], p["status"],
                                                 pc.error])],
-            "file_dep": _existing([pc.source]) + _config_files(pc) + [f"{DIGESTS}/emit.json"],
+            "file_dep": [pc.source] + _config_files(pc) + [f"{DIGESTS}/emit.json"],
             "targets": [f"{p['bundle']}/{f}" for f in ("model.py", "manifest.json", "compile.py")]
                        + [p["status"]],
             "verbosity": 1,
@@ -153,7 +154,7 @@ def task_lock():
             continue
         p = _paths(pc)
         checks = _checks(pc)
-        deps = [p["status"], f"{DIGESTS}/vm.json", f"{DIGESTS}/emit.json"] + _config_files(pc)
+        deps = [p["status"], f"{DIGESTS}/lock.json"] + _config_files(pc)
         manifest = None
         if pc.weights and not pc.error:
             manifest = p["manifest"]
@@ -183,8 +184,8 @@ def task_report():
     return {
         "doc": f"report {len(PROGRAMS)} programs into {BUILD}/report.json, junit.xml, summary.md",
         "actions": [(pipeline.make_report, [entries, BUILD])],
+        # the entries follow from these paths: a program or check added or removed changes the set
         "file_dep": deps + ["emitter/report.py"],
         "targets": [f"{BUILD}/report.json", f"{BUILD}/junit.xml", f"{BUILD}/summary.md"],
-        "uptodate": [(pipeline.entries_current, [entries])],
         "verbosity": 1,
     }

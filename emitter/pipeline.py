@@ -115,7 +115,9 @@ def install_sigterm():
 # --- code digests ---------------------------------------------------------------------------------
 
 def code_files(root, kind):
-    """The emitter package's files that `kind` ("emit", "vm", "import") depends on, repo-relative."""
+    """The emitter package's files that `kind` depends on, repo-relative: "emit" (reader, ops,
+    emitter), "lock" (those and the VM and lock check: one digest per lock task, not two), or
+    "import" (the importers)."""
     base = os.path.join(root, "emitter")
     out = []
     for dirpath, dirnames, filenames in os.walk(base):
@@ -130,8 +132,8 @@ def code_files(root, kind):
                 take = is_import
             elif sub:
                 take = False
-            elif kind == "vm":
-                take = f in VM_MODULES
+            elif kind == "lock":
+                take = f not in PIPELINE_MODULES
             else:
                 take = f not in VM_MODULES and f not in PIPELINE_MODULES
             if take:
@@ -169,6 +171,11 @@ def _listing(weights_dir):
             st = e.stat()
             out[e.name] = (st.st_size, st.st_mtime_ns)
     return out
+
+
+def weight_files(weights_dir):
+    """The plain files of a weights directory (dot files ignored), as paths, sorted."""
+    return [os.path.join(weights_dir, n) for n in _listing(weights_dir)]
 
 
 def _stat_path(manifest):
@@ -348,11 +355,6 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
 
 # --- report ---------------------------------------------------------------------------------------
 
-def entries_current(task, values, entries):
-    """The report reruns when the set of programs or checks changes (not only their files)."""
-    return values.get("entries") == sha256_text(dumps(entries))
-
-
 def make_report(entries, out_dir):
     """report.json, junit.xml and summary.md from every program's status and results; fails the
     task (so the run exits non-zero) when any check did not pass."""
@@ -361,10 +363,9 @@ def make_report(entries, out_dir):
     rows = build_rows(entries)
     write_reports(rows, out_dir)
     bad = [r for r in rows if r["verdict"] != "pass"]
-    values = {"entries": sha256_text(dumps(entries))}
     if bad:
         names = ", ".join(f"{r['name']}[{r['check']}]={r['verdict']}" for r in bad[:10])
         more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
         return TaskFailed(f"{len(bad)} of {len(rows)} checks did not pass: {names}{more} "
                           f"(see {out_dir}/summary.md)")
-    return values
+    return True
