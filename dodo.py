@@ -179,8 +179,8 @@ def task_report():
         checks = [(dt, path) for dt, _, _, path in _checks(pc)] if (pc.lock or pc.error) else []
         entries.append({"name": pc.name, "source": pc.source, "status": p["status"],
                         "checks": checks})
-        deps.append(p["status"])
-        deps.extend(path for _, path in checks)
+        # a locked program's results already follow its emit status (the lock depends on it)
+        deps.extend([path for _, path in checks] or [p["status"]])
     return {
         "doc": f"report {len(PROGRAMS)} programs into {BUILD}/report.json, junit.xml, summary.md",
         "actions": [(pipeline.make_report, [entries, BUILD])],
