@@ -360,7 +360,7 @@ def make_report(entries, out_dir):
     task (so the run exits non-zero) when any check did not pass."""
     from doit.exceptions import TaskFailed
     from .report import build_rows, write_reports
-    rows = build_rows(entries)
+    rows = build_rows(entries, os.path.join(out_dir, ".report-cache.json"))
     write_reports(rows, out_dir)
     bad = [r for r in rows if r["verdict"] != "pass"]
     if bad:

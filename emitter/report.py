@@ -29,33 +29,75 @@ def _divergence(r):
     return {k: f.get(k) for k in ("step", "stage", "out", "op", "line", "max_abs", "max_rel", "nmse")}
 
 
-def build_rows(entries):
+def _slim(r):
+    """What a row keeps of a RESULT.json (the report never needs its stages or steps)."""
+    out = r.get("output") or None
+    return {"verdict": r.get("verdict", "error"), "reason": r.get("reason"),
+            "first_divergence": _divergence(r),
+            "output": {k: out.get(k) for k in ("max_abs", "max_rel", "nmse", "cosine", "argmax_agree")}
+            if out else None,
+            "steps": r.get("steps"), "tolerance": r.get("tolerance"), "program": r.get("program")}
+
+
+class _ResultCache:
+    """Slim results by path, valid while the file's (mtime_ns, size) stay: a rebuild after one
+    edit re-reads one program's results, not the zoo's."""
+
+    def __init__(self, path):
+        self.path = path
+        self.old = (_read(path) if path else None) or {}
+        self.new = {}
+
+    def get(self, path):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = [st.st_mtime_ns, st.st_size]
+        hit = self.old.get(path)
+        if hit is None or hit[0] != key:
+            r = _read(path)
+            if r is None:
+                return None
+            hit = [key, _slim(r)]
+        self.new[path] = hit
+        return hit[1]
+
+    def save(self):
+        if self.path:
+            write_files(os.path.dirname(self.path) or ".",
+                        {os.path.basename(self.path): json.dumps(self.new, allow_nan=True)})
+
+
+def build_rows(entries, cache_path=None):
     """One row per check: (program, dtype) for locked programs, (program, "emit") for the rest.
 
-    `entries`: [{"name", "source", "status", "checks": [(dtype, result_path)]}]."""
+    `entries`: [{"name", "source", "status", "checks": [(dtype, result_path)]}]. `cache_path`, if
+    given, keeps slim copies of the results between runs."""
+    cache = _ResultCache(cache_path)
     rows = []
     for e in entries:
-        status = _read(e["status"]) or {"status": "error",
-                                        "reason": f"{e['status']}: not written (emit did not run)"}
+        status = None
+
+        def emit_status():
+            return _read(e["status"]) or {"status": "error",
+                                          "reason": f"{e['status']}: not written (emit did not run)"}
         if not e["checks"]:
+            status = emit_status()
             ok = status.get("status") == "ok"
             rows.append({"name": e["name"], "source": e["source"], "check": "emit",
                          "verdict": "pass" if ok else "error", "reason": status.get("reason"),
                          "first_divergence": None, "output": None, "result": None})
         for dtype, path in e["checks"]:
-            r = _read(path)
+            r = cache.get(path)
             if r is None:
+                status = status or emit_status()
                 reason = status.get("reason") if status.get("status") != "ok" else \
                     f"{path}: not written (the lock did not run)"
-                r = {"verdict": "error", "reason": reason}
-            out = r.get("output") or None
-            rows.append({"name": e["name"], "source": e["source"], "check": dtype,
-                         "verdict": r.get("verdict", "error"), "reason": r.get("reason"),
-                         "first_divergence": _divergence(r),
-                         "output": {k: out.get(k) for k in ("max_abs", "max_rel", "nmse", "cosine",
-                                                           "argmax_agree")} if out else None,
-                         "steps": r.get("steps"), "tolerance": r.get("tolerance"),
-                         "program": r.get("program"), "result": path})
+                r = {"verdict": "error", "reason": reason, "first_divergence": None, "output": None,
+                     "steps": None, "tolerance": None, "program": None}
+            rows.append({"name": e["name"], "source": e["source"], "check": dtype, **r, "result": path})
+    cache.save()
     rows.sort(key=lambda r: (ORDER.get(r["verdict"], 1), r["name"], r["check"]))
     return rows
 
