@@ -78,11 +78,6 @@ def timed(cmd, cwd, env=None):
     return secs, p.returncode, ran, p
 
 
-def best(n, fn):
-    runs = [fn() for _ in range(n)]
-    return min(runs, key=lambda r: r[0])
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", type=int, default=1000)
@@ -100,29 +95,7 @@ def main(argv=None):
         out["full_build_s"] = round(full[0], 2)
         out["full_build_rc"] = full[1]
         out["tasks_run_full"] = full[2]
-        noop = best(3, lambda: timed(doit, zoo, names))
-        out["noop_s"] = round(noop[0], 3)
-        out["noop_tasks_run"] = noop[2]
-
-        victim = f"p{args.programs // 2:04d}"
-        with open(os.path.join(zoo, "programs", victim + ".logos"), "a") as f:
-            f.write("Let z be sigmoid of y.\n")
-        edit = timed(doit, zoo, names)
-        out["one_edit_s"] = round(edit[0], 3)
-        out["one_edit_tasks_run"] = edit[2]
-        # that program's own work: its emit and its lock checks done alone, in one fresh process
-        # (interpreter start, the imports a lock needs, torch included, and the work itself)
-        dtypes = ["float32"] if int(victim[1:]) % 2 else ["float64", "float32"]
-        own_code = ("import sys, tempfile; sys.path.insert(0, '.')\n"
-                    "from emitter.emit import emit_program, write_bundle\n"
-                    "from emitter.lock import lock_bundle\nfrom emitter.reader import read_file\n"
-                    f"d = tempfile.mkdtemp(); p = 'programs/{victim}.logos'\n"
-                    "write_bundle(emit_program(read_file(p)), d)\n"
-                    f"for dt in {dtypes!r}:\n"
-                    f"    assert lock_bundle(d, p, 'weights/{victim}', dt)['verdict'] == 'pass'\n")
-        own = [timed([sys.executable, "-c", own_code], zoo)[0] for _ in range(3)]
-        timed(doit, zoo, names)       # the report catches up after the forced runs
-
+        timed(doit, zoo, names)       # settle doit's state after the parallel build
         # bare doit: a trivial dodo with as many tasks as the zoo's dodo, no-op
         count = subprocess.run(doit + ["list", "--all", "-q"], cwd=zoo, capture_output=True,
                                text=True).stdout.split()
@@ -137,13 +110,44 @@ def main(argv=None):
                 f.write(str(i))
         env = {"BENCH_TASKS": str(n_tasks)}
         timed(doit, bare, env)
-        bare_noop = best(3, lambda: timed(doit, bare, env))
+        # no-op of both, interleaved (this machine is noisy: neighbours' load hits both alike)
+        noops, bares = [], []
+        for _ in range(5):
+            noops.append(timed(doit, zoo, names))
+            bares.append(timed(doit, bare, env))
+        noop = sorted(noops, key=lambda r: r[0])[2]
+        bare_noop = sorted(bares, key=lambda r: r[0])[2]
+        out["noop_s"] = round(noop[0], 3)
+        out["noop_tasks_run"] = max(r[2] for r in noops)
+
+        victim = f"p{args.programs // 2:04d}"
+        edits = []
+        for k in range(3):   # three edits of one program, each a new sentence: the median counts
+            with open(os.path.join(zoo, "programs", victim + ".logos"), "a") as f:
+                f.write(f"Let z{k} be sigmoid of y.\n")
+            edits.append(timed(doit, zoo, names))
+        edit = sorted(edits, key=lambda r: r[0])[1]
+        out["one_edit_s"] = round(edit[0], 3)
+        out["one_edit_tasks_run"] = max(r[2] for r in edits)
+        # that program's own work: its emit and its lock checks done alone, in one fresh process
+        # (interpreter start, the imports a lock needs, torch included, and the work itself)
+        dtypes = ["float32"] if int(victim[1:]) % 2 else ["float64", "float32"]
+        own_code = ("import sys, tempfile; sys.path.insert(0, '.')\n"
+                    "from emitter.emit import emit_program, write_bundle\n"
+                    "from emitter.lock import lock_bundle\nfrom emitter.reader import read_file\n"
+                    f"d = tempfile.mkdtemp(); p = 'programs/{victim}.logos'\n"
+                    "write_bundle(emit_program(read_file(p)), d)\n"
+                    f"for dt in {dtypes!r}:\n"
+                    f"    assert lock_bundle(d, p, 'weights/{victim}', dt)['verdict'] == 'pass'\n")
+        own = sorted(timed([sys.executable, "-c", own_code], zoo)[0] for _ in range(3))[1]
+        out["own_work_s"] = round(own, 3)
+
         out["tasks"] = n_tasks
-        out["bare_doit_noop_s"] = round(bare_noop[0], 3)
+        out["bare_doit_noop_s"] = round(bare_noop[0], 3)  # medians of 5 interleaved runs
         out["noop_ratio_vs_bare"] = round(noop[0] / bare_noop[0], 2)
         out["noop_target_met"] = noop[0] <= 1.5 * bare_noop[0]
-        out["one_edit_budget_s"] = round(noop[0] + min(own), 3)
-        out["one_edit_target_met"] = edit[0] <= noop[0] + min(own)
+        out["one_edit_budget_s"] = round(noop[0] + own, 3)
+        out["one_edit_target_met"] = edit[0] <= noop[0] + own
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
