@@ -89,8 +89,11 @@ def _key_lines(text):
 def load_yaml(path, shown=None):
     """(mapping, key lines) of a YAML file; an empty file is an empty mapping. Errors name the
     file as `shown` (its repo-relative path)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read the config: {e}", None, shown or path) from None
     try:
         data = yaml.load(text, Loader=_SAFE)
     except yaml.YAMLError as e:
@@ -238,6 +241,8 @@ def load_program(root, name, defaults, programs_dir="programs"):
     if not NAME_RE.fullmatch(name):
         raise ConfigError(f"`{name}` is not a plain program name (letters, digits, _ and -)",
                           None, cfg_rel if has_cfg else source)
+    if inside(root, source) != source:
+        raise ConfigError(f"`{source}` leaves the repository (a link?)", None, source)
     data, lines = load_yaml(cfg_path, cfg_rel) if has_cfg else ({}, {})
     given = _check_common(data, cfg_rel, lines, PROGRAM_KEYS)
     pc = ProgramConfig(name=name, source=source, config=cfg_rel if has_cfg else None,
@@ -289,6 +294,9 @@ def load_program(root, name, defaults, programs_dir="programs"):
     else:
         default = f"weights/{name}"
         pc.weights = default if os.path.isdir(os.path.join(root, default)) else None
+        if pc.weights and inside(root, default) != default:
+            raise ConfigError(f"`{default}` leaves the repository (a link?)", None, cfg_rel if has_cfg
+                              else source)
     return pc
 
 

@@ -149,10 +149,10 @@ class LogosModule(nn.Module):
         return value if self.probe is None else self.probe(stage, value)
 
     def write_state(self, name, value, inputs):
-        """Carry a state to the next step, unless the caller passed that leaf in."""
+        """Carry a state to the next step, unless the caller passed that leaf in. The buffer is
+        replaced, not written into: a view of the old value read earlier in the step keeps it."""
         if name not in inputs:
-            with torch.no_grad():
-                getattr(self, "leaf_" + name).copy_(value)
+            setattr(self, "leaf_" + name, value.detach().clone())
 
     def forward(self, *args, **inputs):
         inputs.update(zip(INPUTS, args))

@@ -243,6 +243,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     try:
         if dtype not in TOLERANCES:
             raise CouldNotRun(f"dtype must be float64 or float32, not {dtype!r}")
+        if not all(math.isfinite(v) and v >= 0 for v in tol.values()):
+            raise CouldNotRun(f"tolerances must be finite and >= 0, got {tol}")
         if steps < 1:
             raise CouldNotRun("steps must be at least 1")
         program = read_file(program_path)
@@ -268,6 +270,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["verdict"] = "pass" if all(d["pass"] for d in details) else "fail"
     except (ProgramError, CouldNotRun) as e:
         result["reason"] = str(e)
+    except Exception as e:  # anything else is still "could not run" (exit 2), never a numeric fail
+        result["reason"] = f"the lock check raised {type(e).__name__}: {e}"
     t = result["timings"]
     t["total_s"] = time.perf_counter() - start
     # what the lock itself adds per run beyond setup (imports, reading, hashing) and the two sides

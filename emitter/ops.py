@@ -65,10 +65,6 @@ class Op:
     writes: Optional[str] = None
     inputs_order: tuple = field(default=())
 
-    @property
-    def items(self):
-        return parse_pattern(self.pattern)
-
     def placeholders(self):
         return [w for w in _words(self.pattern) if w[0].isupper()]
 

@@ -81,7 +81,3 @@ class Program:
     @property
     def leaves(self):
         return list(self.decls)
-
-    @property
-    def computed(self):
-        return [s.out for s in self.stages if s.binds]

@@ -9,8 +9,9 @@ from .ops import OPS, SET_ROW, Args, ShapeError, key_of, match, parse_pattern
 from .program import Decl, Fill, OpSentence, Program, Show, Stage
 
 MAX_ELEMENTS = 1 << 31
-_UINT = re.compile(r"[0-9]+")
-_INT = re.compile(r"[+-]?[0-9]+")
+MAX_INT = 1 << 53  # an Int fill must survive float64 (the VM's and the module's number type)
+_UINT = re.compile(r"[0-9]{1,15}")  # counts and indices: well past any shape, far from int()'s limits
+_INT = re.compile(r"[+-]?[0-9]{1,16}")
 _REAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 DECL_FORM = "Let V be a R by C tensor of Real."
@@ -50,7 +51,7 @@ def _name(line, word, what="a tensor name"):
 
 def _count(line, word, what):
     if not _UINT.fullmatch(word) or int(word) == 0:
-        raise line.error(f"{what} must be a positive integer literal, got `{word}`")
+        raise line.error(f"{what} must be a positive integer literal (at most 15 digits), got `{word}`")
     return int(word)
 
 
@@ -99,8 +100,9 @@ def _read_set(line, words):
         if not (len(words) == 7 and words[3] == "of" and words[5] == "to"):
             raise line.expected(FILL_FORM)
         if not _UINT.fullmatch(words[2]):
-            raise line.error(f"the item number must be an integer literal, got `{words[2]}`")
-        if not _REAL.fullmatch(words[6]):
+            raise line.error(f"the item number must be an integer literal (at most 15 digits), "
+                             f"got `{words[2]}`")
+        if len(words[6]) > 64 or not _REAL.fullmatch(words[6]):
             raise line.error(f"VALUE must be a numeric literal (`3`, `-0.25`, `1e-3`), got `{words[6]}`")
         return Fill(_name(line, words[4]), int(words[2]), words[6], line.number)
     if len(words) > 1 and words[1] == "row":
@@ -178,11 +180,11 @@ class _Checker:
             if not math.isfinite(value):
                 raise ProgramError(f"`Set item {s.index} of {s.var}`: `{s.value}` is not a finite number",
                                    s.line)
-        elif _INT.fullmatch(s.value):
+        elif _INT.fullmatch(s.value) and abs(int(s.value)) <= MAX_INT:
             value = int(s.value)
         else:
             raise ProgramError(f"`Set item {s.index} of {s.var}`: `{s.var}` is an Int tensor and takes "
-                               f"an integer, not `{s.value}`", s.line)
+                               f"an integer of at most 2^53, not `{s.value}`", s.line)
         self.fills[s.var].append((s.index - 1, value))
 
     def op(self, s):
@@ -201,7 +203,7 @@ class _Checker:
                       "tensor carries state")
         for name in inputs:
             self.read_at.setdefault(name, s.line)
-        if writes is None or writes != s.out:
+        if s.op is not SET_ROW:  # `Let S be … state S …` rebinds S: refused like any rebinding
             self.bind(s, s.out, tuple(shape), self.real[inputs[0]])
         if writes is not None:
             self.written.add(writes)

@@ -114,8 +114,9 @@ def _fmt(x):
 
 
 def short(text, limit=240):
-    """A reason cut to one readable line (the full text stays in report.json's results)."""
-    text = str(text)
+    """A reason cut to one readable line of printable text (the full text stays in report.json's
+    results): program text may carry control characters that XML 1.0 cannot hold."""
+    text = "".join(c if c.isprintable() else " " for c in str(text))
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
@@ -152,7 +153,7 @@ def render_junit(rows):
     suite = ET.Element("testsuite", name="logos-lock", tests=str(len(rows)),
                        failures=str(c["fail"]), errors=str(c["error"]), skipped="0")
     for r in rows:
-        case = ET.SubElement(suite, "testcase", classname=r["name"], name=r["check"],
+        case = ET.SubElement(suite, "testcase", classname=short(r["name"]), name=r["check"],
                              file=r["source"])
         if r["verdict"] == "fail":
             ET.SubElement(case, "failure", message=describe(r), type="lock-fail").text = describe(r)
@@ -166,7 +167,7 @@ def render_junit(rows):
 
 
 def _md(text):
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return str(text).replace("|", "\\|").replace("\n", " ").replace("\r", " ").replace("`", "'")
 
 
 def render_summary(rows):
@@ -178,14 +179,14 @@ def render_summary(rows):
     bad = [r for r in rows if r["verdict"] != "pass"]
     if bad:
         out += ["### Failures", "", "| program | check | verdict | why |", "|---|---|---|---|"]
-        out += [f"| `{r['name']}` | {r['check']} | **{r['verdict']}** | {_md(describe(r))} |"
+        out += [f"| `{_md(short(r['name']))}` | {r['check']} | **{r['verdict']}** | {_md(describe(r))} |"
                 for r in bad]
         out.append("")
     out += ["### All checks", "", "| program | check | verdict | max abs | max rel | cosine |",
             "|---|---|---|---|---|---|"]
     for r in rows:
         o = r["output"] or {}
-        out.append(f"| `{r['name']}` | {r['check']} | {r['verdict']} | {_fmt(o.get('max_abs'))} | "
+        out.append(f"| `{_md(short(r['name']))}` | {r['check']} | {r['verdict']} | {_fmt(o.get('max_abs'))} | "
                    f"{_fmt(o.get('max_rel'))} | {_fmt(o.get('cosine'))} |")
     return "\n".join(out) + "\n"
 

@@ -68,6 +68,10 @@ def load_leaves(program, weights_dir=None, ignore=()):
                                path=str(weights_dir))
         if found:
             fname, dtype = found[0]
+            real = os.path.realpath(os.path.join(weights_dir, fname))
+            if os.path.dirname(real) != os.path.realpath(weights_dir):
+                raise ProgramError(f"`{fname}` links outside the weights directory; copy the file in",
+                                   path=str(weights_dir))
             claimed.add(fname)
             values[name] = _read_leaf(program, name, os.path.join(weights_dir, fname), dtype)
             sources[name] = fname

@@ -93,3 +93,25 @@ def test_package_checkpoint_resolves_inside_the_package(tmp_path):
 
 def test_config_error_is_a_program_error():
     assert issubclass(ConfigError, ValueError)
+
+
+def test_undecodable_config_fails_only_its_program(tmp_path):
+    (tmp_path / "programs").mkdir()
+    (tmp_path / "programs" / "b.yaml").write_bytes(b"steps: 2 # caf\xe9\n")
+    got = zoo(tmp_path, {"programs/a.logos": SRC, "programs/b.logos": SRC})
+    assert got["a"].error is None
+    assert "programs/b.yaml" in got["b"].error and "cannot read the config" in got["b"].error
+
+
+def test_linked_default_weights_and_program_are_refused(tmp_path):
+    outside = tmp_path.parent / (tmp_path.name + "-outside")
+    (outside / "w").mkdir(parents=True)
+    (outside / "secret.logos").write_text("secret-line\n")
+    (tmp_path / "weights").mkdir()
+    os.symlink(outside / "w", tmp_path / "weights" / "a")
+    (tmp_path / "programs").mkdir()
+    os.symlink(outside / "secret.logos", tmp_path / "programs" / "leak.logos")
+    got = zoo(tmp_path, {"programs/a.logos": SRC})
+    assert "`weights/a` leaves the repository" in got["a"].error
+    assert "`programs/leak.logos` leaves the repository" in got["leak"].error
+    assert "secret-line" not in got["leak"].error

@@ -95,6 +95,28 @@ def test_wrong_state_write_back_fails_only_at_step_2(tmp_path):
     assert two["output"]["max_abs"] > 1e-3
 
 
+def test_state_read_before_its_write_back_keeps_the_old_value(tmp_path):
+    """A literal row (a view in torch) read before `Set row` must not see the new row."""
+    src = ("Let K0 be a 2 by 2 tensor of Real.\nSet item 1 of K0 to 1.\nSet item 2 of K0 to 2.\n"
+           "Let k be a 1 by 2 tensor of Real.\nSet item 1 of k to 5.\nSet item 2 of k to 6.\n"
+           "Let r be row 0 of K0.\nLet t be transpose of K0.\nSet row 0 of K0 to k.\n"
+           "Let y be r plus k.\nLet z be r matmul t.\n")
+    (tmp_path / "p.logos").write_text(src)
+    bundle = emit_bundle(src, tmp_path / "b")
+    r = lock_bundle(bundle, str(tmp_path / "p.logos"), None, "float64", 2)
+    assert r["verdict"] == "pass", r["steps_detail"]
+    program = read_file(str(tmp_path / "p.logos"))
+    trace = vm.run(program, vm.load_leaves(program).values, keep_stages=True)[0]
+    np.testing.assert_array_equal(trace.output, [[5.0, 0.0]])  # r = [1, 2], t = the old K0 transposed
+    np.testing.assert_array_equal(trace.stages[3], [[6.0, 8.0]])  # y = r + k
+
+
+@pytest.mark.parametrize("atol,rtol", [(-1.0, 0.0), (0.0, float("nan")), (float("inf"), 0.0)])
+def test_bad_tolerances_cannot_pass(zoo, atol, rtol):
+    r = lock_bundle(zoo["bundle"], zoo["program"], zoo["weights"], "float64", 1, atol, rtol)
+    assert r["verdict"] == "error" and "tolerances must be finite and >= 0" in r["reason"]
+
+
 def test_bundle_of_another_source_is_refused(zoo, tmp_path):
     prog = tmp_path / "p.logos"
     prog.write_text(open(zoo["program"]).read() + "\n# edited\n")

@@ -84,7 +84,7 @@ Let gd be gated delta of q over q and v with gate v beta hb decay hb state S nor
 @pytest.mark.parametrize("source,line,needle", [
     ("Let a be a 2 by 3 tensor of Real", 1, "a sentence ends with a period"),
     ("\n\nLet a be a 2 by 3 tensor of Float.", 3, "a tensor is of Real or Int, not `Float`"),
-    ("Let a be a 0 by 3 tensor of Real.", 1, "the row count must be a positive integer literal, got `0`"),
+    ("Let a be a 0 by 3 tensor of Real.", 1, "the row count must be a positive integer literal (at most 15 digits), got `0`"),
     ("Let a be a two by 3 tensor of Real.", 1, "got `two`"),
     ("Let a be a 2 by 3 matrix of Real.", 1, "expected `Let V be a R by C tensor of Real.`"),
     ("Compute everything.", 1, "not a tensor sentence; the forms are:"),
@@ -121,6 +121,13 @@ Let gd be gated delta of q over q and v with gate v beta hb decay hb state S nor
     (DECLS + "Let y be full attention of a over b and a with 1 heads.", 4, "must have the same shape"),
     (DECLS + "Let y be causal conv of r with weight a state a over 3 taps.", 4, "must be 3 taps by 3"),
     (DECLS, None, "a tensor program with no op has nothing to compute"),
+    ("Let s be a 2 by 3 tensor of Real.\nLet x be a 1 by 3 tensor of Real.\n"
+     "Let s be causal conv of x with weight s state s over 2 taps.", 3, "`s` is bound here and already on line 1"),
+    ("Let a be a " + "9" * 5000 + " by 3 tensor of Real.", 1, "at most 15 digits"),
+    (DECLS + "Set item " + "1" * 5000 + " of a to 1.", 4, "at most 15 digits"),
+    ("Let t be a 1 by 2 tensor of Int.\nSet item 1 of t to " + "9" * 400 + ".", 2, "VALUE must be a numeric literal"),
+    ("Let t be a 1 by 2 tensor of Int.\nSet item 1 of t to 9007199254740993.", 2, "at most 2^53"),
+    (DECLS + "Let y be rmsnorm of a across " + "3" * 5000 + " heads.", 4, "at most 15 digits"),
 ])
 def test_refusals(source, line, needle):
     e = refused(source)

@@ -140,3 +140,12 @@ def test_run_cli_bad_weight_exit_1(tmp_path):
     r = run_cli("run", str(prog), "--weights", str(tmp_path), "--out", str(tmp_path / "o.bin"))
     assert r.returncode == 1 and "x.f64" in r.stderr and "expected 24 bytes" in r.stderr
     assert not (tmp_path / "o.bin").exists()
+
+
+def test_leaf_file_linking_outside_is_refused(tmp_path):
+    p = read_program(RING)
+    (tmp_path / "w").mkdir()
+    _write(tmp_path / "x_real.f64", [1, 2, 3], "<f8")
+    os.symlink(tmp_path / "x_real.f64", tmp_path / "w" / "x.f64")
+    with pytest.raises(ProgramError, match="links outside the weights directory"):
+        vm.load_leaves(p, str(tmp_path / "w"))
