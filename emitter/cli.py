@@ -45,7 +45,7 @@ def add_run_arguments(p):
 
 def run_main(args):
     from . import vm
-    from .emit import write_atomic
+    from .files import write_atomic
     from .reader import read_file
     program = read_file(args.program)
     leaves = vm.load_leaves(program, args.weights)

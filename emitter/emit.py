@@ -1,11 +1,10 @@
 """The bundle: a Program printed as model.py, manifest.json and compile.py (no torch imported here)."""
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 
 from .errors import ProgramError
+from .files import BUNDLE_FILES, write_files
 from .names import gguf_name
 from .ops import ALL_OPS, EPS, torch_spelling
 from .program import Program
@@ -15,7 +14,6 @@ VENDOR_HEADER = "# vendor-ingestion artifact emitted by LOGOS — not our comput
 TEMPLATE_MARK = "# TEMPLATE — SambaFlow API unverified"
 QWEN38_OPS = ("rmsnorm", "rope", "attention", "sigmoid", "hadamard", "causal conv", "silu", "l2norm",
               "decay", "gated delta", "swiglu", "matmul", "argmax", "embedding")
-BUNDLE_FILES = ("model.py", "manifest.json", "compile.py")
 
 
 @dataclass(frozen=True)
@@ -303,40 +301,6 @@ def emit_program(p: Program):
 def emit_torch_module(source, path=None):
     """The bundle of a program's text: `TorchArtifact(model_py, compile_py, manifest_json)`."""
     return emit_program(read_program(source, path))
-
-
-def _stage(directory, fname, data):
-    """`data` in full in a temporary file beside `fname`, readable like any emitted file."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{fname}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.chmod(tmp, 0o644)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return tmp
-
-
-def write_files(directory, files):
-    """Files (name -> text or bytes) into `directory`: every one staged in full, then all renamed
-    into place, so a failure leaves no half-written file and nothing of a refused set."""
-    os.makedirs(directory, exist_ok=True)
-    staged = []
-    try:
-        for fname, data in files.items():
-            staged.append((_stage(directory, fname, data), os.path.join(directory, fname)))
-        for tmp, final in staged:
-            os.replace(tmp, final)
-    finally:
-        for tmp, _ in staged:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-
-
-def write_atomic(path, data):
-    """One file by temporary file and rename."""
-    write_files(os.path.dirname(os.path.abspath(path)), {os.path.basename(path): data})
 
 
 def write_bundle(artifact, directory):

@@ -21,11 +21,13 @@ import uuid
 import numpy as np
 
 from . import vm
-from .emit import BUNDLE_FILES, program_name, write_atomic
+from .config import BUILTIN
+from .emit import BUNDLE_FILES, program_name
+from .files import write_atomic
 from .errors import ProgramError
 from .reader import read_file
 
-TOLERANCES = {"float64": {"abs": 1e-9, "rel": 1e-9}, "float32": {"abs": 1e-4, "rel": 1e-3}}
+TOLERANCES = BUILTIN["tolerances"]  # one table: the lock's defaults are the pipeline's
 SCHEMA = "logos.lock.result"
 
 

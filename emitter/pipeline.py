@@ -20,18 +20,9 @@ import subprocess
 import sys
 import tempfile
 
-BUNDLE_FILES = ("model.py", "manifest.json", "compile.py")   # emitter.emit.BUNDLE_FILES
+from .files import BUNDLE_FILES, read_json, write_atomic, write_files
 
 
-def write_atomic(path, data):
-    """emitter.emit.write_atomic, imported on first use: the dodo loads without numpy."""
-    from .emit import write_atomic as w
-    w(path, data)
-
-
-def write_files(directory, files):
-    from .emit import write_files as w
-    w(directory, files)
 
 # Modules of the pipeline itself: they make no bundle and no verdict, so editing them reruns nothing
 # but the report (which depends on report.py directly).
@@ -183,20 +174,12 @@ def _stat_path(manifest):
     return manifest + ".stat"
 
 
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def weights_current(task, values, weights_dir, manifest):
     """Up to date when the directory's names, sizes and contents match the manifest.
 
     Files whose mtime moved are re-hashed; if their content is unchanged the stat cache is updated
     here, so a touched (or freshly cloned) weight file reruns nothing and is hashed only once."""
-    man, cache = _read_json(manifest), _read_json(_stat_path(manifest))
+    man, cache = read_json(manifest), read_json(_stat_path(manifest))
     if man is None or cache is None or man.get("dir") != weights_dir:
         return False
     listing = _listing(weights_dir)
@@ -335,8 +318,8 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     history DB. `checks` is [(dtype, atol, rtol, result_path)]. Verdicts are recorded, not raised."""
     _freeze_heap()
     from . import results as history
-    state = _read_json(status) or {"status": "error", "reason": f"{status}: missing or unreadable"}
-    man = _read_json(manifest) if manifest else None
+    state = read_json(status) or {"status": "error", "reason": f"{status}: missing or unreadable"}
+    man = read_json(manifest) if manifest else None
     config_sha = sha256_text("".join(sha256_file(c) for c in config_files if os.path.isfile(c)))
     for dtype, atol, rtol, out in checks:
         if state.get("status") != "ok":

@@ -9,17 +9,9 @@ import json
 import os
 import xml.etree.ElementTree as ET
 
-from .emit import write_files
+from .files import read_json, write_files
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
-
-
-def _read(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def _divergence(r):
@@ -45,7 +37,7 @@ class _ResultCache:
 
     def __init__(self, path):
         self.path = path
-        self.old = (_read(path) if path else None) or {}
+        self.old = (read_json(path) if path else None) or {}
         self.new = {}
 
     def get(self, path):
@@ -56,7 +48,7 @@ class _ResultCache:
         key = [st.st_mtime_ns, st.st_size]
         hit = self.old.get(path)
         if hit is None or hit[0] != key:
-            r = _read(path)
+            r = read_json(path)
             if r is None:
                 return None
             hit = [key, _slim(r)]
@@ -80,7 +72,7 @@ def build_rows(entries, cache_path=None):
         status = None
 
         def emit_status():
-            return _read(e["status"]) or {"status": "error",
+            return read_json(e["status"]) or {"status": "error",
                                           "reason": f"{e['status']}: not written (emit did not run)"}
         if not e["checks"]:
             status = emit_status()

@@ -344,14 +344,14 @@ def import_gguf(checkpoint, program, out_dir):
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
         record["files"].append({"file": f, "bytes": os.path.getsize(os.path.join(out_dir, f)),
                                 "sha256": digest})
-    from ..emit import write_atomic
+    from ..files import write_atomic
     write_atomic(os.path.join(out_dir, ".import.json"), json.dumps(record, indent=1) + "\n")
     return written
 
 
 def write_program(checkpoint, program_path, context=DEFAULT_CONTEXT):
     """Generate the decode step from the checkpoint's metadata into `program_path`."""
-    from ..emit import write_atomic
+    from ..files import write_atomic
     reader = open_gguf(resolve_checkpoint(checkpoint))
     text = llama_decode_program(llama_meta(reader), context, source=checkpoint)
     write_atomic(program_path, text)

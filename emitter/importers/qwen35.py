@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..emit import write_atomic, write_files
+from ..files import write_atomic, write_files
 from ..errors import ProgramError
 
 MASK = -1e9

@@ -263,7 +263,7 @@ def add_arguments(p):
 
 
 def main(args):
-    from ..emit import write_atomic
+    from ..files import write_atomic
     from ..reader import read_file
 
     checkpoint = resolve_checkpoint(args.checkpoint)

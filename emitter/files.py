@@ -1,0 +1,51 @@
+"""Whole-file writes (temporary file, then rename), tolerant JSON reads and the bundle's file names:
+standard library only, so the dodo and the pipeline use them without loading numpy."""
+
+import json
+import os
+import tempfile
+
+BUNDLE_FILES = ("model.py", "manifest.json", "compile.py")
+
+
+def _stage(directory, fname, data):
+    """`data` in full in a temporary file beside `fname`, readable like any emitted file."""
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{fname}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.chmod(tmp, 0o644)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write_files(directory, files):
+    """Files (name -> text or bytes) into `directory`: every one staged in full, then all renamed
+    into place, so a failure leaves no half-written file and nothing of a refused set."""
+    os.makedirs(directory, exist_ok=True)
+    staged = []
+    try:
+        for fname, data in files.items():
+            staged.append((_stage(directory, fname, data), os.path.join(directory, fname)))
+        for tmp, final in staged:
+            os.replace(tmp, final)
+    finally:
+        for tmp, _ in staged:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def write_atomic(path, data):
+    """One file by temporary file and rename."""
+    write_files(os.path.dirname(os.path.abspath(path)), {os.path.basename(path): data})
+
+
+def read_json(path):
+    """A JSON file's value, or None when it is missing or not JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
