@@ -34,7 +34,7 @@ DOIT_CONFIG = {
     "reporter": ProgressReporter,
 }
 
-PROGRAMS = discover(ROOT)
+PROGRAMS = discover(ROOT, cache_file=f"{BUILD}/.config-cache.json")
 CODE = {kind: pipeline.code_files(ROOT, kind) for kind in ("emit", "lock", "import")}
 
 
@@ -60,6 +60,15 @@ DEFAULTS = [f for f in ("programs/defaults.yaml",) if os.path.isfile(f)]
 
 def _config_files(pc):
     return DEFAULTS + ([pc.config] if pc.config else [])
+
+
+def _checks(pc, p):
+    return [(dt, *pc.tolerance(dt), f"{p['results']}/{dt}.json") for dt in pc.dtypes]
+
+
+# each program's paths and checks, worked out once for all its tasks (a zoo has thousands)
+PATHS = {pc.name: _paths(pc) for pc in PROGRAMS}
+CHECKS = {pc.name: _checks(pc, PATHS[pc.name]) for pc in PROGRAMS}
 
 
 def task_digest():
@@ -107,7 +116,7 @@ def task_wmanifest():
     for pc in PROGRAMS:
         if pc.error or not pc.weights or not pc.lock:
             continue
-        p = _paths(pc)
+        p = PATHS[pc.name]
         task = {
             "name": pc.name,
             "doc": f"keep {p['manifest']} current with {pc.weights}/",
@@ -129,7 +138,7 @@ def task_wmanifest():
 def task_emit():
     """Bundles: model.py, manifest.json, compile.py per program (and its emit status)."""
     for pc in PROGRAMS:
-        p = _paths(pc)
+        p = PATHS[pc.name]
         yield {
             "name": pc.name,
             "doc": f"emit {pc.source} to {p['bundle']}/",
@@ -142,18 +151,13 @@ def task_emit():
         }
 
 
-def _checks(pc):
-    p = _paths(pc)
-    return [(dt, *pc.tolerance(dt), f"{p['results']}/{dt}.json") for dt in pc.dtypes]
-
-
 def task_lock():
     """Lock checks: each program's bundle against the VM, one RESULT.json per dtype."""
     for pc in PROGRAMS:
         if not pc.lock and not pc.error:
             continue
-        p = _paths(pc)
-        checks = _checks(pc)
+        p = PATHS[pc.name]
+        checks = CHECKS[pc.name]
         deps = [p["status"], f"{DIGESTS}/lock.json"] + _config_files(pc)
         manifest = None
         if pc.weights and not pc.error:
@@ -175,8 +179,8 @@ def task_report():
     """build/report.json, junit.xml, summary.md; fails the run when any check did not pass."""
     entries, deps = [], []
     for pc in PROGRAMS:
-        p = _paths(pc)
-        checks = [(dt, path) for dt, _, _, path in _checks(pc)] if (pc.lock or pc.error) else []
+        p = PATHS[pc.name]
+        checks = [(dt, path) for dt, _, _, path in CHECKS[pc.name]] if (pc.lock or pc.error) else []
         entries.append({"name": pc.name, "source": pc.source, "status": p["status"],
                         "checks": checks})
         # a locked program's results already follow its emit status (the lock depends on it)

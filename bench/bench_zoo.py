@@ -3,14 +3,17 @@ own no-op on a trivial dodo with the same number of tasks, all in one run.
 
     python bench/bench_zoo.py [--programs 1000] [--jobs 2] [--keep DIR]
 
-Targets (issue 4): no-op within 1.5x of bare doit; one edit within no-op + that program's own work
-(its emit and lock checks run alone in one fresh Python process). Prints one JSON object.
+Targets (issue 4): no-op within 1.5x of bare doit (one file_dep and one target per task); one edit
+within no-op + that program's own work (its emit and lock checks run alone in one fresh Python
+process). Also timed: doit on the zoo's own graph shape with trivial tasks, which shows how much of
+the no-op is doit's per-dependency work and how much is ours. Prints one JSON object.
 """
 
 import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,23 +23,41 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# bare doit: one task per zoo task, each with one file_dep and one target, or (BENCH_SHAPE) with
+# as many file_deps and targets as its zoo task: doit's own cost for the zoo's graph
 TRIVIAL_DODO = '''
-import os
+import json, os
 DOIT_CONFIG = {"dep_file": "build/.doit.db", "backend": "sqlite3", "check_file_uptodate": "md5",
                "verbosity": 0}
-N = int(os.environ["BENCH_TASKS"])
+SHAPE = json.load(open(os.environ["BENCH_SHAPE"]))
 
 
-def touch(src, dst):
-    with open(dst, "w") as f:
-        f.write(open(src).read())
+def touch(srcs, dsts):
+    for dst in dsts:
+        with open(dst, "w") as f:
+            f.write("".join(open(s).read() for s in srcs))
 
 
 def task_t():
-    for i in range(N):
-        yield {"name": str(i), "actions": [(touch, ["src/%d" % i, "build/%d" % i])],
-               "file_dep": ["src/%d" % i], "targets": ["build/%d" % i]}
+    for i, (deps, targets) in enumerate(SHAPE):
+        srcs = ["src/%d.%d" % (i, k) for k in range(deps)]
+        dsts = ["build/%d.%d" % (i, k) for k in range(targets)]
+        yield {"name": str(i), "actions": [(touch, [srcs, dsts])], "file_dep": srcs,
+               "targets": dsts}
 '''
+
+SHAPE_CODE = """import json, sys
+sys.path.insert(0, ".")
+import dodo
+shape = []
+for k in sorted(vars(dodo)):
+    if k.startswith("task_"):
+        made = getattr(dodo, k)()
+        for t in ([made] if isinstance(made, dict) else made):
+            # at least one file_dep: a trivial task with none would run every time
+            shape.append([max(1, len(t.get("file_dep", []))), len(t.get("targets", []))])
+print(json.dumps(shape))
+"""
 
 
 def program(i):
@@ -82,6 +103,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--programs", type=int, default=1000)
     ap.add_argument("--jobs", type=int, default=2, help="doit -n for the full build")
+    ap.add_argument("--repeat", type=int, default=9, help="interleaved no-op runs (medians count)")
+    ap.add_argument("--edits", type=int, default=5, help="edit rounds (medians count)")
     ap.add_argument("--keep", help="build the zoo in this (new) directory and keep it")
     args = ap.parse_args(argv)
     tmp = args.keep or tempfile.mkdtemp(prefix="bench_zoo_")
@@ -96,41 +119,39 @@ def main(argv=None):
         out["full_build_rc"] = full[1]
         out["tasks_run_full"] = full[2]
         timed(doit, zoo, names)       # settle doit's state after the parallel build
-        # bare doit: a trivial dodo with as many tasks as the zoo's dodo, no-op
-        count = subprocess.run(doit + ["list", "--all", "-q"], cwd=zoo, capture_output=True,
-                               text=True).stdout.split()
-        n_tasks = sum(1 for t in count if ":" in t) + 1
-        bare = os.path.join(tmp, "bare")
-        os.makedirs(os.path.join(bare, "src"))
-        os.makedirs(os.path.join(bare, "build"))
-        with open(os.path.join(bare, "dodo.py"), "w") as f:
-            f.write(TRIVIAL_DODO)
-        for i in range(n_tasks):
-            with open(os.path.join(bare, "src", str(i)), "w") as f:
-                f.write(str(i))
-        env = {"BENCH_TASKS": str(n_tasks)}
-        timed(doit, bare, env)
-        # no-op of both, interleaved (this machine is noisy: neighbours' load hits both alike)
-        noops, bares = [], []
-        for _ in range(5):
-            noops.append(timed(doit, zoo, names))
-            bares.append(timed(doit, bare, env))
-        noop = sorted(noops, key=lambda r: r[0])[2]
-        bare_noop = sorted(bares, key=lambda r: r[0])[2]
-        out["noop_s"] = round(noop[0], 3)
-        out["noop_tasks_run"] = max(r[2] for r in noops)
+        shape = json.loads(subprocess.run([sys.executable, "-c", SHAPE_CODE], cwd=zoo, check=True,
+                                          capture_output=True, text=True).stdout)
+        n_tasks = len(shape)
+        bares = {}
+        for kind, spec in (("bare", [[1, 1]] * n_tasks), ("shaped", shape)):
+            d = os.path.join(tmp, kind)
+            os.makedirs(os.path.join(d, "src"))
+            os.makedirs(os.path.join(d, "build"))
+            with open(os.path.join(d, "dodo.py"), "w") as f:
+                f.write(TRIVIAL_DODO)
+            with open(os.path.join(d, "shape.json"), "w") as f:
+                json.dump(spec, f)
+            for i, (deps, _) in enumerate(spec):
+                for k in range(deps):
+                    with open(os.path.join(d, "src", f"{i}.{k}"), "w") as f:
+                        f.write(str(i))
+            bares[kind] = (d, {"BENCH_SHAPE": os.path.join(d, "shape.json")})
+            timed(doit, *bares[kind])
+        # no-ops interleaved (this machine is noisy: neighbours' load hits all of them alike)
+        runs = {"zoo": [], "bare": [], "shaped": []}
+        for _ in range(args.repeat):
+            runs["zoo"].append(timed(doit, zoo, names))
+            for kind in ("bare", "shaped"):
+                runs[kind].append(timed(doit, *bares[kind]))
+        med = {k: statistics.median(r[0] for r in v) for k, v in runs.items()}
+        out["noop_s"] = round(med["zoo"], 3)
+        out["noop_tasks_run"] = max(r[2] for r in runs["zoo"])
 
+        # one edit against its budget: each round edits one program (a new sentence), rebuilds,
+        # then does that program's own work alone in one fresh process (interpreter start, the
+        # imports a lock needs, torch included, and its emit and lock checks), then a no-op;
+        # interleaved, so the machine's drifting load hits all three alike. Medians count.
         victim = f"p{args.programs // 2:04d}"
-        edits = []
-        for k in range(3):   # three edits of one program, each a new sentence: the median counts
-            with open(os.path.join(zoo, "programs", victim + ".logos"), "a") as f:
-                f.write(f"Let z{k} be sigmoid of y.\n")
-            edits.append(timed(doit, zoo, names))
-        edit = sorted(edits, key=lambda r: r[0])[1]
-        out["one_edit_s"] = round(edit[0], 3)
-        out["one_edit_tasks_run"] = max(r[2] for r in edits)
-        # that program's own work: its emit and its lock checks done alone, in one fresh process
-        # (interpreter start, the imports a lock needs, torch included, and the work itself)
         dtypes = ["float32"] if int(victim[1:]) % 2 else ["float64", "float32"]
         own_code = ("import sys, tempfile; sys.path.insert(0, '.')\n"
                     "from emitter.emit import emit_program, write_bundle\n"
@@ -139,15 +160,32 @@ def main(argv=None):
                     "write_bundle(emit_program(read_file(p)), d)\n"
                     f"for dt in {dtypes!r}:\n"
                     f"    assert lock_bundle(d, p, 'weights/{victim}', dt)['verdict'] == 'pass'\n")
-        own = sorted(timed([sys.executable, "-c", own_code], zoo)[0] for _ in range(3))[1]
+        edits, owns, noops = [], [], []
+        for k in range(args.edits):
+            with open(os.path.join(zoo, "programs", victim + ".logos"), "a") as f:
+                f.write(f"Let z{k} be sigmoid of y.\n")
+            edits.append(timed(doit, zoo, names))
+            own = timed([sys.executable, "-c", own_code], zoo)
+            if own[1] != 0:
+                raise SystemExit(f"own work failed: {own[3].stderr}")
+            owns.append(own[0])
+            noops.append(timed(doit, zoo, names)[0])
+        edit, own, noop_here = (statistics.median(x) for x in ([r[0] for r in edits], owns, noops))
+        out["one_edit_s"] = round(edit, 3)
+        out["one_edit_tasks_run"] = max(r[2] for r in edits)
         out["own_work_s"] = round(own, 3)
+        out["noop_beside_edits_s"] = round(noop_here, 3)
 
         out["tasks"] = n_tasks
-        out["bare_doit_noop_s"] = round(bare_noop[0], 3)  # medians of 5 interleaved runs
-        out["noop_ratio_vs_bare"] = round(noop[0] / bare_noop[0], 2)
-        out["noop_target_met"] = noop[0] <= 1.5 * bare_noop[0]
-        out["one_edit_budget_s"] = round(noop[0] + own, 3)
-        out["one_edit_target_met"] = edit[0] <= noop[0] + own
+        out["file_deps"], out["targets"] = (sum(x[i] for x in shape) for i in (0, 1))
+        out["bare_doit_noop_s"] = round(med["bare"], 3)
+        out["noop_ratio_vs_bare"] = round(med["zoo"] / med["bare"], 2)
+        out["noop_target_met"] = med["zoo"] <= 1.5 * med["bare"]
+        # the same graph (deps and targets per task) with nothing of ours: what is doit's own cost
+        out["shaped_doit_noop_s"] = round(med["shaped"], 3)
+        out["noop_ratio_vs_shaped"] = round(med["zoo"] / med["shaped"], 2)
+        out["one_edit_budget_s"] = round(noop_here + own, 3)
+        out["one_edit_target_met"] = edit <= noop_here + own
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)

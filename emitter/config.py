@@ -6,15 +6,17 @@ or a path that leaves the repository is a `ConfigError` naming the file, line an
 never raises for one program's config: the error is kept on that program, so only its tasks fail.
 """
 
+import functools
+import hashlib
 import importlib.util
+import json
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-import yaml
-
 from .errors import ProgramError
+from .files import read_json, write_atomic
 
 DEFAULTS_FILE = "defaults.yaml"
 DTYPES = ("float64", "float32")
@@ -65,16 +67,36 @@ class ProgramConfig:
         return t.get("abs"), t.get("rel")
 
 
-# libyaml's safe loader where PyYAML was built with it (the same safe constructors, in C: a zoo of
-# 1000 configs loads in a tenth of the time), else the pure-Python one.
-_SAFE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+@functools.lru_cache(maxsize=None)
+def _yaml():
+    """(yaml, loader class), imported on first use: a no-op run whose configs all come from the
+    parse cache never loads PyYAML. libyaml's safe loader where PyYAML was built with it (the same
+    safe constructors, in C), else the pure-Python one; either refuses a key written twice in one
+    mapping (YAML would keep the last silently, so `steps: 1` above `steps: 3` would pass)."""
+    import yaml
+
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class Loader(base):
+        def construct_mapping(self, node, deep=False):
+            keys = set()
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in keys:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"the key `{key.value}` is given twice", key.start_mark)
+                    keys.add(key.value)
+            return super().construct_mapping(node, deep)
+
+    return yaml, Loader
 
 
 def _key_lines(text):
     """Top-level (and one level down) key -> 1-based line, for errors that point at the key."""
+    yaml, loader = _yaml()
     lines = {}
     try:
-        node = yaml.compose(text, Loader=_SAFE)
+        node = yaml.compose(text, Loader=loader)
     except yaml.YAMLError:
         return lines
     if isinstance(node, yaml.MappingNode):
@@ -86,24 +108,63 @@ def _key_lines(text):
     return lines
 
 
-def load_yaml(path, shown=None):
+class ParseCache:
+    """Parsed configs kept in one JSON file under build/, by the sha256 of their text: a no-op run
+    of a thousand-config zoo reads each file but parses none and never imports PyYAML. Only a
+    value that JSON gives back exactly is kept (a date or an integer key is parsed every time), so
+    a hit is what parsing would give."""
+
+    def __init__(self, path):
+        self.path = path
+        old = read_json(path)
+        self.old = old if isinstance(old, dict) else {}
+        self.new = {}
+
+    def get(self, rel, digest):
+        hit = self.old.get(rel)
+        if isinstance(hit, list) and len(hit) == 2 and hit[0] == digest and isinstance(hit[1], dict):
+            self.new[rel] = hit
+            return hit[1]
+        return None
+
+    def put(self, rel, digest, data):
+        try:
+            if json.loads(json.dumps(data)) == data:
+                self.new[rel] = [digest, data]
+        except (TypeError, ValueError):
+            pass
+
+    def save(self):
+        if self.new != self.old and os.path.isdir(os.path.dirname(self.path) or "."):
+            write_atomic(self.path, json.dumps(self.new, sort_keys=True))
+
+
+def load_yaml(path, shown=None, cache=None):
     """(mapping, key lines) of a YAML file; an empty file is an empty mapping. Errors name the
-    file as `shown` (its repo-relative path)."""
+    file as `shown` (its repo-relative path); `cache` is a ParseCache or None."""
+    shown = shown or path
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read the config: {e}", None, shown or path) from None
+        raise ConfigError(f"cannot read the config: {e}", None, shown) from None
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest() if cache else None
+    data = cache.get(shown, digest) if cache else None
+    if data is not None:
+        return data, _KeyLines(text)
+    yaml, loader = _yaml()
     try:
-        data = yaml.load(text, Loader=_SAFE)
+        data = yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise ConfigError(f"not valid YAML: {getattr(e, 'problem', None) or e}",
-                          mark.line + 1 if mark else None, shown or path) from None
+                          mark.line + 1 if mark else None, shown) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"a config is a mapping of keys, got {type(data).__name__}", 1, shown or path)
+        raise ConfigError(f"a config is a mapping of keys, got {type(data).__name__}", 1, shown)
+    if cache:
+        cache.put(shown, digest, data)
     return data, _KeyLines(text)
 
 
@@ -132,15 +193,62 @@ def _is_num(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def inside(root, rel):
-    """The repo-relative normal form of `rel`, or None if it leaves `root` (symlinks followed)."""
-    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or "\0" in rel:
+class Tree:
+    """What one discovery has learned of the repository: resolved directories and one listing per
+    directory, so each of a zoo's thousand programs costs a dictionary lookup, not a path walk."""
+
+    def __init__(self, root):
+        self.root = root
+        self._real, self._dirs = {}, {}
+
+    def real(self, path):
+        if path not in self._real:
+            self._real[path] = os.path.realpath(path)
+        return self._real[path]
+
+    def entries(self, rel_dir):
+        """name -> os.DirEntry of `root/rel_dir` ({} when it is not a readable directory)."""
+        if rel_dir not in self._dirs:
+            try:
+                with os.scandir(os.path.join(self.root, rel_dir)) as it:
+                    self._dirs[rel_dir] = {e.name: e for e in it}
+            except OSError:
+                self._dirs[rel_dir] = {}
+        return self._dirs[rel_dir]
+
+    def is_file(self, rel_dir, name):
+        e = self.entries(rel_dir).get(name)
+        return e is not None and e.is_file()
+
+    def is_dir(self, rel_dir, name):
+        e = self.entries(rel_dir).get(name)
+        return e is not None and e.is_dir()
+
+
+def inside(root, rel, tree=None):
+    """The repo-relative normal form of `rel`, or None if it leaves `root` (symlinks followed).
+
+    `tree` (a Tree of `root`) caches what earlier calls of one discovery resolved."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
         return None
-    root_real = os.path.realpath(root)
-    full = os.path.realpath(os.path.join(root_real, rel))
-    if full != root_real and not full.startswith(root_real + os.sep):
-        return None
-    return os.path.relpath(full, root_real).replace(os.sep, "/")
+    tree = tree or Tree(root)
+    root_real = tree.real(root)
+    parts = rel.split("/")
+    if ".." in parts:
+        full = os.path.realpath(f"{root_real}/{rel}")   # `..` may follow a link: walk it all
+    else:
+        parent = "/".join(p for p in parts[:-1] if p not in ("", "."))
+        full = tree.real(f"{root_real}/{parent}") if parent else root_real
+        leaf = parts[-1]
+        if leaf not in ("", "."):
+            full = f"{full}/{leaf}"
+            entry = tree.entries(parent or ".").get(leaf)
+            if entry is not None and entry.is_symlink():
+                full = os.path.realpath(full)
+    if full == root_real:
+        return "."
+    prefix = root_real.rstrip("/") + "/"
+    return full[len(prefix):] if full.startswith(prefix) else None
 
 
 def resolve_package_file(spec):
@@ -217,13 +325,13 @@ def _check_common(data, path, lines, allowed):
     return out
 
 
-def load_defaults(root, programs_dir="programs"):
+def load_defaults(root, programs_dir="programs", cache=None):
     """The zoo-wide defaults: the built-in ones updated by `programs/defaults.yaml` if present."""
     merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in BUILTIN.items()}
     path = os.path.join(programs_dir, DEFAULTS_FILE)
     if not os.path.isfile(os.path.join(root, path)):
         return merged
-    data, lines = load_yaml(os.path.join(root, path), path)
+    data, lines = load_yaml(os.path.join(root, path), path, cache)
     given = _check_common(data, path, lines, DEFAULT_KEYS)
     tol = given.pop("tolerances", {})
     merged.update(given)
@@ -232,18 +340,20 @@ def load_defaults(root, programs_dir="programs"):
     return merged
 
 
-def load_program(root, name, defaults, programs_dir="programs"):
-    """One program's config, validated (raises ConfigError)."""
+def load_program(root, name, defaults, programs_dir="programs", tree=None, cache=None):
+    """One program's config, validated (raises ConfigError); `tree` as for `inside`, `cache` a
+    ParseCache or None."""
+    tree = tree or Tree(root)
     source = f"{programs_dir}/{name}.logos"
     cfg_rel = f"{programs_dir}/{name}.yaml"
     cfg_path = os.path.join(root, cfg_rel)
-    has_cfg = os.path.isfile(cfg_path)
+    has_cfg = tree.is_file(programs_dir, f"{name}.yaml")
     if not NAME_RE.fullmatch(name):
         raise ConfigError(f"`{name}` is not a plain program name (letters, digits, _ and -)",
                           None, cfg_rel if has_cfg else source)
-    if inside(root, source) != source:
+    if inside(root, source, tree) != source:
         raise ConfigError(f"`{source}` leaves the repository (a link?)", None, source)
-    data, lines = load_yaml(cfg_path, cfg_rel) if has_cfg else ({}, {})
+    data, lines = load_yaml(cfg_path, cfg_rel, cache) if has_cfg else ({}, {})
     given = _check_common(data, cfg_rel, lines, PROGRAM_KEYS)
     pc = ProgramConfig(name=name, source=source, config=cfg_rel if has_cfg else None,
                        weights=None, weights_required=False, lock=defaults["lock"],
@@ -274,7 +384,7 @@ def load_program(root, name, defaults, programs_dir="programs"):
             except ValueError as e:
                 raise _err(cfg_rel, lines, "derive.checkpoint", str(e)) from None
         else:
-            resolved = inside(root, ck)
+            resolved = inside(root, ck, tree)
             if resolved is None:
                 raise _err(cfg_rel, lines, "derive.checkpoint", f"`{ck}` leaves the repository")
             if not os.path.isfile(os.path.join(root, resolved)):
@@ -287,32 +397,32 @@ def load_program(root, name, defaults, programs_dir="programs"):
         w = data["weights"]
         if not isinstance(w, str) or not w:
             raise _err(cfg_rel, lines, "weights", f"must be a directory path, got {w!r}")
-        rel = inside(root, w)
+        rel = inside(root, w, tree)
         if rel is None or rel == "." or rel == "build" or rel.startswith("build/"):
             raise _err(cfg_rel, lines, "weights", f"`{w}` leaves the repository (or is build/)")
         pc.weights, pc.weights_required = rel, True
     else:
         default = f"weights/{name}"
-        pc.weights = default if os.path.isdir(os.path.join(root, default)) else None
-        if pc.weights and inside(root, default) != default:
+        pc.weights = default if tree.is_dir("weights", name) else None
+        if pc.weights and inside(root, default, tree) != default:
             raise ConfigError(f"`{default}` leaves the repository (a link?)", None, cfg_rel if has_cfg
                               else source)
     return pc
 
 
-def discover(root, programs_dir="programs"):
+def discover(root, programs_dir="programs", cache_file=None):
     """Every program of the zoo, sorted by name; a bad config is kept as `error`, never raised.
 
     A YAML file with no program beside it is reported as an error entry of that name too, so a
-    renamed program's stale config does not pass silently."""
-    base = os.path.join(root, programs_dir)
-    if not os.path.isdir(base):
-        return []
-    files = sorted(os.listdir(base))
-    names = {f[:-6] for f in files if f.endswith(".logos") and os.path.isfile(os.path.join(base, f))}
+    renamed program's stale config does not pass silently. `cache_file` (a path under build/)
+    keeps the configs' parses between runs."""
+    tree = Tree(root)
+    cache = ParseCache(cache_file) if cache_file else None
+    files = tree.entries(programs_dir)
+    names = {f[:-6] for f, e in files.items() if f.endswith(".logos") and e.is_file()}
     orphans = {f[:-5] for f in files if f.endswith(".yaml") and f != DEFAULTS_FILE} - names
     try:
-        defaults = load_defaults(root, programs_dir)
+        defaults = load_defaults(root, programs_dir, cache)
         default_error = None
     except ConfigError as e:
         defaults, default_error = load_defaults_builtin(), str(e)
@@ -326,7 +436,7 @@ def discover(root, programs_dir="programs"):
             if name in orphans:
                 raise ConfigError("a config with no program beside it "
                                   f"(expected {source})", None, cfg)
-            pc = load_program(root, name, defaults, programs_dir)
+            pc = load_program(root, name, defaults, programs_dir, tree, cache)
         except ConfigError as e:
             pc = ProgramConfig(name=name, source=source,
                                config=cfg if os.path.isfile(os.path.join(root, cfg)) else None,
@@ -335,6 +445,8 @@ def discover(root, programs_dir="programs"):
                                tolerances=defaults["tolerances"], error=str(e) if not default_error
                                else default_error)
         out.append(pc)
+    if cache:
+        cache.save()
     return out
 
 

@@ -2,7 +2,7 @@
 done/total, failures so far, ETA. Short runs keep doit's usual `.  task` / `-- task` lines.
 
 `LOGOS_PROGRESS=line|names|auto` (default auto: the line above PROGRESS_THRESHOLD tasks). On a
-terminal the line is rewritten in place; elsewhere (CI logs) it is printed every 10% or 15 s.
+terminal the line is rewritten in place (at most ten times a second); elsewhere (CI logs) it is printed every 10% or 15 s.
 """
 
 import os
@@ -11,6 +11,12 @@ import time
 from doit.reporter import ConsoleReporter
 
 PROGRESS_THRESHOLD = 40
+
+
+def _counted(task):
+    """A task the line counts: not a group (`emit`, whose sub-tasks are the work) nor hidden.
+    (`task.actions` would say the same but builds every task's action objects to say it.)"""
+    return not task.has_subtask and not task.name.startswith("_")
 
 
 def _reachable(tasks, selected):
@@ -23,7 +29,7 @@ def _reachable(tasks, selected):
         t = tasks[n]
         todo.extend(t.task_dep)
         todo.extend(t.setup_tasks)
-    return [n for n in seen if tasks[n].actions and not n.startswith("_")]
+    return [n for n in seen if _counted(tasks[n])]
 
 
 class ProgressReporter(ConsoleReporter):
@@ -48,33 +54,39 @@ class ProgressReporter(ConsoleReporter):
         if not self.line:
             return
         now = time.monotonic()
+        frac = int(10 * self.done / self.total) if self.total else 10
+        if self.tty:   # rewritten in place, ten times a second at most
+            due = final or now - self.last_print >= 0.1
+        else:
+            due = final or frac != self.last_frac or now - self.last_print > 15
+        if not due:
+            return
         elapsed = now - self.start
         left = max(self.total - self.done, 0)
         # tasks still to check cost about what the finished ones did on average
         eta = elapsed / self.done * left if self.done else 0.0
-        frac = int(10 * self.done / self.total) if self.total else 10
         text = (f"[{self.done}/{self.total}] ran {self.ran}, failures {self.failed}, "
                 f"elapsed {elapsed:.0f}s, ETA {eta:.0f}s")
         if self.tty:
             self.write("\r" + text.ljust(79) + ("\n" if final else ""))
             self.outstream.flush()
-        elif final or frac != self.last_frac or now - self.last_print > 15:
+        else:
             self.write(text + "\n")
-            self.last_frac, self.last_print = frac, now
+        self.last_frac, self.last_print = frac, now
 
     def execute_task(self, task):
         if not self.line:
             return super().execute_task(task)
-        if task.actions and not task.name.startswith("_"):   # group tasks have no actions
+        if _counted(task):
             self.ran += 1
 
     def add_success(self, task):
-        if task.actions and not task.name.startswith("_"):
+        if _counted(task):
             self.done += 1
         self._tick()
 
     def add_failure(self, task, fail):
-        if task.actions and not task.name.startswith("_"):
+        if _counted(task):
             self.done += 1
             self.failed += 1
         if self.line and self.tty:
@@ -83,7 +95,7 @@ class ProgressReporter(ConsoleReporter):
         self._tick()
 
     def skip_uptodate(self, task):
-        if task.actions and not task.name.startswith("_"):
+        if _counted(task):
             self.done += 1
         if not self.line:
             return super().skip_uptodate(task)

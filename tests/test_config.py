@@ -1,11 +1,17 @@
 """Config discovery and validation: every refusal names the file, line and key, and only that
 program carries the error."""
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from emitter.config import ConfigError, discover, load_defaults, resolve_package_file
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from emitter.config import ConfigError, Tree, discover, inside, load_defaults, resolve_package_file
 
 
 def zoo(tmp_path, files):
@@ -17,6 +23,7 @@ def zoo(tmp_path, files):
     return {pc.name: pc for pc in discover(str(tmp_path))}
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
 
 
@@ -37,6 +44,10 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
      "leaves the package"),
     ("!!python/object/apply:os.system ['true']\n", "programs/p.yaml", "not valid YAML"),
     ("- a\n- b\n", "programs/p.yaml:1", "a mapping of keys"),
+    ("steps: 1\ndtypes: [float32]\nsteps: 3\n", "programs/p.yaml:3",
+     "the key `steps` is given twice"),
+    ("tolerances:\n  float32: {abs: 1}\n  float32: {rel: 1}\n", "programs/p.yaml:3",
+     "the key `float32` is given twice"),
 ])
 def test_bad_config_names_file_line_and_key(tmp_path, yaml_text, where, words):
     got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/p.yaml": yaml_text,
@@ -115,3 +126,78 @@ def test_linked_default_weights_and_program_are_refused(tmp_path):
     assert "`weights/a` leaves the repository" in got["a"].error
     assert "`programs/leak.logos` leaves the repository" in got["leak"].error
     assert "secret-line" not in got["leak"].error
+
+
+@pytest.fixture(scope="module")
+def linked_tree(tmp_path_factory):
+    """A repository with links inside it, out of it and up from it, and a folder beside it."""
+    base = tmp_path_factory.mktemp("tree")
+    root, out = base / "repo", base / "out"
+    (root / "a" / "d").mkdir(parents=True)
+    (root / "a" / "f").write_text("")
+    out.mkdir()
+    os.symlink("a", root / "b")
+    os.symlink(str(out), root / "away")
+    os.symlink("..", root / "a" / "up")
+    os.symlink("../..", root / "a" / "d" / "upup")
+    return str(root)
+
+
+def _inside_by_realpath(root, rel):
+    """Every component resolved by the OS: what `inside`'s cached walk must agree with."""
+    if not rel or os.path.isabs(rel) or "\0" in rel:
+        return None
+    root_real = os.path.realpath(root)
+    full = os.path.realpath(os.path.join(root_real, rel))
+    if full != root_real and not full.startswith(root_real + os.sep):
+        return None
+    return os.path.relpath(full, root_real)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "d", "f", "away", "up", "upup", "..", ".", "", "new"]),
+                min_size=1, max_size=5))
+def test_inside_agrees_with_resolving_every_component(linked_tree, parts):
+    rel = "/".join(parts)
+    tree = Tree(linked_tree)
+    for _ in range(2):   # a warm cache gives the same answer as a cold one
+        assert inside(linked_tree, rel, tree) == _inside_by_realpath(linked_tree, rel), rel
+
+
+def test_parse_cache_gives_what_parsing_gives_and_sees_every_edit(tmp_path):
+    cache = str(tmp_path / "build" / "cache.json")
+    (tmp_path / "build").mkdir()
+    files = {"programs/a.logos": SRC, "programs/a.yaml": "steps: 2\ndtypes: [float32]\n",
+             "programs/b.logos": SRC, "programs/b.yaml": "when: 2026-01-01\n",
+             "programs/defaults.yaml": "steps: 3\n"}
+    zoo(tmp_path, files)
+    cold = discover(str(tmp_path), cache_file=cache)
+    kept = json.loads(open(cache).read())
+    assert sorted(kept) == ["programs/a.yaml", "programs/defaults.yaml"]   # a date is not JSON
+    assert kept["programs/a.yaml"][1] == {"steps": 2, "dtypes": ["float32"]}
+    warm = discover(str(tmp_path), cache_file=cache)
+    assert warm == cold == discover(str(tmp_path))
+    assert warm[0].steps == 2 and warm[0].dtypes == ["float32"]
+    assert "`when`: unknown key" in warm[1].error and "programs/b.yaml:1" in warm[1].error
+    # an edit of the same size, at once (the same mtime tick, maybe), is a new parse
+    (tmp_path / "programs/a.yaml").write_text("steps: 5\ndtypes: [float64]\n")
+    after = {pc.name: pc for pc in discover(str(tmp_path), cache_file=cache)}
+    assert after["a"].steps == 5 and after["a"].dtypes == ["float64"]
+    # a key error read from the cache still points at its line
+    (tmp_path / "programs/a.yaml").write_text("steps: 5\ncolour: red\n")
+    discover(str(tmp_path), cache_file=cache)
+    again = {pc.name: pc for pc in discover(str(tmp_path), cache_file=cache)}
+    assert "programs/a.yaml:2: `colour`: unknown key" in again["a"].error
+    assert json.loads(open(cache).read())["programs/a.yaml"][1] == {"steps": 5, "colour": "red"}
+
+
+def test_warm_parse_cache_never_loads_pyyaml(tmp_path):
+    (tmp_path / "build").mkdir()
+    zoo(tmp_path, {"programs/a.logos": SRC, "programs/a.yaml": "steps: 2\n"})
+    code = ("import sys; from emitter.config import discover; "
+            f"pcs = discover({str(tmp_path)!r}, cache_file={str(tmp_path / 'build/c.json')!r}); "
+            "print(pcs[0].steps, 'yaml' in sys.modules)")
+    run = lambda: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                 cwd=ROOT, check=True).stdout.split()
+    assert run() == ["2", "True"]     # cold: parsed
+    assert run() == ["2", "False"]    # warm: from the cache, PyYAML never imported
