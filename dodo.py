@@ -25,6 +25,7 @@ DB = f"{BUILD}/results.sqlite"
 os.chdir(ROOT)
 pipeline.exclusive(BUILD)
 pipeline.install_sigterm()
+pipeline.pause_collector()
 
 DOIT_CONFIG = {
     "dep_file": f"{BUILD}/.doit.db",
@@ -81,7 +82,6 @@ def task_digest():
             "actions": [(pipeline.write_digest, [target, files])],
             "targets": [target],
             "uptodate": [(pipeline.digest_current, [target, files])],
-            "verbosity": 1,
         }
 
 
@@ -97,7 +97,6 @@ def task_weights():
             "doc": f"import {d.checkpoint} with import-{d.importer} into {pc.weights}",
             "file_dep": deps,
             "targets": [pc.weights],
-            "verbosity": 1,
         }
         if d.checkpoint.startswith("package:"):
             # a package file's absolute path differs per install: depend on its identity instead
@@ -122,7 +121,6 @@ def task_wmanifest():
             "doc": f"keep {p['manifest']} current with {pc.weights}/",
             "actions": [(pipeline.write_weights_manifest, [pc.weights, p["manifest"]])],
             "targets": [p["manifest"]],
-            "verbosity": 1,
         }
         if pc.derive:
             # made by weights:NAME during the run: listed when this task runs, not at load
@@ -147,7 +145,6 @@ def task_emit():
             "file_dep": [pc.source] + _config_files(pc) + [f"{DIGESTS}/emit.json"],
             "targets": [f"{p['bundle']}/{f}" for f in ("model.py", "manifest.json", "compile.py")]
                        + [p["status"]],
-            "verbosity": 1,
         }
 
 
@@ -171,7 +168,6 @@ def task_lock():
                                                  _config_files(pc)])],
             "file_dep": deps,
             "targets": [c[3] for c in checks],
-            "verbosity": 1,
         }
 
 
@@ -191,5 +187,4 @@ def task_report():
         # the entries follow from these paths: a program or check added or removed changes the set
         "file_dep": deps + ["emitter/report.py"],
         "targets": [f"{BUILD}/report.json", f"{BUILD}/junit.xml", f"{BUILD}/summary.md"],
-        "verbosity": 1,
     }

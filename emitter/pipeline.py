@@ -209,6 +209,7 @@ def weights_current(task, values, weights_dir, manifest):
 
 def write_weights_manifest(weights_dir, manifest):
     """names, sizes and sha256 of the weights directory; rewritten only when they change."""
+    _freeze_heap()
     listing = _listing(weights_dir)
     files = {n: {"size": s, "sha256": sha256_file(os.path.join(weights_dir, n))}
              for n, (s, _) in listing.items()}
@@ -238,6 +239,7 @@ def checkpoint_same(task, values, identity):
 def import_weights(importer, checkpoint, source, out_dir, identity=None):
     """`python -m emitter import-IMPORTER CHECKPOINT --program SOURCE -o DIR` into a fresh
     directory beside `out_dir`, then swapped into place: the old weights stay until the new exist."""
+    _freeze_heap()
     parent = os.path.dirname(out_dir) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out_dir)}.")
@@ -265,11 +267,19 @@ def import_weights(importer, checkpoint, source, out_dir, identity=None):
 
 # --- emit -----------------------------------------------------------------------------------------
 
+def pause_collector():
+    """The cyclic collector off while doit loads and checks the zoo's tasks: thousands of
+    long-lived objects and no cycles worth finding, yet every pass would rescan them all (measured:
+    about a tenth of a 1000-program no-op). Each action turns it back on before its own work."""
+    gc.disable()
+
+
 def _freeze_heap():
-    """Move what exists now (doit's thousands of task objects) out of the cyclic collector's view:
-    otherwise every collection during an action's heavy imports (numpy, torch) rescans them all
-    (measured: half a second of a one-edit rebuild at 1000 programs)."""
+    """Move what exists now (doit's thousands of task objects) out of the cyclic collector's view,
+    then collect again: otherwise every collection during an action's heavy imports (numpy, torch)
+    rescans them all (measured: half a second of a one-edit rebuild at 1000 programs)."""
     gc.freeze()
+    gc.enable()
 
 
 def emit_bundle(name, source, bundle_dir, status, config_error=None):
@@ -357,6 +367,7 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
 def make_report(entries, out_dir):
     """report.json, junit.xml and summary.md from every program's status and results; fails the
     task (so the run exits non-zero) when any check did not pass."""
+    _freeze_heap()
     from doit.exceptions import TaskFailed
     from .report import build_rows, write_reports
     rows = build_rows(entries, os.path.join(out_dir, ".report-cache.json"))

@@ -43,6 +43,7 @@ class ProgressReporter(ConsoleReporter):
         self.start = time.monotonic()
         self.last_print = 0.0
         self.last_frac = -1
+        self.last_counts = None
         self.tty = hasattr(outstream, "isatty") and outstream.isatty()
 
     def initialize(self, tasks, selected_tasks):
@@ -65,14 +66,15 @@ class ProgressReporter(ConsoleReporter):
         left = max(self.total - self.done, 0)
         # tasks still to check cost about what the finished ones did on average
         eta = elapsed / self.done * left if self.done else 0.0
+        counts = (self.done, self.total, self.ran, self.failed)
         text = (f"[{self.done}/{self.total}] ran {self.ran}, failures {self.failed}, "
                 f"elapsed {elapsed:.0f}s, ETA {eta:.0f}s")
         if self.tty:
             self.write("\r" + text.ljust(79) + ("\n" if final else ""))
             self.outstream.flush()
-        else:
+        elif not (final and counts == self.last_counts):   # the last task's line, not twice
             self.write(text + "\n")
-        self.last_frac, self.last_print = frac, now
+        self.last_frac, self.last_print, self.last_counts = frac, now, counts
 
     def execute_task(self, task):
         if not self.line:
