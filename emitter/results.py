@@ -134,6 +134,9 @@ def _row_line(x, mark=""):
 def add_arguments(p):
     p.add_argument("--db", default=DEFAULT_DB, help=f"history DB (default {DEFAULT_DB})")
     p.add_argument("--history", metavar="NAME", help="every run of program NAME, oldest first")
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help="only these programs (exit 1 if any of their checks does not pass, 2 if one "
+                        "has no runs): `doit lock:NAME && python -m emitter results NAME` gates one")
 
 
 def main(args):
@@ -157,6 +160,12 @@ def main(args):
             print(_row_line(x, mark))
         return 0
     rows = latest(args.db)
+    if args.names:
+        missing = sorted(set(args.names) - {x["name"] for x in rows})
+        if missing:
+            print(f"{args.db}: no runs of {', '.join(f'`{n}`' for n in missing)}", file=sys.stderr)
+            return 2
+        rows = [x for x in rows if x["name"] in set(args.names)]
     for x in rows:
         print(_row_line(x))
     bad = sum(1 for x in rows if x["verdict"] != "pass")

@@ -177,9 +177,18 @@ def test_failures_are_isolated_and_reported(tmp_path):
                          text=True)
     assert res.returncode == 1
     assert "4 programs, 8 checks, 5 not passing" in res.stdout
+    one = lambda *names: subprocess.run([sys.executable, "-m", "emitter", "results", *names], cwd=z,
+                                        capture_output=True, text=True)
+    res = one("good")      # one program's gate: `doit lock:good && python -m emitter results good`
+    assert res.returncode == 0 and "1 programs, 2 checks, 0 not passing" in res.stdout, res.stdout
+    res = one("good", "badcfg")
+    assert res.returncode == 1 and "2 programs, 4 checks, 2 not passing" in res.stdout, res.stdout
+    res = one("good", "nosuch")
+    assert res.returncode == 2 and "no runs of `nosuch`" in res.stderr
     (z / "programs/good.yaml").write_text("tolerances: {float32: {abs: 0, rel: 0}}\n")
-    rc, ran, out = doit(z)
-    assert "lock:good" in ran
+    rc, ran, out = doit(z, "lock:good")   # one program's lock says FAIL, the run's gate is `results`
+    assert ran == {"emit:good", "lock:good"} and "lock:good [float32] FAIL" in out, out
+    assert one("good").returncode == 1
     hist = subprocess.run([sys.executable, "-m", "emitter", "results", "--history", "good"], cwd=z,
                           capture_output=True, text=True)
     lines = [ln for ln in hist.stdout.splitlines() if "float32" in ln]
