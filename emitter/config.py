@@ -375,6 +375,11 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
         if not isinstance(imp, str) or not IMPORTER_RE.fullmatch(imp):
             raise _err(cfg_rel, lines, "derive.importer" if "importer" in d else "derive",
                        f"must name an importer (`python -m emitter import-NAME`), got {imp!r}")
+        from .cli import COMMANDS   # only a derived program pays for the command table
+        known = sorted(c[len("import-"):] for c in COMMANDS if c.startswith("import-"))
+        if imp not in known:
+            raise _err(cfg_rel, lines, "derive.importer",
+                       f"`{imp}` is not an importer (known: {', '.join(known)})")
         if not isinstance(ck, str) or not ck:
             raise _err(cfg_rel, lines, "derive.checkpoint" if "checkpoint" in d else "derive",
                        "must be `package:MODULE/path` or a repository path")

@@ -97,11 +97,26 @@ def exclusive(build_dir):
 
 def sigterm_to_interrupt(signum, frame):
     """SIGTERM as Ctrl-C: doit then flushes the finished tasks' state instead of losing the run."""
-    raise KeyboardInterrupt(f"signal {signum}")
+    raise KeyboardInterrupt(signum)
+
+
+def _interrupted(kind, value, tb, previous=sys.excepthook):
+    """An interrupt that reached the top ends the run with one line, not a traceback (doit has
+    already saved the finished tasks' state); SIGTERM then ends the process as SIGTERM would."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return previous(kind, value, tb)
+    signum = value.args[0] if value.args and isinstance(value.args[0], int) else signal.SIGINT
+    sys.stderr.write(f"doit: interrupted ({signal.Signals(signum).name}); the finished tasks are "
+                     "kept: run doit again to go on\n")
+    if signum == signal.SIGTERM:
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def install_sigterm():
     signal.signal(signal.SIGTERM, sigterm_to_interrupt)
+    sys.excepthook = _interrupted
 
 
 # --- code digests ---------------------------------------------------------------------------------

@@ -40,6 +40,8 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
     ("derive: {importer: gguf, checkpoint: ../../x.gguf}\n", "programs/p.yaml:1",
      "`derive.checkpoint`: `../../x.gguf` leaves the repository"),
     ("derive: {importer: 'bad name', checkpoint: x}\n", "programs/p.yaml:1", "`derive.importer`"),
+    ("derive:\n  importer: ggfu\n  checkpoint: x\n", "programs/p.yaml:2",
+     "`derive.importer`: `ggfu` is not an importer (known: gguf, qwen35, safetensors)"),
     ("derive: {importer: gguf, checkpoint: 'package:yaml/../../x'}\n", "programs/p.yaml:1",
      "leaves the package"),
     ("!!python/object/apply:os.system ['true']\n", "programs/p.yaml", "not valid YAML"),
