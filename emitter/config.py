@@ -111,13 +111,16 @@ def _key_lines(text):
 class ParseCache:
     """Parsed configs kept in one JSON file under build/, by the sha256 of their text: a no-op run
     of a thousand-config zoo reads each file but parses none and never imports PyYAML. Only a
-    value that JSON gives back exactly is kept (a date or an integer key is parsed every time), so
-    a hit is what parsing would give."""
+    value that JSON gives back exactly, key order included, is kept (a date or an integer key is
+    parsed every time), so a hit is what parsing would give, errors and their order too."""
+
+    VERSION = 2   # a cache another version wrote (v1 sorted the keys) is not read
 
     def __init__(self, path):
         self.path = path
         old = read_json(path)
-        self.old = old if isinstance(old, dict) else {}
+        ok = isinstance(old, dict) and old.get("version") == self.VERSION
+        self.old = old["files"] if ok and isinstance(old.get("files"), dict) else {}
         self.new = {}
 
     def get(self, rel, digest):
@@ -129,14 +132,19 @@ class ParseCache:
 
     def put(self, rel, digest, data):
         try:
-            if json.loads(json.dumps(data)) == data:
-                self.new[rel] = [digest, data]
+            text = json.dumps(data)
         except (TypeError, ValueError):
-            pass
+            return
+        if json.dumps(json.loads(text)) == text:   # same types, same key order
+            self.new[rel] = [digest, data]
 
     def save(self):
+        """Best effort: a cache that cannot be written costs the next run a parse, nothing more."""
         if self.new != self.old and os.path.isdir(os.path.dirname(self.path) or "."):
-            write_atomic(self.path, json.dumps(self.new, sort_keys=True))
+            try:
+                write_atomic(self.path, json.dumps({"version": self.VERSION, "files": self.new}))
+            except OSError:
+                pass
 
 
 def load_yaml(path, shown=None, cache=None):
@@ -243,7 +251,9 @@ def inside(root, rel, tree=None):
         if leaf not in ("", "."):
             full = f"{full}/{leaf}"
             entry = tree.entries(parent or ".").get(leaf)
-            if entry is not None and entry.is_symlink():
+            # not listed (an unreadable folder, a name that differs in case, a missing file) or a
+            # link: what the listing cannot vouch for is resolved in full
+            if entry is None or entry.is_symlink():
                 full = os.path.realpath(full)
     if full == root_real:
         return "."

@@ -100,23 +100,33 @@ def sigterm_to_interrupt(signum, frame):
     raise KeyboardInterrupt(signum)
 
 
-def _interrupted(kind, value, tb, previous=sys.excepthook):
+_PREVIOUS_HOOK = sys.excepthook
+
+
+def _interrupted(kind, value, tb):
     """An interrupt that reached the top ends the run with one line, not a traceback (doit has
-    already saved the finished tasks' state); SIGTERM then ends the process as SIGTERM would."""
+    already saved the finished tasks' state); SIGTERM then ends the process as SIGTERM would.
+    The signal number comes as an int from `sigterm_to_interrupt`, or as its text when doit's
+    parallel runner re-raises a worker's interrupt; anything else is taken as Ctrl-C."""
     if not issubclass(kind, KeyboardInterrupt):
-        return previous(kind, value, tb)
-    signum = value.args[0] if value.args and isinstance(value.args[0], int) else signal.SIGINT
-    sys.stderr.write(f"doit: interrupted ({signal.Signals(signum).name}); the finished tasks are "
-                     "kept: run doit again to go on\n")
-    if signum == signal.SIGTERM:
+        return _PREVIOUS_HOOK(kind, value, tb)
+    try:
+        sig = signal.Signals(int(value.args[0]))
+    except (IndexError, TypeError, ValueError):
+        sig = signal.SIGINT
+    sys.stderr.write(f"doit: interrupted ({sig.name}); the finished tasks are kept: run doit "
+                     "again to go on\n")
+    if sig == signal.SIGTERM:
         sys.stderr.flush()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
 
 def install_sigterm():
+    global _PREVIOUS_HOOK
     signal.signal(signal.SIGTERM, sigterm_to_interrupt)
-    sys.excepthook = _interrupted
+    if sys.excepthook is not _interrupted:
+        _PREVIOUS_HOOK, sys.excepthook = sys.excepthook, _interrupted
 
 
 # --- code digests ---------------------------------------------------------------------------------
@@ -290,8 +300,8 @@ def pause_collector():
 
 
 def _freeze_heap():
-    """Move what exists now (doit's thousands of task objects) out of the cyclic collector's view,
-    then collect again: otherwise every collection during an action's heavy imports (numpy, torch)
+    """Move what exists now (doit's thousands of task objects) out of the cyclic collector's view
+    and turn the collector back on: otherwise every collection during an action's heavy imports (numpy, torch)
     rescans them all (measured: half a second of a one-edit rebuild at 1000 programs)."""
     gc.freeze()
     gc.enable()

@@ -143,6 +143,9 @@ def main(args):
     if not os.path.isfile(args.db):
         print(f"{args.db}: no lock history yet (run `doit`)", file=sys.stderr)
         return 2
+    if args.history and args.names:
+        print("`--history NAME` shows one program's runs: give no other NAME", file=sys.stderr)
+        return 2
     if args.history:
         runs = history(args.db, args.history)
         if not runs:

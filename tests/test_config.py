@@ -174,7 +174,7 @@ def test_parse_cache_gives_what_parsing_gives_and_sees_every_edit(tmp_path):
              "programs/defaults.yaml": "steps: 3\n"}
     zoo(tmp_path, files)
     cold = discover(str(tmp_path), cache_file=cache)
-    kept = json.loads(open(cache).read())
+    kept = json.loads(open(cache).read())["files"]
     assert sorted(kept) == ["programs/a.yaml", "programs/defaults.yaml"]   # a date is not JSON
     assert kept["programs/a.yaml"][1] == {"steps": 2, "dtypes": ["float32"]}
     warm = discover(str(tmp_path), cache_file=cache)
@@ -190,7 +190,42 @@ def test_parse_cache_gives_what_parsing_gives_and_sees_every_edit(tmp_path):
     discover(str(tmp_path), cache_file=cache)
     again = {pc.name: pc for pc in discover(str(tmp_path), cache_file=cache)}
     assert "programs/a.yaml:2: `colour`: unknown key" in again["a"].error
-    assert json.loads(open(cache).read())["programs/a.yaml"][1] == {"steps": 5, "colour": "red"}
+    kept = json.loads(open(cache).read())["files"]
+    assert kept["programs/a.yaml"][1] == {"steps": 5, "colour": "red"}
+    # the first bad key in the file is the one named, warm as cold (the cache keeps key order)
+    (tmp_path / "programs/a.yaml").write_text("zeta: 1\nalpha: 2\n")
+    cold = {pc.name: pc for pc in discover(str(tmp_path), cache_file=cache)}["a"].error
+    warm = {pc.name: pc for pc in discover(str(tmp_path), cache_file=cache)}["a"].error
+    assert cold == warm and "programs/a.yaml:1: `zeta`: unknown key" in warm
+
+
+def test_parse_cache_that_cannot_be_written_or_read_costs_only_a_parse(tmp_path):
+    zoo(tmp_path, {"programs/a.logos": SRC, "programs/a.yaml": "steps: 2\n"})
+    (tmp_path / "build" / "cache.json").mkdir(parents=True)   # in the way: not a file
+    for _ in range(2):
+        assert discover(str(tmp_path), cache_file=str(tmp_path / "build/cache.json"))[0].steps == 2
+    for text in ("not json", '{"version": 2, "files": {"programs/a.yaml": [1, 2, 3]}}',
+                 '{"version": 2, "files": {"programs/a.yaml": ["x", []]}}', "[]"):
+        (tmp_path / "build/bad.json").write_text(text)
+        assert discover(str(tmp_path), cache_file=str(tmp_path / "build/bad.json"))[0].steps == 2
+
+
+def test_inside_resolves_what_a_folder_listing_cannot_vouch_for(tmp_path, monkeypatch):
+    """A folder that can be entered but not listed (mode 0711) hides its links from the listing:
+    they must still be followed, not taken as plain names."""
+    root, out = tmp_path / "repo", tmp_path / "out"
+    (root / "noread").mkdir(parents=True)
+    out.mkdir()
+    os.symlink(str(out), root / "noread" / "w")
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.path.basename(os.path.normpath(path)) == "noread":
+            raise PermissionError(13, "Permission denied", path)
+        return real_scandir(path)
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert inside(str(root), "noread/w", Tree(str(root))) is None
+    assert inside(str(root), "noread/plain", Tree(str(root))) == "noread/plain"
 
 
 def test_warm_parse_cache_never_loads_pyyaml(tmp_path):

@@ -185,6 +185,8 @@ def test_failures_are_isolated_and_reported(tmp_path):
     assert res.returncode == 1 and "2 programs, 4 checks, 2 not passing" in res.stdout, res.stdout
     res = one("good", "nosuch")
     assert res.returncode == 2 and "no runs of `nosuch`" in res.stderr
+    res = one("--history", "good", "badcfg")
+    assert res.returncode == 2 and "give no other NAME" in res.stderr
     (z / "programs/good.yaml").write_text("tolerances: {float32: {abs: 0, rel: 0}}\n")
     rc, ran, out = doit(z, "lock:good")   # one program's lock says FAIL, the run's gate is `results`
     assert ran == {"emit:good", "lock:good"} and "lock:good [float32] FAIL" in out, out
@@ -277,16 +279,47 @@ def test_lock_false_and_list(tmp_path):
     assert [(c.get("classname"), c.get("name")) for c in suite] == [("a", "emit")]
 
 
-def test_actions_turn_the_paused_collector_back_on():
-    """The dodo pauses the cyclic GC while doit loads tasks; every heavy action resumes it."""
+def test_every_heavy_action_turns_the_paused_collector_back_on(tmp_path):
+    """The dodo pauses the cyclic GC while doit loads tasks; each action that does real work
+    (imports, parsing, hashing weights) resumes it before starting."""
     import gc
     from emitter import pipeline
+    src = tmp_path / "p.logos"
+    src.write_text(PROG_B)
+    (tmp_path / "w").mkdir()
+    _weights(tmp_path / "w" / "x.f64", 1)
+    b, st = str(tmp_path / "bundle"), str(tmp_path / "status.json")
+    actions = {
+        "emit_bundle": lambda: pipeline.emit_bundle("p", str(src), b, st),
+        "write_weights_manifest": lambda: pipeline.write_weights_manifest(
+            str(tmp_path / "w"), str(tmp_path / "m.json")),
+        "lock_program": lambda: pipeline.lock_program(
+            "p", str(src), b, str(tmp_path / "missing.json"), None,
+            [("float64", None, None, str(tmp_path / "r.json"))], 1, str(tmp_path / "h.sqlite")),
+        "make_report": lambda: pipeline.make_report([], str(tmp_path / "report")),
+        "import_weights": lambda: pipeline.import_weights(
+            "nosuch", str(src), str(src), str(tmp_path / "imported")),
+    }
     was = gc.isenabled()
     try:
-        pipeline.pause_collector()
-        assert not gc.isenabled()
-        pipeline._freeze_heap()
-        assert gc.isenabled()
+        for name, action in actions.items():
+            pipeline.pause_collector()
+            action()
+            assert gc.isenabled(), f"{name} left the collector paused"
     finally:
         gc.unfreeze()
         (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("raised, rc, line", [
+    ("KeyboardInterrupt(15)", -signal.SIGTERM, "doit: interrupted (SIGTERM); the finished tasks"),
+    ("KeyboardInterrupt('15')", -signal.SIGTERM, "doit: interrupted (SIGTERM)"),  # doit -n re-raise
+    ("KeyboardInterrupt()", -signal.SIGINT, "doit: interrupted (SIGINT)"),
+    ("KeyboardInterrupt(99)", -signal.SIGINT, "doit: interrupted (SIGINT)"),
+    ("ValueError('boom')", 1, "ValueError: boom"),                # anything else: the usual traceback
+])
+def test_interrupt_ends_the_run_in_one_line(raised, rc, line):
+    code = f"from emitter import pipeline; pipeline.install_sigterm(); raise {raised}"
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == rc and line in p.stderr, p.stderr
+    assert ("Traceback" in p.stderr) == (rc == 1)
