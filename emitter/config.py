@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .errors import ProgramError
-from .files import read_json, write_atomic
+from .files import StampedCache
 
 DEFAULTS_FILE = "defaults.yaml"
 DTYPES = ("float64", "float32")
@@ -108,27 +108,20 @@ def _key_lines(text):
     return lines
 
 
-class ParseCache:
-    """Parsed configs kept in one JSON file under build/, by the sha256 of their text: a no-op run
-    of a thousand-config zoo reads each file but parses none and never imports PyYAML. Only a
-    value that JSON gives back exactly, key order included, is kept (a date or an integer key is
-    parsed every time), so a hit is what parsing would give, errors and their order too."""
+class ParseCache(StampedCache):
+    """Parsed configs kept under build/ by the sha256 of their text: a no-op run of a
+    thousand-config zoo reads each file but parses none and never imports PyYAML. Only a value
+    that JSON gives back exactly, key order included, is kept (a date or an integer key is parsed
+    every time), so a hit is what parsing would give, errors and their order too."""
 
-    VERSION = 2   # a cache another version wrote (v1 sorted the keys) is not read
+    VERSION = 3   # a cache another version wrote (v1 sorted the keys) is not read
 
     def __init__(self, path):
-        self.path = path
-        old = read_json(path)
-        ok = isinstance(old, dict) and old.get("version") == self.VERSION
-        self.old = old["files"] if ok and isinstance(old.get("files"), dict) else {}
-        self.new = {}
+        super().__init__(path, self.VERSION)
 
     def get(self, rel, digest):
-        hit = self.old.get(rel)
-        if isinstance(hit, list) and len(hit) == 2 and hit[0] == digest and isinstance(hit[1], dict):
-            self.new[rel] = hit
-            return hit[1]
-        return None
+        data = super().get(rel, digest)
+        return data if isinstance(data, dict) else None
 
     def put(self, rel, digest, data):
         try:
@@ -136,15 +129,7 @@ class ParseCache:
         except (TypeError, ValueError):
             return
         if json.dumps(json.loads(text)) == text:   # same types, same key order
-            self.new[rel] = [digest, data]
-
-    def save(self):
-        """Best effort: a cache that cannot be written costs the next run a parse, nothing more."""
-        if self.new != self.old and os.path.isdir(os.path.dirname(self.path) or "."):
-            try:
-                write_atomic(self.path, json.dumps({"version": self.VERSION, "files": self.new}))
-            except OSError:
-                pass
+            super().put(rel, digest, data)
 
 
 def load_yaml(path, shown=None, cache=None):
@@ -454,7 +439,7 @@ def discover(root, programs_dir="programs", cache_file=None):
             pc = load_program(root, name, defaults, programs_dir, tree, cache)
         except ConfigError as e:
             pc = ProgramConfig(name=name, source=source,
-                               config=cfg if os.path.isfile(os.path.join(root, cfg)) else None,
+                               config=cfg if tree.is_file(programs_dir, f"{name}.yaml") else None,
                                weights=None, weights_required=False, lock=defaults["lock"],
                                dtypes=list(defaults["dtypes"]), steps=defaults["steps"],
                                tolerances=defaults["tolerances"], error=str(e) if not default_error

@@ -1,5 +1,6 @@
-"""Whole-file writes (temporary file, then rename), tolerant JSON reads and the bundle's file names:
-standard library only, so the dodo and the pipeline use them without loading numpy."""
+"""Whole-file writes (temporary file, then rename), tolerant JSON reads, a JSON cache of values
+derived from files, and the bundle's file names: standard library only, so the dodo and the
+pipeline use them without loading numpy."""
 
 import json
 import os
@@ -49,3 +50,34 @@ def read_json(path):
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+class StampedCache:
+    """Values derived from files, kept between runs in one JSON file, each under its file's stamp
+    (a content hash, or mtime and size): a hit needs the same stamp, what this run did not ask for
+    is dropped, and the file is rewritten only when something changed. Best effort: a cache that
+    cannot be read or written costs a recomputation, nothing more."""
+
+    def __init__(self, path, version):
+        self.path, self.version = path, version
+        old = read_json(path) if path else None
+        ok = isinstance(old, dict) and old.get("version") == version
+        self.old = old["entries"] if ok and isinstance(old.get("entries"), dict) else {}
+        self.new = {}
+
+    def get(self, key, stamp):
+        hit = self.old.get(key)
+        if isinstance(hit, list) and len(hit) == 2 and hit[0] == stamp:
+            self.new[key] = hit
+            return hit[1]
+        return None
+
+    def put(self, key, stamp, value):
+        self.new[key] = [stamp, value]
+
+    def save(self):
+        if self.path and self.new != self.old:
+            try:
+                write_atomic(self.path, json.dumps({"version": self.version, "entries": self.new}))
+            except OSError:
+                pass

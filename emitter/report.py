@@ -9,7 +9,7 @@ import json
 import os
 import xml.etree.ElementTree as ET
 
-from .files import read_json, write_files
+from .files import StampedCache, read_json, write_files
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
 
@@ -31,34 +31,26 @@ def _slim(r):
             "steps": r.get("steps"), "tolerance": r.get("tolerance"), "program": r.get("program")}
 
 
-class _ResultCache:
-    """Slim results by path, valid while the file's (mtime_ns, size) stay: a rebuild after one
-    edit re-reads one program's results, not the zoo's."""
-
-    def __init__(self, path):
-        self.path = path
-        self.old = (read_json(path) if path else None) or {}
-        self.new = {}
-
-    def get(self, path):
-        try:
-            st = os.stat(path)
-        except OSError:
+def _slim_result(cache, path):
+    """The slim copy of one RESULT.json, from `cache` while the file's (mtime_ns, size) stay: a
+    rebuild after one edit re-reads one program's results, not the zoo's."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    stamp = [st.st_mtime_ns, st.st_size]
+    slim = cache.get(path, stamp)
+    if slim is None:
+        r = read_json(path)
+        if r is None:
             return None
-        key = [st.st_mtime_ns, st.st_size]
-        hit = self.old.get(path)
-        if hit is None or hit[0] != key:
-            r = read_json(path)
-            if r is None:
-                return None
-            hit = [key, _slim(r)]
-        self.new[path] = hit
-        return hit[1]
+        slim = _slim(r)
+        cache.put(path, stamp, slim)
+    return slim
 
-    def save(self):
-        if self.path:
-            write_files(os.path.dirname(self.path) or ".",
-                        {os.path.basename(self.path): json.dumps(self.new, allow_nan=True)})
+
+def _emit_status(path):
+    return read_json(path) or {"status": "error", "reason": f"{path}: not written (emit did not run)"}
 
 
 def build_rows(entries, cache_path=None):
@@ -66,24 +58,20 @@ def build_rows(entries, cache_path=None):
 
     `entries`: [{"name", "source", "status", "checks": [(dtype, result_path)]}]. `cache_path`, if
     given, keeps slim copies of the results between runs."""
-    cache = _ResultCache(cache_path)
+    cache = StampedCache(cache_path, 1)
     rows = []
     for e in entries:
         status = None
-
-        def emit_status():
-            return read_json(e["status"]) or {"status": "error",
-                                          "reason": f"{e['status']}: not written (emit did not run)"}
         if not e["checks"]:
-            status = emit_status()
+            status = _emit_status(e["status"])
             ok = status.get("status") == "ok"
             rows.append({"name": e["name"], "source": e["source"], "check": "emit",
                          "verdict": "pass" if ok else "error", "reason": status.get("reason"),
                          "first_divergence": None, "output": None, "result": None})
         for dtype, path in e["checks"]:
-            r = cache.get(path)
+            r = _slim_result(cache, path)
             if r is None:
-                status = status or emit_status()
+                status = status or _emit_status(e["status"])
                 reason = status.get("reason") if status.get("status") != "ok" else \
                     f"{path}: not written (the lock did not run)"
                 r = {"verdict": "error", "reason": reason, "first_divergence": None, "output": None,

@@ -174,7 +174,7 @@ def test_parse_cache_gives_what_parsing_gives_and_sees_every_edit(tmp_path):
              "programs/defaults.yaml": "steps: 3\n"}
     zoo(tmp_path, files)
     cold = discover(str(tmp_path), cache_file=cache)
-    kept = json.loads(open(cache).read())["files"]
+    kept = json.loads(open(cache).read())["entries"]
     assert sorted(kept) == ["programs/a.yaml", "programs/defaults.yaml"]   # a date is not JSON
     assert kept["programs/a.yaml"][1] == {"steps": 2, "dtypes": ["float32"]}
     warm = discover(str(tmp_path), cache_file=cache)
@@ -190,7 +190,7 @@ def test_parse_cache_gives_what_parsing_gives_and_sees_every_edit(tmp_path):
     discover(str(tmp_path), cache_file=cache)
     again = {pc.name: pc for pc in discover(str(tmp_path), cache_file=cache)}
     assert "programs/a.yaml:2: `colour`: unknown key" in again["a"].error
-    kept = json.loads(open(cache).read())["files"]
+    kept = json.loads(open(cache).read())["entries"]
     assert kept["programs/a.yaml"][1] == {"steps": 5, "colour": "red"}
     # the first bad key in the file is the one named, warm as cold (the cache keeps key order)
     (tmp_path / "programs/a.yaml").write_text("zeta: 1\nalpha: 2\n")
@@ -204,8 +204,8 @@ def test_parse_cache_that_cannot_be_written_or_read_costs_only_a_parse(tmp_path)
     (tmp_path / "build" / "cache.json").mkdir(parents=True)   # in the way: not a file
     for _ in range(2):
         assert discover(str(tmp_path), cache_file=str(tmp_path / "build/cache.json"))[0].steps == 2
-    for text in ("not json", '{"version": 2, "files": {"programs/a.yaml": [1, 2, 3]}}',
-                 '{"version": 2, "files": {"programs/a.yaml": ["x", []]}}', "[]"):
+    for text in ("not json", '{"version": 3, "entries": {"programs/a.yaml": [1, 2, 3]}}',
+                 '{"version": 3, "entries": {"programs/a.yaml": ["x", []]}}', "[]"):
         (tmp_path / "build/bad.json").write_text(text)
         assert discover(str(tmp_path), cache_file=str(tmp_path / "build/bad.json"))[0].steps == 2
 

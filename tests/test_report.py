@@ -19,3 +19,25 @@ def test_control_characters_do_not_break_junit():
 def test_summary_rows_stay_one_line():
     line = [l for l in render_summary([ROW]).splitlines() if l.startswith("| `bad")][0]
     assert "\r" not in line and "\x01" not in line and "a sentence ends with a period" in line
+
+
+def test_result_cache_follows_the_files_and_survives_a_bad_cache(tmp_path):
+    import json
+    import os
+
+    from emitter.report import build_rows
+    res, status, cache = tmp_path / "r.json", tmp_path / "s.json", tmp_path / "cache.json"
+    status.write_text('{"status": "ok"}')
+    res.write_text(json.dumps({"verdict": "pass", "output": {"max_abs": 0.5}, "stages": [1] * 99}))
+    entries = [{"name": "p", "source": "programs/p.logos", "status": str(status),
+                "checks": [("float64", str(res))]}]
+    first = build_rows(entries, str(cache))
+    assert first[0]["verdict"] == "pass" and first[0]["output"]["max_abs"] == 0.5
+    assert build_rows(entries, str(cache)) == first           # from the cache: the same rows
+    assert "stages" not in cache.read_text()                  # slim copies only
+    res.write_text(json.dumps({"verdict": "fail", "output": {"max_abs": 7.0}}))
+    os.utime(res, ns=(1, 1))                                  # a new stamp
+    assert build_rows(entries, str(cache))[0]["verdict"] == "fail"
+    for junk in ("[]", '{"version": 1, "entries": {"%s": 5}}' % res, "not json"):
+        cache.write_text(junk)
+        assert build_rows(entries, str(cache))[0]["output"]["max_abs"] == 7.0
