@@ -22,8 +22,6 @@ import tempfile
 
 from .files import BUNDLE_FILES, read_json, write_atomic, write_files
 
-
-
 # Modules of the pipeline itself: they make no bundle and no verdict, so editing them reruns nothing
 # but the report (which depends on report.py directly).
 PIPELINE_MODULES = {"__main__.py", "cli.py", "config.py", "pipeline.py", "progress.py", "report.py",
@@ -178,27 +176,29 @@ def write_digest(target, files):
 
 # --- weights manifest -----------------------------------------------------------------------------
 
+def _weight_entries(weights_dir):
+    """The plain files of a weights directory (dot files ignored), sorted by name: none when it
+    does not exist; an unreadable one raises."""
+    if not weights_dir or not os.path.isdir(weights_dir):
+        return []
+    with os.scandir(weights_dir) as it:
+        return sorted((e for e in it if not e.name.startswith(".") and e.is_file()),
+                      key=lambda e: e.name)
+
+
 def _listing(weights_dir):
-    """name -> (size, mtime_ns) of the plain files of a weights directory (dot files ignored)."""
-    out = {}
-    if weights_dir and os.path.isdir(weights_dir):
-        for e in sorted(os.scandir(weights_dir), key=lambda e: e.name):
-            if e.name.startswith(".") or not e.is_file():
-                continue
-            st = e.stat()
-            out[e.name] = (st.st_size, st.st_mtime_ns)
-    return out
+    """name -> (size, mtime_ns) of a weights directory's files (as `_weight_entries` counts them)."""
+    return {e.name: (st.st_size, st.st_mtime_ns)
+            for e in _weight_entries(weights_dir) for st in (e.stat(),)}
 
 
 def weight_files(weights_dir):
-    """The plain files of a weights directory (dot files ignored), as paths, sorted (no stat: the
-    dodo lists a thousand of these on every run)."""
+    """A weights directory's files (as `_weight_entries` counts them) as paths, with no stat: the
+    dodo lists a thousand of these on every run. An unreadable directory lists none."""
     try:
-        with os.scandir(weights_dir) as it:
-            names = [e.name for e in it if not e.name.startswith(".") and e.is_file()]
+        return [f"{weights_dir}/{e.name}" for e in _weight_entries(weights_dir)]
     except OSError:
         return []
-    return [f"{weights_dir}/{n}" for n in sorted(names)]
 
 
 def _stat_path(manifest):
@@ -301,8 +301,9 @@ def pause_collector():
 
 def _freeze_heap():
     """Move what exists now (doit's thousands of task objects) out of the cyclic collector's view
-    and turn the collector back on: otherwise every collection during an action's heavy imports (numpy, torch)
-    rescans them all (measured: half a second of a one-edit rebuild at 1000 programs)."""
+    and turn the collector back on: otherwise every collection during an action's heavy imports
+    (numpy, torch) rescans them all (measured: half a second of a one-edit rebuild at 1000
+    programs)."""
     gc.freeze()
     gc.enable()
 

@@ -2,7 +2,8 @@
 done/total, failures so far, ETA. Short runs keep doit's usual `.  task` / `-- task` lines.
 
 `LOGOS_PROGRESS=line|names|auto` (default auto: the line above PROGRESS_THRESHOLD tasks). On a
-terminal the line is rewritten in place (at most ten times a second); elsewhere (CI logs) it is printed every 10% or 15 s.
+terminal the line is rewritten in place (at most ten times a second); elsewhere (CI logs) it is
+printed every 10% or 15 s.
 """
 
 import os

@@ -164,11 +164,12 @@ def main(args):
         return 0
     rows = latest(args.db)
     if args.names:
-        missing = sorted(set(args.names) - {x["name"] for x in rows})
+        wanted = set(args.names)
+        missing = sorted(wanted - {x["name"] for x in rows})
         if missing:
             print(f"{args.db}: no runs of {', '.join(f'`{n}`' for n in missing)}", file=sys.stderr)
             return 2
-        rows = [x for x in rows if x["name"] in set(args.names)]
+        rows = [x for x in rows if x["name"] in wanted]
     for x in rows:
         print(_row_line(x))
     bad = sum(1 for x in rows if x["verdict"] != "pass")
