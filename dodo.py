@@ -14,9 +14,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import emitter.pipeline as pipeline  # noqa: E402
-from emitter.config import NAME_RE, discover  # noqa: E402
-from emitter.progress import ProgressReporter  # noqa: E402
+import emitter.pipeline.actions as pipeline  # noqa: E402
+from emitter.pipeline.config import NAME_RE, discover  # noqa: E402
+from emitter.pipeline.progress import ProgressReporter  # noqa: E402
 
 BUILD = "build"
 DIGESTS = f"{BUILD}/digests"
@@ -185,6 +185,6 @@ def task_report():
         "doc": f"report {len(PROGRAMS)} programs into {BUILD}/report.json, junit.xml, summary.md",
         "actions": [(pipeline.make_report, [entries, BUILD])],
         # the entries follow from these paths: a program or check added or removed changes the set
-        "file_dep": deps + ["emitter/report.py"],
+        "file_dep": deps + ["emitter/pipeline/report.py", "emitter/verify/verdict.py"],
         "targets": [f"{BUILD}/report.json", f"{BUILD}/junit.xml", f"{BUILD}/summary.md"],
     }

@@ -14,7 +14,7 @@ sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 import numpy as np  # noqa: E402
 
 from emitter import emit_torch_module, read_file, write_bundle  # noqa: E402
-from emitter.lock import lock_bundle  # noqa: E402
+from emitter.verify.lock import lock_bundle  # noqa: E402
 
 
 def program(blocks=8, width=512, ffn=1536, rows=16):

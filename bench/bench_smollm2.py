@@ -39,14 +39,14 @@ def _child(cmd):
 def weight_sizes(program):
     """Float32 bytes of (the model's weights: every tensor of the checkpoint once; the leaves with a
     gguf name, where the tied `Wout` repeats the embedding; every leaf)."""
-    from emitter.emit import leaf_role
     from emitter.importers.gguf import open_gguf, resolve_checkpoint
+    from emitter.language.names import gguf_name
     model = sum(int(t.n_elements) for t in open_gguf(resolve_checkpoint(CHECKPOINT)).tensors) * 4
     weights = every = 0
     for v, d in program.decls.items():
         n = d.rows * d.cols * 4
         every += n
-        if leaf_role(program, v) == "weight":
+        if gguf_name(v, program.attention_layers):
             weights += n
     return model, weights, every
 
@@ -60,7 +60,7 @@ def main(argv=None):
     ap.add_argument("-o", "--out", default=os.path.join(ROOT, "build", "bench", "smollm2.result.json"))
     args = ap.parse_args(argv)
     sys.path.insert(0, ROOT)
-    from emitter.reader import read_file
+    from emitter.language.reader import read_file
 
     py = sys.executable
     if not os.path.isfile(os.path.join(args.weights, ".import.json")):

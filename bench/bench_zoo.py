@@ -154,8 +154,8 @@ def main(argv=None):
         victim = f"p{args.programs // 2:04d}"
         dtypes = ["float32"] if int(victim[1:]) % 2 else ["float64", "float32"]
         own_code = ("import sys, tempfile; sys.path.insert(0, '.')\n"
-                    "from emitter.emit import emit_program, write_bundle\n"
-                    "from emitter.lock import lock_bundle\nfrom emitter.reader import read_file\n"
+                    "from emitter.sambaflow.emit import emit_program, write_bundle\n"
+                    "from emitter.verify.lock import lock_bundle\nfrom emitter.language.reader import read_file\n"
                     f"d = tempfile.mkdtemp(); p = 'programs/{victim}.logos'\n"
                     "write_bundle(emit_program(read_file(p)), d)\n"
                     f"for dt in {dtypes!r}:\n"

@@ -1,16 +1,22 @@
-"""LOGOS tensor programs to verified SambaFlow ingestion bundles: reader, emitter, VM, lock check.
+"""LOGOS tensor programs to verified SambaFlow ingestion bundles.
 
-The public names load on first use (PEP 562), so importing a submodule such as `emitter.config`
-does not pay for the op table and numpy.
+The data flows one way, and each folder is one part of it (docs/ARCHITECTURE.md):
+text → `language` (reader, Program IR) → `sambaflow` (the bundle) | `verify` (VM, lock check) →
+verdict → `pipeline` (doit tasks, results, report); `ops` defines every op once; `importers` make
+weights directories from checkpoints. The public names below load on first use (PEP 562), so
+importing a submodule such as `emitter.pipeline.config` does not pay for the op table and numpy.
 """
 
 import importlib
 
 _EXPORTS = {
-    "QWEN38_OPS": "emit", "TEMPLATE_MARK": "emit", "VENDOR_HEADER": "emit", "TorchArtifact": "emit",
-    "emit_program": "emit", "emit_torch_module": "emit", "program_name": "emit", "write_bundle": "emit",
-    "ProgramError": "errors", "gguf_name": "names", "torch_spelling": "ops",
-    "read_file": "reader", "read_program": "reader", "read_tensor_sentences": "reader",
+    "QWEN38_OPS": "sambaflow.emit", "TorchArtifact": "sambaflow.emit",
+    "emit_program": "sambaflow.emit", "emit_torch_module": "sambaflow.emit",
+    "write_bundle": "sambaflow.emit", "TEMPLATE_MARK": "sambaflow.marks",
+    "VENDOR_HEADER": "sambaflow.marks", "program_name": "sambaflow.marks",
+    "ProgramError": "language.errors", "gguf_name": "language.names", "torch_spelling": "ops",
+    "read_file": "language.reader", "read_program": "language.reader",
+    "read_tensor_sentences": "language.reader",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -9,18 +9,16 @@ import importlib
 import json
 import sys
 
-from .errors import ProgramError
+from .importers import IMPORTERS
+from .language.errors import ProgramError
 
 # subcommand -> (module, help). Each module has `add_arguments(parser)` and `main(args) -> int`.
 COMMANDS = {
     "emit": ("emitter.cli", "write a program's bundle (model.py, manifest.json, compile.py)"),
     "run": ("emitter.cli", "run a program on the VM and write its output as raw float64"),
-    "lock": ("emitter.lock", "check a bundle's module against the VM, op by op and step by step"),
-    "results": ("emitter.results", "the latest lock verdict per program, or one program's history"),
-    "import-gguf": ("emitter.importers.gguf", "a GGUF checkpoint to a weights directory"),
-    "import-safetensors": ("emitter.importers.safetensors",
-                           "a safetensors checkpoint to a weights directory"),
-    "import-qwen35": ("emitter.importers.qwen35", "a Qwen3_5 HF checkpoint to a qwen35 decode step's weights"),
+    "lock": ("emitter.verify.lock", "check a bundle's module against the VM, op by op and step by step"),
+    "results": ("emitter.pipeline.results", "the latest lock verdict per program, or one program's history"),
+    **{f"import-{name}": entry for name, entry in IMPORTERS.items()},
 }
 
 
@@ -30,8 +28,8 @@ def add_emit_arguments(p):
 
 
 def emit_main(args):
-    from .emit import emit_program, write_bundle
-    from .reader import read_file
+    from .language.reader import read_file
+    from .sambaflow.emit import emit_program, write_bundle
     write_bundle(emit_program(read_file(args.program)), args.out)
     return 0
 
@@ -44,9 +42,9 @@ def add_run_arguments(p):
 
 
 def run_main(args):
-    from . import vm
     from .files import write_atomic
-    from .reader import read_file
+    from .language.reader import read_file
+    from .verify import vm
     program = read_file(args.program)
     leaves = vm.load_leaves(program, args.weights)
     for f in leaves.unmatched:

@@ -1,4 +1,4 @@
-"""Whole-file writes (temporary file, then rename), tolerant JSON reads, a JSON cache of values
+"""The one atomic writer (temporary file, then rename), tolerant JSON reads, a JSON cache of values
 derived from files, and the bundle's file names: standard library only, so the dodo and the
 pipeline use them without loading numpy."""
 
@@ -10,11 +10,15 @@ BUNDLE_FILES = ("model.py", "manifest.json", "compile.py")
 
 
 def _stage(directory, fname, data):
-    """`data` in full in a temporary file beside `fname`, readable like any emitted file."""
+    """`data` in full in a temporary file beside `fname`, readable like any emitted file. `data` is
+    text, bytes, or an array that writes itself (`tofile`: a large leaf is never copied to bytes)."""
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{fname}.")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            if hasattr(data, "tofile"):
+                data.tofile(f)
+            else:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.chmod(tmp, 0o644)
     except BaseException:
         os.unlink(tmp)

@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emitter.config import ConfigError, Tree, discover, inside, load_defaults, resolve_package_file
+from emitter.importers import resolve_package_file
+from emitter.pipeline.config import ConfigError, discover, load_defaults
+from emitter.pipeline.paths import Tree, inside
 
 
 def zoo(tmp_path, files):
@@ -231,7 +233,7 @@ def test_inside_resolves_what_a_folder_listing_cannot_vouch_for(tmp_path, monkey
 def test_warm_parse_cache_never_loads_pyyaml(tmp_path):
     (tmp_path / "build").mkdir()
     zoo(tmp_path, {"programs/a.logos": SRC, "programs/a.yaml": "steps: 2\n"})
-    code = ("import sys; from emitter.config import discover; "
+    code = ("import sys; from emitter.pipeline.config import discover; "
             f"pcs = discover({str(tmp_path)!r}, cache_file={str(tmp_path / 'build/c.json')!r}); "
             "print(pcs[0].steps, 'yaml' in sys.modules)")
     run = lambda: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

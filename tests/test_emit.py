@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, load_model, run_cli
 from emitter import (QWEN38_OPS, TEMPLATE_MARK, VENDOR_HEADER, ProgramError, emit_torch_module,
                      gguf_name, program_name, read_file, torch_spelling)
-from emitter.emit import fnv1a64
+from emitter.sambaflow.marks import fnv1a64
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def test_model_py_shape(all_ops, all_ops_path):
     assert stage_lines == [f"# stage {s.index}: {s.out} = {s.op.name}" for s in program.stages]
     assert f'OUTPUT = "{program.output}"' in lines
     assert 'STATES = ("K0", "V0", "cs", "S")' in lines
-    assert '        self.write_state("cs", cs, inputs)' in lines
+    assert '        self.leaf_cs.copy_(cs)' in lines       # the state written back
     assert f"        return {program.output}" in lines
     compile(art.model_py, "model.py", "exec")
 
@@ -111,8 +111,11 @@ def test_manifest_gguf_names_for_every_stem():
     for var, name in want.items():
         assert got[var] == name, var
         assert gguf_name(var, frozenset({1})) == name
+    # roles come from how the program reads a leaf, not from its checkpoint name: `K` and `Wq1`
+    # are read as data (attention's K, plus's A), the rest are never read (weights)
     roles = {t["var"]: t["role"] for t in m["tensors"]}
-    assert roles["Wq0"] == "weight" and roles["K"] == "input" and roles["Wqg0"] == "input"
+    assert roles["K"] == roles["Wq1"] == "input" and roles["Wk1"] == "weight"
+    assert roles["Wq0"] == roles["Wqg0"] == roles["emb"] == "weight"
 
 
 def test_compile_py_marks_every_vendor_line(all_ops):

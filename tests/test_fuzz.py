@@ -4,9 +4,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from emitter import ProgramError, emit_program, read_program
-from emitter.ops import ALL_OPS, _words
+from emitter.ops import ALL_OPS, pattern_words
 
-WORDS = sorted({w for op in ALL_OPS for w in _words(op.pattern) if not w[0].isupper()}
+WORDS = sorted({w for op in ALL_OPS for w in pattern_words(op.pattern) if not w[0].isupper()}
                | {"Let", "be", "a", "by", "tensor", "of", "Real", "Int", "Set", "item", "row", "to",
                   "Show", "x", "y", "W", "K", "0", "1", "2", "3", "4", "-1", "1e-3", "99999999999",
                   "#", ".", "heads", "groups", "taps", "self", "a;b", "__x"})

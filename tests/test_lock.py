@@ -11,8 +11,8 @@ import pytest
 
 from conftest import emit_bundle, run_cli, write_weights
 from emitter import read_file
-from emitter import vm
-from emitter.lock import compare, lock_bundle
+from emitter.verify import vm
+from emitter.verify.lock import compare, lock_bundle
 
 
 @pytest.fixture(scope="module")
@@ -82,9 +82,9 @@ def test_wrong_state_write_back_fails_only_at_step_2(tmp_path):
     weights = write_weights(program, tmp_path / "w", seed=1)
     bundle = emit_bundle(RING, tmp_path / "good")
     text = open(os.path.join(bundle, "model.py")).read()
-    old = 'self.write_state("cs", cs, inputs)'
+    old = 'self.leaf_cs.copy_(cs)'
     assert old in text
-    open(os.path.join(bundle, "model.py"), "w").write(text.replace(old, 'self.write_state("cs", cs * 0.5, inputs)'))
+    open(os.path.join(bundle, "model.py"), "w").write(text.replace(old, 'self.leaf_cs.copy_(cs * 0.5)'))
     one = lock_bundle(bundle, str(tmp_path / "ring.logos"), weights, "float64", 1)
     two = lock_bundle(bundle, str(tmp_path / "ring.logos"), weights, "float64", 2)
     for r in (one, two):

@@ -21,10 +21,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from emitter import vm  # noqa: E402
-from emitter.errors import ProgramError  # noqa: E402
+from emitter.verify import vm  # noqa: E402
+from emitter.language.errors import ProgramError  # noqa: E402
 from emitter.importers import safetensors as st  # noqa: E402
-from emitter.reader import read_file, read_program  # noqa: E402
+from emitter.language.reader import read_file, read_program  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = os.path.join(ROOT, "programs", "minilm.logos")

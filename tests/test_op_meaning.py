@@ -7,7 +7,7 @@ import torch
 from cases import ALL_CASES, draw, expected, source
 from conftest import emit_bundle, load_model
 from emitter import read_program
-from emitter import vm
+from emitter.verify import vm
 
 IDS = [c[0] for c in ALL_CASES]
 

@@ -28,10 +28,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from conftest import run_cli  # noqa: E402
-from emitter import vm  # noqa: E402
-from emitter.emit import QWEN38_OPS, emit_program  # noqa: E402
+from emitter.verify import vm  # noqa: E402
+from emitter.sambaflow.emit import QWEN38_OPS, emit_program  # noqa: E402
 from emitter.importers import qwen35 as q  # noqa: E402
-from emitter.reader import read_file, read_program  # noqa: E402
+from emitter.language.reader import read_file, read_program  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECKPOINT = os.path.join(ROOT, "checkpoints", "qwen38-tiny")
@@ -185,12 +185,14 @@ def test_manifest_gguf_names(program):
     leaves = {t["var"]: t for t in manifest["tensors"] if t["role"] != "computed"}
     expected = _expected_gguf(dims)
     weights = {v: t["gguf"] for v, t in leaves.items() if t["role"] == "weight"}
-    assert weights == expected
+    # the checkpoint's tensors, and the constants the step reads as parameters (no checkpoint name)
+    assert {v: g for v, g in weights.items() if g is not None} == expected
+    assert {v for v, g in weights.items() if g is None} == {"One", "COS", "SIN", "Eq", "Ek", "Dq", "Mq"}
     assert set(manifest["states"]) == set(program.states) == (
         {"Tok", "Pos"} | {f"{s}{i}" for i in (1, 3) for s in ("Kc", "Vc")}
         | {f"{s}{i}" for i in (0, 2) for s in ("Cq", "Ck", "Cv", "S")})
-    assert set(manifest["inputs"]) == {"One", "COS", "SIN", "Eq", "Ek", "Dq", "Mq"}
-    assert all(leaves[v]["gguf"] is None for v in manifest["inputs"] + manifest["states"])
+    assert manifest["inputs"] == []      # a decode loop: its token and position are states
+    assert all(leaves[v]["gguf"] is None for v in manifest["states"])
 
 
 def test_generator_follows_the_config():

@@ -3,7 +3,7 @@
 import pytest
 
 from emitter import ProgramError, read_program, read_tensor_sentences
-from emitter.program import Decl, Fill, OpSentence, Show
+from emitter.language.program import Decl, Fill, OpSentence, Show
 
 DECLS = """Let a be a 2 by 3 tensor of Real.
 Let b be a 3 by 2 tensor of Real.

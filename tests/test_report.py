@@ -2,7 +2,7 @@
 
 import xml.etree.ElementTree as ET
 
-from emitter.report import render_junit, render_summary
+from emitter.pipeline.report import render_junit, render_summary
 
 ROW = {"name": "bad\x01name", "source": "programs/x.logos", "check": "float64", "verdict": "error",
        "reason": "programs/x.logos:1: `Let \x01 be\r\n`: a sentence ends with a period",
@@ -25,7 +25,7 @@ def test_result_cache_follows_the_files_and_survives_a_bad_cache(tmp_path):
     import json
     import os
 
-    from emitter.report import build_rows
+    from emitter.pipeline.report import build_rows
     res, status, cache = tmp_path / "r.json", tmp_path / "s.json", tmp_path / "cache.json"
     status.write_text('{"status": "ok"}')
     res.write_text(json.dumps({"verdict": "pass", "output": {"max_abs": 0.5}, "stages": [1] * 99}))

@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from emitter import vm
+from emitter.verify import vm
 from emitter.ops import OPS
-from emitter.reader import read_file
+from emitter.language.reader import read_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ("mlp", "norms", "full_attention", "embedding", "rope_attention", "delta")

@@ -32,10 +32,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from conftest import run_cli  # noqa: E402
-from emitter import vm  # noqa: E402
+from emitter.verify import vm  # noqa: E402
 from emitter.importers import gguf as gi  # noqa: E402
 from emitter.ops import BY_NAME, Args  # noqa: E402
-from emitter.reader import read_file, read_program  # noqa: E402
+from emitter.ops.rope import rope_tables  # noqa: E402
+from emitter.language.reader import read_file, read_program  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAM = os.path.join(ROOT, "programs", "smollm2.logos")
@@ -130,8 +131,8 @@ def test_program_is_what_the_metadata_writes(smollm2):
 def test_import_writes_every_weight_leaf(smollm2):
     program, leaves = smollm2["program"], smollm2["leaves"]
     assert leaves.unmatched == []
-    from emitter.emit import leaf_role
-    weights = [v for v in program.leaves if leaf_role(program, v) == "weight"]
+    from emitter.language.names import gguf_name
+    weights = [v for v in program.leaves if gguf_name(v, program.attention_layers)]
     assert len(weights) == 30 * 9 + 3
     assert all(leaves.sources[v] == v + ".f32" for v in weights + ["COS", "SIN"])
     # tied: the output projection is the token embedding, transposed
@@ -206,7 +207,7 @@ def test_unpermuted_neox_rope_is_llama_cpps_rope():
     heads, hd, d = 3, 8, 6
     w_gguf = rng.standard_normal((heads * hd, d))      # as stored: rows permuted
     x = rng.standard_normal((1, d))
-    cos, sin = (t[5:6] for t in gi.rope_tables(9, hd, 1e4))
+    cos, sin = (t[5:6] for t in rope_tables(9, hd, 1e4))
     rope = BY_NAME["rope"]
     q = x @ gi.unpermute(w_gguf, heads).T
     bound = {"Q": "q", "RC": "c", "RS": "s", "H": heads}
@@ -307,6 +308,6 @@ def test_refuses_a_program_whose_leaf_the_gguf_lacks(tmp_path):
                            "Let Kc be a 6 by 32 tensor of Real.\nLet c be a 1 by 4 tensor of Real.\n"
                            "Let q5 be x matmul Wq5.\nLet r5 be rope of q5 with cos c and sin c.\n"
                            "Let a be attention of r5 over Kc and Kc with 4 heads 4 groups.\n")
-    from emitter.errors import ProgramError
+    from emitter.language.errors import ProgramError
     with pytest.raises(ProgramError, match="blk.5.attn_q.weight"):
         gi.import_gguf(ckpt, program, str(tmp_path / "w"))

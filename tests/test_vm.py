@@ -9,7 +9,7 @@ import pytest
 import reference as ref
 from conftest import run_cli
 from emitter import ProgramError, read_program
-from emitter import vm
+from emitter.verify import vm
 
 RING = """Let x be a 1 by 3 tensor of Real.
 Set item 1 of x to 1.

@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from emitter.reader import read_file  # noqa: E402
+from emitter.language.reader import read_file  # noqa: E402
 
 SEED = 20260512
 

@@ -1,21 +1,14 @@
-"""Importers: checkpoints (GGUF, safetensors) to weights directories of <var>.f32 / <var>.f64 files."""
+"""Importers: checkpoints (GGUF, safetensors, a Qwen3.5 HF directory) to weights directories of
+<var>.f32 / <var>.f64 files. `IMPORTERS` names each one's module without importing it (the
+pipeline's config checks `derive.importer` against it); `common` holds what they share."""
 
-import importlib.util
-import os
+# name -> (module, help): `python -m emitter import-NAME`
+IMPORTERS = {
+    "gguf": ("emitter.importers.gguf", "a GGUF checkpoint to a weights directory"),
+    "safetensors": ("emitter.importers.safetensors", "a safetensors checkpoint to a weights directory"),
+    "qwen35": ("emitter.importers.qwen35", "a Qwen3_5 HF checkpoint to a qwen35 decode step's weights"),
+}
 
-from ..errors import ProgramError
+from .packages import resolve_checkpoint, resolve_package_file  # noqa: E402  (standard library only)
 
-
-def resolve_checkpoint(spec):
-    """A checkpoint path; `package:MODULE/rel/path` is a file inside an installed package."""
-    if not spec.startswith("package:"):
-        return spec
-    module, _, rel = spec[len("package:"):].partition("/")
-    found = importlib.util.find_spec(module)
-    if found is None or not found.submodule_search_locations:
-        raise ProgramError(f"no installed package `{module}` holds the checkpoint", path=spec)
-    for base in found.submodule_search_locations:
-        path = os.path.join(base, rel)
-        if os.path.isfile(path):
-            return path
-    raise ProgramError(f"package `{module}` has no file `{rel}`", path=spec)
+__all__ = ["IMPORTERS", "resolve_checkpoint", "resolve_package_file"]

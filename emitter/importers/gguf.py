@@ -6,7 +6,7 @@
 - With `--write-program`, PROG.logos is first (re)written from the checkpoint's own metadata by
   `llama_decode_program` (n_layer, n_embd, n_head, n_head_kv, FFN length, vocab, rope theta; the KV
   tables hold `--context` rows, default 256). Without `-o` nothing else happens.
-- With `-o`, every leaf of PROG.logos whose manifest gguf name (`emitter.emit.render_manifest`)
+- With `-o`, every leaf of PROG.logos whose checkpoint name (`emitter.language.names.gguf_name`)
   names a tensor of the checkpoint is dequantised (`gguf.quants.dequantize`), un-permuted (llama.cpp
   permutes the Q and K rows of llama models to GPT-J pairs; the sugar's rope is NEOX) and laid out as
   the program uses it, then written as OUT_DIR/<var>.f32 (raw little-endian, row-major, by temporary
@@ -37,12 +37,15 @@ import json
 import math
 import os
 import re
-import tempfile
 
 import numpy as np
 
-from ..errors import ProgramError
-from . import resolve_checkpoint  # noqa: F401  (also this module's API)
+from ..files import write_atomic
+from ..language.errors import ProgramError
+from ..language.names import gguf_name
+from ..ops.rope import rope_tables
+from .leaves import write_leaf
+from .packages import resolve_checkpoint
 
 MASK = -1e5            # a not-yet-written cache row's key in the mask column
 DEFAULT_CONTEXT = 256  # rows of the KV caches and rope tables
@@ -235,13 +238,6 @@ def llama_decode_program(meta, context=DEFAULT_CONTEXT, source=""):
     return "\n".join(out) + "\n"
 
 
-def rope_tables(rows, head_dim, theta):
-    """cos and sin of pos · theta^(-2i/hd), rows 0..rows-1 by i < hd/2 (float64)."""
-    inv = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    ang = np.arange(rows, dtype=np.float64)[:, None] * inv[None, :]
-    return np.cos(ang), np.sin(ang)
-
-
 def derived_leaves(program, meta):
     """The decode step's leaves that are no GGUF tensor but not zeros either: {name: array}."""
     out = {}
@@ -262,44 +258,28 @@ def derived_leaves(program, meta):
 
 # ── the import ────────────────────────────────────────────────────────────────────────────────────
 
-def _write_f32(path, array):
-    """Raw little-endian float32, by a temporary file in the same directory and rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".f32")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.ascontiguousarray(array, dtype="<f4").tofile(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _tables(program):
     return {st.bound["TABLE"] for st in program.stages if st.op.name == "embedding"}
 
 
 def gguf_leaves(program, reader, meta=None):
     """Yield (var, float32 array in the program's shape) for every leaf the GGUF provides."""
-    from ..emit import render_manifest
     meta = meta or llama_meta(reader)
     tensors = {t.name: t for t in reader.tensors}
     aliases = ALIASES.get(meta["arch"], {})
     tables = _tables(program)
-    manifest = json.loads(render_manifest(program, "import"))
-    for entry in manifest["tensors"]:
-        name = entry["gguf"]
-        if name is None or entry["role"] == "computed":
+    for var, decl in program.decls.items():
+        name = gguf_name(var, program.attention_layers)
+        if name is None:
             continue
-        var, (rows, cols) = entry["var"], entry["shape"]
+        rows, cols, line = decl.rows, decl.cols, decl.line
         if name not in tensors:
             stem = name.split(".", 2)[-1] if name.startswith("blk.") else name
             alt = aliases.get(stem)
             alt = None if alt is None else name[: len(name) - len(stem)] + alt
             if alt not in tensors:
                 raise ProgramError(f"`{var}`: the GGUF has no tensor `{name}`"
-                                   + (f" (nor `{alt}`)" if alt else ""), entry["line"], program.path)
+                                   + (f" (nor `{alt}`)" if alt else ""), line, program.path)
             name = alt
         w = tensor_array(tensors[name])
         if name.endswith("attn_q.weight"):
@@ -311,7 +291,7 @@ def gguf_leaves(program, reader, meta=None):
         if w.size != rows * cols or (w.ndim == 2 and w.shape != (rows, cols)):
             raise ProgramError(f"`{var}` is {rows} by {cols} but `{name}` is "
                                f"{' by '.join(map(str, w.shape))} as the program uses it",
-                               entry["line"], program.path)
+                               line, program.path)
         yield var, w.reshape(rows, cols)
 
 
@@ -325,12 +305,7 @@ def import_gguf(checkpoint, program, out_dir):
     written = []
 
     def put(var, array):
-        target = os.path.join(out_dir, var + ".f32")
-        other = os.path.join(out_dir, var + ".f64")
-        if os.path.exists(other):
-            os.unlink(other)
-        _write_f32(target, array)
-        written.append(var + ".f32")
+        written.append(write_leaf(out_dir, var, array))
 
     for var, w in gguf_leaves(program, reader, meta):
         put(var, w)
@@ -344,14 +319,12 @@ def import_gguf(checkpoint, program, out_dir):
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
         record["files"].append({"file": f, "bytes": os.path.getsize(os.path.join(out_dir, f)),
                                 "sha256": digest})
-    from ..files import write_atomic
     write_atomic(os.path.join(out_dir, ".import.json"), json.dumps(record, indent=1) + "\n")
     return written
 
 
 def write_program(checkpoint, program_path, context=DEFAULT_CONTEXT):
     """Generate the decode step from the checkpoint's metadata into `program_path`."""
-    from ..files import write_atomic
     reader = open_gguf(resolve_checkpoint(checkpoint))
     text = llama_decode_program(llama_meta(reader), context, source=checkpoint)
     write_atomic(program_path, text)
@@ -371,7 +344,7 @@ def add_arguments(p):
 
 
 def main(args):
-    from ..reader import read_file
+    from ..language.reader import read_file
     if args.write_program:
         write_program(args.checkpoint, args.program, args.context)
         print(f"wrote {args.program}")

@@ -27,12 +27,13 @@ the checkpoint.
 import json
 import os
 import sys
-import tempfile
 
 import numpy as np
 
-from ..errors import ProgramError
-from . import resolve_checkpoint  # noqa: F401  (also this module's API)
+from ..files import write_atomic
+from ..language.errors import ProgramError
+from .leaves import write_leaf
+from .packages import resolve_checkpoint
 
 # ── the program ───────────────────────────────────────────────────────────────────────────────────
 
@@ -172,29 +173,10 @@ def _leaf_value(array, kind):
 def _file_dtype(array):
     """Float64 stays float64; float32, float16 and bfloat16 are exact in float32."""
     if array.dtype == np.float64:
-        return ".f64", "<f8"
+        return "<f8"
     if array.dtype.kind not in "fV" and str(array.dtype) != "bfloat16":
         raise ValueError(f"dtype {array.dtype} is not a floating-point weight")
-    return ".f32", "<f4"
-
-
-def write_leaf(out_dir, var, value, ext, dtype):
-    """`<var><ext>` in `out_dir` by temporary file and rename; the other extension's file goes."""
-    final = os.path.join(out_dir, var + ext)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{var}{ext}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.ascontiguousarray(value, dtype=dtype).tofile(f)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, final)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    other = os.path.join(out_dir, var + (".f64" if ext == ".f32" else ".f32"))
-    if os.path.exists(other):
-        os.unlink(other)
-    return final
+    return "<f4"
 
 
 def _prefix(keys):
@@ -232,7 +214,7 @@ def import_checkpoint(checkpoint, program, out_dir, names=None):
             array = f.get_tensor(ck)
             try:
                 value = _leaf_value(array, kind)
-                ext, dtype = _file_dtype(array)
+                dtype = _file_dtype(array)
             except ValueError as e:
                 raise ProgramError(f"`{ck}` for `{var}`: {e}", path=checkpoint) from None
             d = program.decls[var]
@@ -241,13 +223,12 @@ def import_checkpoint(checkpoint, program, out_dir, names=None):
                                    f"{value.shape[0]} by {value.shape[1]} ({kind})", path=checkpoint)
             if not np.all(np.isfinite(value.astype(np.float64))):
                 raise ProgramError(f"`{ck}` holds a non-finite value", path=checkpoint)
-            plan.append((var, ck, value, ext, dtype))
-        used = {ck for _, ck, _, _, _ in plan}
+            plan.append((var, ck, value, dtype))
+        used = {ck for _, ck, _, _ in plan}
         unused = sorted(keys - used)
-    os.makedirs(out_dir, exist_ok=True)
-    for var, _, value, ext, dtype in plan:
-        write_leaf(out_dir, var, value, ext, dtype)
-    return {"written": {var: ck for var, ck, _, _, _ in plan}, "declared": declared, "unused": unused}
+    for var, _, value, dtype in plan:
+        write_leaf(out_dir, var, value, dtype)
+    return {"written": {var: ck for var, ck, _, _ in plan}, "declared": declared, "unused": unused}
 
 
 # ── command line ──────────────────────────────────────────────────────────────────────────────────
@@ -263,8 +244,7 @@ def add_arguments(p):
 
 
 def main(args):
-    from ..files import write_atomic
-    from ..reader import read_file
+    from ..language.reader import read_file
 
     checkpoint = resolve_checkpoint(args.checkpoint)
     if args.write_program:

@@ -20,14 +20,13 @@ import uuid
 
 import numpy as np
 
-from . import vm
-from .config import BUILTIN
-from .emit import BUNDLE_FILES, program_name
-from .files import write_atomic
-from .errors import ProgramError
-from .reader import read_file
+from ..files import BUNDLE_FILES, write_atomic
+from ..language.errors import ProgramError
+from ..language.reader import read_file
+from ..sambaflow.marks import program_name
+from . import verdict, vm
+from .tolerances import DEFAULT_TOLERANCES as TOLERANCES
 
-TOLERANCES = BUILTIN["tolerances"]  # one table: the lock's defaults are the pipeline's
 SCHEMA = "logos.lock.result"
 
 
@@ -300,23 +299,8 @@ def add_arguments(p):
     p.add_argument("-o", "--out", required=True, help="RESULT.json")
 
 
-def summary_line(r):
-    """One line a person reads: verdict, worst output error, first diverging op."""
-    line = f"{r['name']} [{r['dtype']}, {r['steps']} step(s)]: {r['verdict'].upper()}"
-    if r["verdict"] == "error":
-        return f"{line}: {r['reason']}"
-    o = r["output"]
-    line += f"; output max abs {o['max_abs']:.3g}, max rel {o['max_rel']:.3g}, argmax " \
-            f"{'agrees' if o['argmax_agree'] else 'DIFFERS'}"
-    f = r["first_divergence"]
-    if f:
-        line += (f"; first diverging op: stage {f['stage']} `{f['out']} = {f['op']}` (line {f['line']}, "
-                 f"step {f['step']}), max abs {f['max_abs']:.3g}")
-    return line
-
-
 def main(args):
     r = lock_bundle(args.bundle, args.program, args.weights, args.dtype, args.steps, args.atol, args.rtol)
     write_result(r, args.out)
-    print(summary_line(r), file=sys.stderr if r["verdict"] != "pass" else sys.stdout)
+    print(f"{r['name']} [{r['steps']} step(s)] {verdict.line(r)}", file=sys.stderr if r["verdict"] != "pass" else sys.stdout)
     return EXIT[r["verdict"]]

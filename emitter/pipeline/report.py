@@ -9,7 +9,8 @@ import json
 import os
 import xml.etree.ElementTree as ET
 
-from .files import StampedCache, read_json, write_files
+from ..files import StampedCache, read_json, write_files
+from ..verify.verdict import describe, number, short
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
 
@@ -89,30 +90,6 @@ def counts(rows):
     return c
 
 
-def _fmt(x):
-    return "" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)
-
-
-def short(text, limit=240):
-    """A reason cut to one readable line of printable text (the full text stays in report.json's
-    results): program text may carry control characters that XML 1.0 cannot hold."""
-    text = "".join(c if c.isprintable() else " " for c in str(text))
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def describe(r):
-    """One line on why a check did not pass."""
-    if r["verdict"] == "error":
-        return short(r["reason"] or "error")
-    f = r["first_divergence"]
-    o = r["output"] or {}
-    text = f"output max abs {_fmt(o.get('max_abs'))}, max rel {_fmt(o.get('max_rel'))}"
-    if f:
-        text = (f"first diverging op: stage {f['stage']} `{f['out']} = {f['op']}` (line {f['line']}, "
-                f"step {f['step']}), max abs {_fmt(f['max_abs'])}; " + text)
-    return text
-
-
 def render_json(rows):
     body = {"schema": "logos.pipeline.report", "version": 1,
             "programs": len({r["name"] for r in rows}), "checks": len(rows), "counts": counts(rows),
@@ -166,8 +143,8 @@ def render_summary(rows):
             "|---|---|---|---|---|---|"]
     for r in rows:
         o = r["output"] or {}
-        out.append(f"| `{_md(short(r['name']))}` | {r['check']} | {r['verdict']} | {_fmt(o.get('max_abs'))} | "
-                   f"{_fmt(o.get('max_rel'))} | {_fmt(o.get('cosine'))} |")
+        out.append(f"| `{_md(short(r['name']))}` | {r['check']} | {r['verdict']} | {number(o.get('max_abs'))} | "
+                   f"{number(o.get('max_rel'))} | {number(o.get('cosine'))} |")
     return "\n".join(out) + "\n"
 
 

@@ -6,26 +6,22 @@ or a path that leaves the repository is a `ConfigError` naming the file, line an
 never raises for one program's config: the error is kept on that program, so only its tasks fail.
 """
 
-import functools
-import hashlib
-import importlib.util
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .errors import ProgramError
-from .files import StampedCache
+from ..importers import IMPORTERS, resolve_package_file
+from ..verify.tolerances import DEFAULT_TOLERANCES, DTYPES
+from .paths import Tree, inside
+from .yamlfile import ConfigError, ParseCache, load_yaml
 
 DEFAULTS_FILE = "defaults.yaml"
-DTYPES = ("float64", "float32")
-# float32 follows the lock's own defaults (CONTRACTS.md); float64 is the VM's own precision.
 BUILTIN = {
     "lock": True,
     "dtypes": ["float64", "float32"],
     "steps": 1,
-    "tolerances": {"float32": {"abs": 1e-4, "rel": 1e-3}, "float64": {"abs": 1e-9, "rel": 1e-9}},
+    "tolerances": DEFAULT_TOLERANCES,
 }
 PROGRAM_KEYS = ("weights", "lock", "dtypes", "steps", "tolerances", "derive")
 DEFAULT_KEYS = ("lock", "dtypes", "steps", "tolerances")
@@ -33,11 +29,6 @@ DERIVE_KEYS = ("importer", "checkpoint")
 # A program name becomes a task name (`emit:NAME`), a directory under build/ and a JUnit class name.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 IMPORTER_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
-MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-
-
-class ConfigError(ProgramError):
-    """A refused config: `PATH:LINE: `key`: message`."""
 
 
 @dataclass
@@ -67,113 +58,6 @@ class ProgramConfig:
         return t.get("abs"), t.get("rel")
 
 
-@functools.lru_cache(maxsize=None)
-def _yaml():
-    """(yaml, loader class), imported on first use: a no-op run whose configs all come from the
-    parse cache never loads PyYAML. libyaml's safe loader where PyYAML was built with it (the same
-    safe constructors, in C), else the pure-Python one; either refuses a key written twice in one
-    mapping (YAML would keep the last silently, so `steps: 1` above `steps: 3` would pass)."""
-    import yaml
-
-    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-    class Loader(base):
-        def construct_mapping(self, node, deep=False):
-            keys = set()
-            for key, _ in node.value:
-                if isinstance(key, yaml.ScalarNode):
-                    if key.value in keys:
-                        raise yaml.constructor.ConstructorError(
-                            None, None, f"the key `{key.value}` is given twice", key.start_mark)
-                    keys.add(key.value)
-            return super().construct_mapping(node, deep)
-
-    return yaml, Loader
-
-
-def _key_lines(text):
-    """Top-level (and one level down) key -> 1-based line, for errors that point at the key."""
-    yaml, loader = _yaml()
-    lines = {}
-    try:
-        node = yaml.compose(text, Loader=loader)
-    except yaml.YAMLError:
-        return lines
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            lines[str(k.value)] = k.start_mark.line + 1
-            if isinstance(v, yaml.MappingNode):
-                for k2, _ in v.value:
-                    lines[f"{k.value}.{k2.value}"] = k2.start_mark.line + 1
-    return lines
-
-
-class ParseCache(StampedCache):
-    """Parsed configs kept under build/ by the sha256 of their text: a no-op run of a
-    thousand-config zoo reads each file but parses none and never imports PyYAML. Only a value
-    that JSON gives back exactly, key order included, is kept (a date or an integer key is parsed
-    every time), so a hit is what parsing would give, errors and their order too."""
-
-    VERSION = 3   # a cache another version wrote (v1 sorted the keys) is not read
-
-    def __init__(self, path):
-        super().__init__(path, self.VERSION)
-
-    def get(self, rel, digest):
-        data = super().get(rel, digest)
-        return data if isinstance(data, dict) else None
-
-    def put(self, rel, digest, data):
-        try:
-            text = json.dumps(data)
-        except (TypeError, ValueError):
-            return
-        if json.dumps(json.loads(text)) == text:   # same types, same key order
-            super().put(rel, digest, data)
-
-
-def load_yaml(path, shown=None, cache=None):
-    """(mapping, key lines) of a YAML file; an empty file is an empty mapping. Errors name the
-    file as `shown` (its repo-relative path); `cache` is a ParseCache or None."""
-    shown = shown or path
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read the config: {e}", None, shown) from None
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest() if cache else None
-    data = cache.get(shown, digest) if cache else None
-    if data is not None:
-        return data, _KeyLines(text)
-    yaml, loader = _yaml()
-    try:
-        data = yaml.load(text, Loader=loader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ConfigError(f"not valid YAML: {getattr(e, 'problem', None) or e}",
-                          mark.line + 1 if mark else None, shown) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"a config is a mapping of keys, got {type(data).__name__}", 1, shown)
-    if cache:
-        cache.put(shown, digest, data)
-    return data, _KeyLines(text)
-
-
-class _KeyLines:
-    """Key -> line, worked out only when an error asks (most configs are fine, and composing the
-    YAML a second time for every one of a thousand would be wasted)."""
-
-    def __init__(self, text):
-        self.text, self.lines = text, None
-
-    def get(self, key):
-        if self.lines is None:
-            self.lines = _key_lines(self.text)
-        return self.lines.get(key)
-
-
 def _err(path, lines, key, message):
     return ConfigError(f"`{key}`: {message}", lines.get(key), path)
 
@@ -184,94 +68,6 @@ def _is_int(v):
 
 def _is_num(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-class Tree:
-    """What one discovery has learned of the repository: resolved directories and one listing per
-    directory, so each of a zoo's thousand programs costs a dictionary lookup, not a path walk."""
-
-    def __init__(self, root):
-        self.root = root
-        self._real, self._dirs = {}, {}
-
-    def real(self, path):
-        if path not in self._real:
-            self._real[path] = os.path.realpath(path)
-        return self._real[path]
-
-    def entries(self, rel_dir):
-        """name -> os.DirEntry of `root/rel_dir` ({} when it is not a readable directory)."""
-        if rel_dir not in self._dirs:
-            try:
-                with os.scandir(os.path.join(self.root, rel_dir)) as it:
-                    self._dirs[rel_dir] = {e.name: e for e in it}
-            except OSError:
-                self._dirs[rel_dir] = {}
-        return self._dirs[rel_dir]
-
-    def is_file(self, rel_dir, name):
-        e = self.entries(rel_dir).get(name)
-        return e is not None and e.is_file()
-
-    def is_dir(self, rel_dir, name):
-        e = self.entries(rel_dir).get(name)
-        return e is not None and e.is_dir()
-
-
-def inside(root, rel, tree=None):
-    """The repo-relative normal form of `rel`, or None if it leaves `root` (symlinks followed).
-
-    `tree` (a Tree of `root`) caches what earlier calls of one discovery resolved."""
-    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
-        return None
-    tree = tree or Tree(root)
-    root_real = tree.real(root)
-    parts = rel.split("/")
-    if ".." in parts:
-        full = os.path.realpath(f"{root_real}/{rel}")   # `..` may follow a link: walk it all
-    else:
-        parent = "/".join(p for p in parts[:-1] if p not in ("", "."))
-        full = tree.real(f"{root_real}/{parent}") if parent else root_real
-        leaf = parts[-1]
-        if leaf not in ("", "."):
-            full = f"{full}/{leaf}"
-            entry = tree.entries(parent or ".").get(leaf)
-            # not listed (an unreadable folder, a name that differs in case, a missing file) or a
-            # link: what the listing cannot vouch for is resolved in full
-            if entry is None or entry.is_symlink():
-                full = os.path.realpath(full)
-    if full == root_real:
-        return "."
-    prefix = root_real.rstrip("/") + "/"
-    return full[len(prefix):] if full.startswith(prefix) else None
-
-
-def resolve_package_file(spec):
-    """`MOD/rel/path` -> the absolute path of that file inside the installed package MOD."""
-    mod, _, rel = spec.partition("/")
-    if not MODULE_RE.fullmatch(mod) or not rel:
-        raise ValueError(f"`package:{spec}` must be `package:MODULE/relative/path`")
-    try:
-        found = importlib.util.find_spec(mod)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise ValueError(f"package `{mod}` is not installed")
-    if found.submodule_search_locations:
-        base = list(found.submodule_search_locations)[0]
-    elif found.origin:
-        base = os.path.dirname(found.origin)
-    else:
-        raise ValueError(f"package `{mod}` has no files on disk")
-    if os.path.isabs(rel):
-        raise ValueError(f"`{rel}` must be relative to the package")
-    base = os.path.realpath(base)
-    full = os.path.realpath(os.path.join(base, rel))
-    if not full.startswith(base + os.sep):
-        raise ValueError(f"`{rel}` leaves the package `{mod}`")
-    if not os.path.isfile(full):
-        raise ValueError(f"`{rel}` is not a file in package `{mod}` ({base})")
-    return full
 
 
 def _check_common(data, path, lines, allowed):
@@ -370,8 +166,7 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
         if not isinstance(imp, str) or not IMPORTER_RE.fullmatch(imp):
             raise _err(cfg_rel, lines, "derive.importer" if "importer" in d else "derive",
                        f"must name an importer (`python -m emitter import-NAME`), got {imp!r}")
-        from .cli import COMMANDS   # only a derived program pays for the command table
-        known = sorted(c[len("import-"):] for c in COMMANDS if c.startswith("import-"))
+        known = sorted(IMPORTERS)
         if imp not in known:
             raise _err(cfg_rel, lines, "derive.importer",
                        f"`{imp}` is not an importer (known: {', '.join(known)})")

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from .ops import Args, Op
+from ..ops import Args, Op
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,7 @@ class Program:
     stages: list
     output: str
     states: list            # leaves an op writes back, in declaration order
+    roles: dict             # leaf -> "state" (written back), "input" (read as data) or "weight"
     attention_layers: frozenset
     path: Optional[str] = None
     bound_at: dict = field(default_factory=dict)   # name -> line that binds it

@@ -1,23 +1,25 @@
-"""Which tensor names may reach emitted Python, and the checkpoint names the convention gives them."""
+"""Which tensor names may reach emitted Python, and the checkpoint names the naming convention gives
+them (the `gguf` field of the manifest; the GGUF importer reads checkpoints by it)."""
 
 import builtins
 import keyword
 import re
 
-from .ops import HELPER_NAMES
-
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-# Names model.py and compile.py use themselves: imports, module-level names, forward's locals.
-_EMITTED = {
+# Names model.py and compile.py use themselves: imports, module-level names, forward's locals, and
+# every top-level name of emitter/sambaflow/runtime.py and app.py (a test keeps this list complete).
+EMITTED = frozenset({
     "argparse", "json", "math", "os", "sys", "np", "torch", "nn", "F",
     "self", "inputs", "args", "LEAVES", "FILLS", "INPUTS", "STATES", "OUTPUT", "PROGRAM", "EPS",
-    "weights", "LogosModule", "load_weights", "main", "name", "value", "shape", "role", "kind",
-    "dtype", "path", "model", "out", "samba", "utils", "parse_app_args", "get_pefmeta",
-}
+    "weights", "LogosModule", "ProgramModule", "load_weights", "main", "add_args", "bundle", "name",
+    "value", "shape", "role", "kind", "dtype", "path", "model", "out", "samba", "utils",
+    "parse_app_args", "get_pefmeta",
+    "rmsnorm", "l2norm", "layernorm", "rope", "attention", "full_attention", "gelu_tanh",
+    "softmax_rows", "swiglu", "causal_conv", "decay", "gated_delta", "row_of", "set_row",
+})
 
-RESERVED = frozenset(
-    set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | _EMITTED | set(HELPER_NAMES))
+RESERVED = frozenset(set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | EMITTED)
 
 
 def unsafe_name(name):

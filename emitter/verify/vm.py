@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ProgramError
-from .ops import ShapeError
+from ..language.errors import ProgramError
+from ..ops import ShapeError
 
 _EXTS = ((".f64", "<f8"), (".f32", "<f4"))
 

@@ -20,13 +20,16 @@ import subprocess
 import sys
 import tempfile
 
-from .files import BUNDLE_FILES, read_json, write_atomic, write_files
+from ..files import BUNDLE_FILES, read_json, write_atomic, write_files
 
-# Modules of the pipeline itself: they make no bundle and no verdict, so editing them reruns nothing
-# but the report (which depends on report.py directly).
-PIPELINE_MODULES = {"__main__.py", "cli.py", "config.py", "pipeline.py", "progress.py", "report.py",
-                    "results.py"}
-VM_MODULES = {"vm.py", "lock.py"}
+# What each kind of task's code is, under emitter/: a folder is a unit of dependency. The pipeline
+# itself (pipeline/, cli.py) makes no bundle and no verdict: editing it reruns only the report,
+# which depends on the modules it renders with directly.
+CODE = {
+    "emit": ("files.py", "ops", "language", "sambaflow"),
+    "lock": ("files.py", "ops", "language", "sambaflow", "verify"),
+    "import": ("importers",),
+}
 
 
 def sha256_file(path):
@@ -130,30 +133,19 @@ def install_sigterm():
 # --- code digests ---------------------------------------------------------------------------------
 
 def code_files(root, kind):
-    """The emitter package's files that `kind` depends on, repo-relative: "emit" (reader, ops,
-    emitter), "lock" (those and the VM and lock check: one digest per lock task, not two), or
-    "import" (the importers)."""
-    base = os.path.join(root, "emitter")
+    """The emitter package's .py files that tasks of `kind` ("emit", "lock", "import") depend on,
+    repo-relative and sorted."""
     out = []
-    for dirpath, dirnames, filenames in os.walk(base):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
-        sub = rel_dir != "emitter"
-        for f in sorted(filenames):
-            if not f.endswith(".py"):
-                continue
-            is_import = sub and rel_dir.startswith("emitter/importers")
-            if kind == "import":
-                take = is_import
-            elif sub:
-                take = False
-            elif kind == "lock":
-                take = f not in PIPELINE_MODULES
-            else:
-                take = f not in VM_MODULES and f not in PIPELINE_MODULES
-            if take:
-                out.append(f"{rel_dir}/{f}")
-    return out
+    for part in CODE[kind]:
+        path = os.path.join(root, "emitter", part)
+        if part.endswith(".py"):
+            out.append(f"emitter/{part}")
+            continue
+        for dirpath, dirnames, filenames in os.walk(path):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+            out += [f"{rel_dir}/{f}" for f in sorted(filenames) if f.endswith(".py")]
+    return sorted(out)
 
 
 def _digest_of(files):
@@ -314,13 +306,13 @@ def emit_bundle(name, source, bundle_dir, status, config_error=None):
     A refused program or config leaves no bundle (a stale one is removed, so nothing locks it) and
     succeeds as a task: its lock records the error, and the report fails the run."""
     _freeze_heap()
-    from .errors import ProgramError
+    from ..language.errors import ProgramError
     state = {"schema": "logos.pipeline.emit", "version": 1, "name": name, "source": source}
     error = config_error
     if error is None:
         try:
-            from .emit import emit_program
-            from .reader import read_file
+            from ..language.reader import read_file
+            from ..sambaflow.emit import emit_program
             artifact = emit_program(read_file(source))
         except ProgramError as e:
             error = str(e)
@@ -359,6 +351,7 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     """Lock NAME's bundle once per dtype: each RESULT.json written whole, each run appended to the
     history DB. `checks` is [(dtype, atol, rtol, result_path)]. Verdicts are recorded, not raised."""
     _freeze_heap()
+    from ..verify import verdict
     from . import results as history
     state = read_json(status) or {"status": "error", "reason": f"{status}: missing or unreadable"}
     man = read_json(manifest) if manifest else None
@@ -371,7 +364,7 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
                               f"{weights}: the weights directory does not exist")
         else:
             try:
-                from .lock import lock_bundle
+                from ..verify.lock import lock_bundle
                 r = lock_bundle(bundle_dir, source, weights, dtype=dtype, steps=steps, atol=atol,
                                 rtol=rtol)
             except Exception as e:   # a lock that crashes is this program's error, not the run's
@@ -383,7 +376,7 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
         os.makedirs(os.path.dirname(out), exist_ok=True)
         write_atomic(out, json.dumps(r, indent=2, sort_keys=True, allow_nan=True) + "\n")
         history.record(db, r)
-        line = history.verdict_line(r)
+        line = verdict.line(r)
         (sys.stdout if r["verdict"] == "pass" else sys.stderr).write(f"lock:{name} {line}\n")
     return True
 

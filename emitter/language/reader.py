@@ -5,7 +5,8 @@ import re
 
 from .errors import ProgramError
 from .names import layer_of, unsafe_name
-from .ops import OPS, SET_ROW, Args, ShapeError, key_of, match, parse_pattern
+from ..ops import OPS, SET_ROW, Args, ShapeError
+from .patterns import key_of, match, parse_pattern
 from .program import Decl, Fill, OpSentence, Program, Show, Stage
 
 MAX_ELEMENTS = 1 << 31
@@ -148,6 +149,7 @@ class _Checker:
     def __init__(self):
         self.shapes, self.real, self.decls, self.fills = {}, {}, {}, {}
         self.bound_at, self.read_at, self.stages, self.written = {}, {}, [], set()
+        self.data = set()   # names some op reads in a data slot
 
     def bind(self, s, name, shape, real):
         if name in self.bound_at:
@@ -203,12 +205,20 @@ class _Checker:
                       "tensor carries state")
         for name in inputs:
             self.read_at.setdefault(name, s.line)
+        self.data.update(s.op.data_inputs(s.bound))
         if s.op is not SET_ROW:  # `Let S be … state S …` rebinds S: refused like any rebinding
             self.bind(s, s.out, tuple(shape), self.real[inputs[0]])
         if writes is not None:
             self.written.add(writes)
         self.stages.append(Stage(len(self.stages), s.out, s.op, s.bound, s.line, s.text, inputs,
                                  writes))
+
+
+def _roles(c):
+    """Each leaf's role, from how the program uses it: a state is written back by an op; an input
+    is read as data by some op (the row index of a table, the X of a matmul); a weight is read only
+    in parameter slots (a matmul's B, a norm's weight, a table) or not at all."""
+    return {v: "state" if v in c.written else "input" if v in c.data else "weight" for v in c.decls}
 
 
 def read_program(source, path=None):
@@ -234,7 +244,8 @@ def read_program(source, path=None):
     return Program(
         source=source, sentences=sentences, shapes=c.shapes, real=c.real, decls=c.decls,
         fills=c.fills, stages=c.stages, output=outputs[-1],
-        states=[v for v in c.decls if v in c.written], attention_layers=attention_layers,
+        states=[v for v in c.decls if v in c.written], roles=_roles(c),
+        attention_layers=attention_layers,
         path=None if path is None else str(path), bound_at=c.bound_at)
 
 

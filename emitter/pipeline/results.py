@@ -12,6 +12,8 @@ import os
 import sqlite3
 import sys
 
+from ..verify.verdict import number, short
+
 DEFAULT_DB = "build/results.sqlite"
 
 _SCHEMA = """
@@ -99,35 +101,12 @@ def history(db, name):
         con.close()
 
 
-def _short(text, limit=160):
-    text = str(text)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _g(x):
-    return "-" if x is None else f"{x:.3g}"
-
-
-def verdict_line(r):
-    """`dtype VERDICT max_abs ... first op` for one RESULT dict (what a lock task prints)."""
-    o = r.get("output") or {}
-    f = r.get("first_divergence")
-    text = f"[{r.get('dtype')}] {str(r.get('verdict')).upper()}"
-    if r.get("verdict") == "error":
-        return f"{text}: {_short(r.get('reason'), 300)}"
-    text += f" max abs {_g(o.get('max_abs'))} max rel {_g(o.get('max_rel'))}"
-    if f:
-        text += f"; first diverging op: stage {f.get('stage')} `{f.get('out')} = {f.get('op')}` " \
-                f"(line {f.get('line')})"
-    return text
-
-
 def _row_line(x, mark=""):
     first = f" first: stage {x['first_stage']} `{x['first_out']} = {x['first_op']}` line " \
             f"{x['first_line']}" if x["first_op"] else ""
-    why = f" ({_short(x['reason'])})" if x["verdict"] == "error" and x["reason"] else ""
+    why = f" ({short(x['reason'], 160)})" if x["verdict"] == "error" and x["reason"] else ""
     return (f"{mark}#{x['id']:<5} {x['at']}  {x['name']:<24} {x['dtype']:<8} {x['verdict']:<5} "
-            f"max_abs {_g(x['max_abs']):<9} src {str(x['source_sha'] or '-')[:10]} "
+            f"max_abs {number(x['max_abs']):<9} src {str(x['source_sha'] or '-')[:10]} "
             f"w {str(x['weights_sha'] or '-')[:10]}{first}{why}")
 
 

@@ -1,0 +1,307 @@
+"""Qwen3.5 ("qwen35") as the sugar: the sizes of a `Qwen3_5ForCausalLM` text config and the text
+of one greedy decode step (`generate_program`). The step reads the token `Tok` and the position `Pos`
+(two 1 by 1 states), embeds the token, runs every layer (its kind from `layer_types`), and ends with
+`Let nxt be argmax of logits.`, `Set row 0 of Tok to nxt.` and `Set row 0 of Pos to Pn.` (Pn = Pos
+plus One, One a filled constant). So the program alone defines the whole decode: the VM's
+`run(..., steps=N)` is N greedy steps, each starting from the states (KV tables, conv rings, delta
+memories, token, position) the last one wrote. The program's output is the next token; the logits
+are the stage `logits`.
+
+The causal mask. The sugar's `attention` softmaxes over every row of the KV table, and a decode
+step's table has rows that no token has written yet (zeros: score 0, which would take weight).
+The step masks them exactly with sugar ops: each head is widened by one column (hd -> hd + 1).
+The query's extra column is 1 (`Qx = qr matmul Eq plus Mq`), a key's is 0 (`Ke = kr matmul Ek`),
+and the KV table is declared with MASK in every row's extra key column (`Set item` fills), so a
+row not yet written scores MASK / sqrt(hd + 1) (e^that is exactly 0.0 in float64 and float32)
+and a written row scores exactly q.k / sqrt(hd): Eq scales by sqrt((hd + 1) / hd) to undo the
+wider head's 1/sqrt(hd + 1). Values get a 0 column (`Ve = v matmul Ek`) and `Dq` drops the
+extra columns after attention. Eq, Ek, Mq, Dq are 0/1 (and one scale) placement matrices filled
+in the program; they are no weights and have no GGUF name.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+MASK = -1e9
+DEFAULT_CTX = 8
+
+# The tiny config `make_tiny_checkpoint` builds: both layer kinds, hv > hk, partial rotary.
+TINY_CONFIG = dict(
+    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+    linear_conv_kernel_dim=4, rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False,
+    tie_word_embeddings=False, max_position_embeddings=64,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+)
+
+
+class ConfigError(ValueError):
+    """A config the decode step cannot spell exactly."""
+
+
+def text_config(config):
+    """The text part of a config.json dict (a `Qwen3_5ForConditionalGeneration` nests it)."""
+    return config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+
+
+@dataclass(frozen=True)
+class Dims:
+    hidden: int
+    vocab: int
+    ffn: int
+    layer_types: tuple
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    hk: int
+    hv: int
+    d: int
+    taps: int
+    eps: float
+    tied: bool
+    ctx: int
+
+    @property
+    def half(self):
+        return self.rotary_dim // 2
+
+    @property
+    def wide(self):
+        """The attention head widened by the mask column."""
+        return self.head_dim + 1
+
+    @property
+    def attention_layers(self):
+        return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
+
+    @property
+    def ratio(self):
+        return self.hv // self.hk
+
+    def value_order(self):
+        """order[j] = the HF value head that the sugar's value head j is: the sugar's head
+        s·hk + g reads key head g (h mod hk); HF's head g·r + s reads key head g (h // r)."""
+        r = self.ratio
+        return np.array([(j % self.hk) * r + j // self.hk for j in range(self.hv)])
+
+
+def dims_of(config, ctx=DEFAULT_CTX):
+    """The decode step's sizes from a Qwen3_5 text config (a config.json dict), or a ConfigError."""
+    c = text_config(config)
+    get = c.get
+    rope = dict(get("rope_parameters") or {})
+    theta = rope.get("rope_theta", get("rope_theta", 10000.0))
+    factor = rope.get("partial_rotary_factor", get("partial_rotary_factor", 0.25))
+    rope_type = rope.get("rope_type", "default")
+    heads = get("num_attention_heads", 16)
+    head_dim = get("head_dim") or get("hidden_size") // heads
+    n_layers = get("num_hidden_layers", 32)
+    types = get("layer_types") or [
+        "linear_attention" if (i + 1) % get("full_attention_interval", 4) else "full_attention"
+        for i in range(n_layers)]
+    dk, dv = get("linear_key_head_dim", 128), get("linear_value_head_dim", 128)
+    hk, hv = get("linear_num_key_heads", 16), get("linear_num_value_heads", 32)
+    problems = []
+    if rope_type != "default":
+        problems.append(f"rope_type {rope_type!r} (only the default rope is spelt)")
+    if dk != dv:
+        problems.append(f"linear key head dim {dk} != value head dim {dv} (`gated delta` has one d)")
+    if hv % hk:
+        problems.append(f"{hk} key heads do not divide {hv} value heads")
+    if get("attention_bias", False):
+        problems.append("attention_bias (the sugar's projections have no bias)")
+    if get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act {get('hidden_act')!r} (swiglu and the conv's activation are silu)")
+    if get("num_experts", 0):
+        problems.append("a routed-expert MLP (`moe` has no spelling)")
+    bad = sorted(set(types) - {"linear_attention", "full_attention"})
+    if bad:
+        problems.append(f"layer types {bad}")
+    rotary = int(head_dim * factor)
+    if rotary % 2 or rotary <= 0:
+        problems.append(f"rotary dim {rotary} is not a positive even number")
+    if problems:
+        raise ConfigError("this Qwen3_5 config cannot be spelt by the tensor sugar: " + "; ".join(problems))
+    return Dims(hidden=get("hidden_size"), vocab=get("vocab_size"), ffn=get("intermediate_size"),
+                layer_types=tuple(types), heads=heads, kv_heads=get("num_key_value_heads", heads),
+                head_dim=head_dim, rotary_dim=rotary, rope_theta=float(theta), hk=hk, hv=hv, d=dk,
+                taps=get("linear_conv_kernel_dim", 4), eps=float(get("rms_norm_eps", 1e-6)),
+                tied=bool(get("tie_word_embeddings", False)), ctx=ctx)
+
+
+# ── the program ──────────────────────────────────────────────────────────────────────────────────
+
+def _placements(m):
+    """Eq, Ek, Dq, Mq as (rows, cols, {flat index: value}) for the mask column."""
+    hd, wide = m.head_dim, m.wide
+    scale = math.sqrt(wide / hd)
+    eq = {(h * hd + i) * (m.heads * wide) + h * wide + i: scale
+          for h in range(m.heads) for i in range(hd)}
+    ek = {(g * hd + i) * (m.kv_heads * wide) + g * wide + i: 1
+          for g in range(m.kv_heads) for i in range(hd)}
+    dq = {(h * wide + i) * (m.heads * hd) + h * hd + i: 1 for h in range(m.heads) for i in range(hd)}
+    cq = {h * wide + hd: 1 for h in range(m.heads)}
+    return {"Eq": (m.heads * hd, m.heads * wide, eq), "Ek": (m.kv_heads * hd, m.kv_heads * wide, ek),
+            "Dq": (m.heads * wide, m.heads * hd, dq), "Mq": (1, m.heads * wide, cq)}
+
+
+class _Writer:
+    def __init__(self):
+        self.lines = []
+
+    def __call__(self, text=""):
+        self.lines.append(text)
+
+    def decl(self, name, rows, cols, kind="Real"):
+        self(f"Let {name} be a {rows} by {cols} tensor of {kind}.")
+
+    def fills(self, name, items):
+        for index in sorted(items):
+            value = items[index]
+            self(f"Set item {index + 1} of {name} to {value!r}.")
+
+
+def generate_program(config, ctx=DEFAULT_CTX):
+    """The LOGOS text of one greedy decode step of `config` (a Qwen3_5 config.json dict) with a KV
+    cache of `ctx` rows (positions 0 .. ctx-1)."""
+    m = dims_of(config, ctx)
+    H, KV, hd, W = m.heads, m.kv_heads, m.head_dim, m.wide
+    kd, vd = m.hk * m.d, m.hv * m.d
+    w = _Writer()
+    kinds = ", ".join("attention" if t == "full_attention" else "delta" for t in m.layer_types)
+    w("# Qwen3.5 (qwen35) hybrid decoder: one greedy decode step, generated by emitter.importers.qwen35.")
+    w(f"# hidden {m.hidden}, vocab {m.vocab}, ffn {m.ffn}, layers [{kinds}];")
+    w(f"# attention {H} heads / {KV} KV heads of {hd}, rotary {m.rotary_dim} (theta {m.rope_theta:g});")
+    w(f"# Gated DeltaNet {m.hv} value heads / {m.hk} key heads of {m.d}, conv {m.taps} taps; "
+      f"KV cache {ctx} rows.")
+    w("# Tok and Pos are the step's token and position; the step writes back the next token (argmax)")
+    w("# and Pos + 1. Each attention head carries one extra mask column (see qwen35.py): rows of the")
+    w(f"# KV table no token has written hold {MASK!r} there and take no weight.")
+    w()
+    w("## Inputs and constants")
+    w.decl("Tok", 1, 1, "Int")
+    w.decl("Pos", 1, 1, "Int")
+    w.decl("One", 1, 1, "Int")
+    w.fills("One", {0: 1})
+    w.decl("emb", m.vocab, m.hidden)
+    w.decl("COS", ctx, m.half)
+    w.decl("SIN", ctx, m.half)
+    if m.attention_layers:
+        for name, (rows, cols, items) in _placements(m).items():
+            w.decl(name, rows, cols)
+            w.fills(name, items)
+    for layer, kind in enumerate(m.layer_types):
+        w()
+        w(f"## Layer {layer} weights and states ({'gated attention' if kind == 'full_attention' else 'Gated DeltaNet'})")
+        w.decl(f"an{layer}", 1, m.hidden)
+        w.decl(f"fn{layer}", 1, m.hidden)
+        if kind == "full_attention":
+            w.decl(f"Wq{layer}", m.hidden, H * hd)
+            w.decl(f"Wqg{layer}", m.hidden, H * hd)
+            w.decl(f"Wk{layer}", m.hidden, KV * hd)
+            w.decl(f"Wv{layer}", m.hidden, KV * hd)
+            w.decl(f"Qn{layer}", 1, hd)
+            w.decl(f"Kn{layer}", 1, hd)
+            w.decl(f"Wo{layer}", H * hd, m.hidden)
+            w.decl(f"Kc{layer}", ctx, KV * W)
+            w.fills(f"Kc{layer}", {r * KV * W + g * W + hd: MASK for r in range(ctx) for g in range(KV)})
+            w.decl(f"Vc{layer}", ctx, KV * W)
+        else:
+            w.decl(f"Wq{layer}", m.hidden, kd)
+            w.decl(f"Wk{layer}", m.hidden, kd)
+            w.decl(f"Wv{layer}", m.hidden, vd)
+            w.decl(f"Wz{layer}", m.hidden, vd)
+            w.decl(f"Wcq{layer}", m.taps, kd)
+            w.decl(f"Wck{layer}", m.taps, kd)
+            w.decl(f"Wcv{layer}", m.taps, vd)
+            w.decl(f"Cq{layer}", m.taps, kd)
+            w.decl(f"Ck{layer}", m.taps, kd)
+            w.decl(f"Cv{layer}", m.taps, vd)
+            w.decl(f"Wb{layer}", m.hidden, m.hv)
+            w.decl(f"Wa{layer}", m.hidden, m.hv)
+            w.decl(f"Dt{layer}", 1, m.hv)
+            w.decl(f"Al{layer}", 1, m.hv)
+            w.decl(f"Gn{layer}", 1, m.d)
+            w.decl(f"S{layer}", m.hv * m.d, m.d)
+            w.decl(f"Wo{layer}", vd, m.hidden)
+        w.decl(f"Wg{layer}", m.hidden, m.ffn)
+        w.decl(f"Wu{layer}", m.hidden, m.ffn)
+        w.decl(f"Wd{layer}", m.ffn, m.hidden)
+    w()
+    w.decl("on", 1, m.hidden)
+    w.decl("Wout", m.hidden, m.vocab)
+    w()
+    w("## The step")
+    w("Let Pn be Pos plus One.")
+    w("Let hin be row Tok of emb.")
+    if m.attention_layers:
+        w("Let rc be row Pos of COS.")
+        w("Let rs be row Pos of SIN.")
+    prev = "hin"
+    for layer, kind in enumerate(m.layer_types):
+        L = layer
+        w()
+        w(f"## Layer {L}")
+        w(f"Let x{L} be rmsnorm of {prev} with weight an{L}.")
+        if kind == "full_attention":
+            w(f"Let q{L} be x{L} matmul Wq{L}.")
+            w(f"Let gate{L} be x{L} matmul Wqg{L}.")
+            w(f"Let k{L} be x{L} matmul Wk{L}.")
+            w(f"Let v{L} be x{L} matmul Wv{L}.")
+            w(f"Let qn{L} be rmsnorm of q{L} with weight Qn{L} across {H} heads.")
+            w(f"Let kn{L} be rmsnorm of k{L} with weight Kn{L} across {KV} heads.")
+            w(f"Let qr{L} be rope of qn{L} with cos rc and sin rs across {H} heads.")
+            w(f"Let kr{L} be rope of kn{L} with cos rc and sin rs across {KV} heads.")
+            w(f"Let qe{L} be qr{L} matmul Eq.")
+            w(f"Let Qx{L} be qe{L} plus Mq.")
+            w(f"Let Ke{L} be kr{L} matmul Ek.")
+            w(f"Let Ve{L} be v{L} matmul Ek.")
+            w(f"Set row Pos of Kc{L} to Ke{L}.")
+            w(f"Set row Pos of Vc{L} to Ve{L}.")
+            w(f"Let ax{L} be attention of Qx{L} over Kc{L} and Vc{L} with {H} heads {KV} groups.")
+            w(f"Let ao{L} be ax{L} matmul Dq.")
+            w(f"Let sg{L} be sigmoid of gate{L}.")
+            w(f"Let ag{L} be ao{L} hadamard sg{L}.")
+            w(f"Let y{L} be ag{L} matmul Wo{L}.")
+        else:
+            w(f"Let q{L} be x{L} matmul Wq{L}.")
+            w(f"Let k{L} be x{L} matmul Wk{L}.")
+            w(f"Let v{L} be x{L} matmul Wv{L}.")
+            w(f"Let cq{L} be causal conv of q{L} with weight Wcq{L} state Cq{L} over {m.taps} taps.")
+            w(f"Let ck{L} be causal conv of k{L} with weight Wck{L} state Ck{L} over {m.taps} taps.")
+            w(f"Let cv{L} be causal conv of v{L} with weight Wcv{L} state Cv{L} over {m.taps} taps.")
+            w(f"Let sq{L} be silu of cq{L}.")
+            w(f"Let sk{L} be silu of ck{L}.")
+            w(f"Let sv{L} be silu of cv{L}.")
+            w(f"Let nq{L} be l2norm of sq{L} across {m.hk} heads.")
+            w(f"Let nk{L} be l2norm of sk{L} across {m.hk} heads.")
+            w(f"Let z{L} be x{L} matmul Wz{L}.")
+            w(f"Let bl{L} be x{L} matmul Wb{L}.")
+            w(f"Let beta{L} be sigmoid of bl{L}.")
+            w(f"Let ar{L} be x{L} matmul Wa{L}.")
+            w(f"Let alpha{L} be decay of ar{L} with bias Dt{L} rate Al{L}.")
+            w(f"Let o{L} be gated delta of nq{L} over nk{L} and sv{L} with gate z{L} beta beta{L} "
+              f"decay alpha{L} state S{L} norm Gn{L} with {m.hv} heads {m.hk} groups.")
+            w(f"Let y{L} be o{L} matmul Wo{L}.")
+        w(f"Let hm{L} be {prev} plus y{L}.")
+        w(f"Let xf{L} be rmsnorm of hm{L} with weight fn{L}.")
+        w(f"Let fg{L} be xf{L} matmul Wg{L}.")
+        w(f"Let fu{L} be xf{L} matmul Wu{L}.")
+        w(f"Let fs{L} be swiglu of fg{L} and fu{L}.")
+        w(f"Let fd{L} be fs{L} matmul Wd{L}.")
+        w(f"Let h{L} be hm{L} plus fd{L}.")
+        prev = f"h{L}"
+    w()
+    w("## Output: the logits, then the next token and position written back")
+    w(f"Let hn be rmsnorm of {prev} with weight on.")
+    w("Let logits be hn matmul Wout.")
+    w("Let nxt be argmax of logits.")
+    w("Set row 0 of Tok to nxt.")
+    w("Set row 0 of Pos to Pn.")
+    return "\n".join(w.lines) + "\n"

@@ -1,0 +1,133 @@
+"""What every op definition is made of: the Op record, the placeholders an op sees (Args), and the
+shape checks several families share.
+
+An op is its sentence pattern, a shape rule, a VM meaning (NumPy, float64) and a torch spelling:
+a renderer of the call model.py makes, whose functions are those of `emitter.sambaflow.runtime`
+(copied into model.py where a call names them). Patterns: lowercase words are literal; a word that
+starts with a capital is a placeholder (a tensor name; an integer literal when listed in `ints`;
+either when listed in `index`); `[...]` is an optional group. `params` names the placeholders that take a parameter (a
+weight, a bias, a table) rather than data: a leaf read only there is a weight of the program.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+EPS = 1e-6
+
+
+class ShapeError(Exception):
+    """A shape rule's refusal; the reader turns it into a ProgramError at the sentence's line."""
+
+
+class Args:
+    """One op's bound placeholders, as a shape rule, a VM meaning or a torch renderer sees them."""
+
+    def __init__(self, bound, shapes, values=None):
+        self.bound = bound
+        self.shapes = shapes
+        self.values = values
+
+    def has(self, p):
+        return p in self.bound
+
+    def name(self, p):
+        return self.bound[p]
+
+    def int(self, p):
+        return self.bound[p]
+
+    def shape(self, p):
+        return self.shapes[self.bound[p]]
+
+    def size(self, p):
+        rows, cols = self.shape(p)
+        return rows * cols
+
+    def __getitem__(self, p):
+        """The value bound to a tensor placeholder, widened to float64 (a no-op when it is)."""
+        return np.asarray(self.values[self.bound[p]], dtype=np.float64)
+
+
+def pattern_words(pattern):
+    """A pattern's words, optional groups flattened."""
+    return pattern.replace("[", " ").replace("]", " ").split()
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    pattern: str
+    shape: Callable[[Args], tuple]
+    vm: Callable[[Args], object]
+    call: Optional[Callable[[Args], str]]   # None: read, then refused at emission (moe)
+    spelling: Optional[str]                 # the torch expression the manifest names
+    ints: tuple = ()
+    index: tuple = ()
+    params: tuple = ()
+    writes: Optional[str] = None
+    inputs_order: tuple = ()
+    view: bool = False                      # the torch call may return a view of its input
+
+    def placeholders(self):
+        return [w for w in pattern_words(self.pattern) if w[0].isupper()]
+
+    def tensor_inputs(self, bound):
+        """The tensor names this op reads, in its pattern's (or `inputs_order`'s) order."""
+        order = self.inputs_order or tuple(self.placeholders())
+        return [bound[p] for p in order
+                if p in bound and p not in self.ints and isinstance(bound[p], str)]
+
+    def data_inputs(self, bound):
+        """The tensor names this op reads in a data slot (not in one of its `params`)."""
+        order = self.inputs_order or tuple(self.placeholders())
+        return [bound[p] for p in order if p in bound and p not in self.ints
+                and p not in self.params and isinstance(bound[p], str)]
+
+
+# ── shape checks shared by several families ──────────────────────────────────────────────────────
+
+def fmt(shape):
+    return f"{shape[0]} by {shape[1]}"
+
+
+def same(a, p, q, what="the same shape"):
+    if a.shape(p) != a.shape(q):
+        raise ShapeError(f"`{a.name(q)}` is {fmt(a.shape(q))} but must have {what} as "
+                         f"`{a.name(p)}` ({fmt(a.shape(p))})")
+
+
+def holds(a, p, n, what):
+    if a.size(p) != n:
+        raise ShapeError(f"`{a.name(p)}` ({fmt(a.shape(p))}) must hold {n} values ({what})")
+
+
+def divides(n, by, what):
+    if by <= 0 or n % by:
+        raise ShapeError(f"{what}: {by} does not divide {n}")
+
+
+def row_vector(a, p):
+    if a.shape(p)[0] != 1:
+        raise ShapeError(f"`{a.name(p)}` must be 1 by C, is {fmt(a.shape(p))}")
+
+
+def shape_of_x(a):
+    """The shape rule of an op whose result is shaped like its X."""
+    return a.shape("X")
+
+
+# ── NumPy pieces several meanings share ──────────────────────────────────────────────────────────
+
+def np_sigmoid(x):
+    return np.exp(-np.logaddexp(0.0, -x))
+
+
+def np_silu(x):
+    return x * np_sigmoid(x)
+
+
+def np_softmax(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)

@@ -1,0 +1,69 @@
+"""Linear algebra and elementwise arithmetic: matmul, plus, hadamard, transpose."""
+
+from .base import Op, ShapeError, fmt
+
+
+def matmul_shape(a):
+    (m, k), (k2, n) = a.shape("A"), a.shape("B")
+    if k != k2:
+        raise ShapeError(f"inner dimensions disagree: `{a.name('A')}` is {fmt((m, k))}, "
+                         f"`{a.name('B')}` is {fmt((k2, n))}")
+    return m, n
+
+
+def matmul_vm(a):
+    return a["A"] @ a["B"]
+
+
+def matmul_call(a):
+    return f"{a.name('A')} @ {a.name('B')}"
+
+
+def broadcast_shape(a):
+    """B has A's shape, or is 1 by C and is broadcast over A's rows."""
+    (r, c), (rb, cb) = a.shape("A"), a.shape("B")
+    if (rb, cb) != (r, c) and not (rb == 1 and cb == c):
+        raise ShapeError(f"`{a.name('B')}` is {fmt((rb, cb))}: it must be {fmt((r, c))} like "
+                         f"`{a.name('A')}`, or 1 by {c} to broadcast over its rows")
+    return r, c
+
+
+def plus_vm(a):
+    return a["A"] + a["B"]
+
+
+def plus_call(a):
+    return f"{a.name('A')} + {a.name('B')}"
+
+
+def hadamard_vm(a):
+    return a["A"] * a["B"]
+
+
+def hadamard_call(a):
+    return f"{a.name('A')} * {a.name('B')}"
+
+
+def transpose_shape(a):
+    rows, cols = a.shape("X")
+    return cols, rows
+
+
+def transpose_vm(a):
+    return a["X"].T.copy()
+
+
+def transpose_call(a):
+    return f"{a.name('X')}.transpose(0, 1)"
+
+
+OPS = (
+    Op("matmul", "A matmul B", shape=matmul_shape, vm=matmul_vm, call=matmul_call, spelling="a @ b",
+       params=("B",)),
+    Op("plus", "A plus B", shape=broadcast_shape, vm=plus_vm, call=plus_call, spelling="a + b",
+       params=("B",)),
+    Op("hadamard", "A hadamard B", shape=broadcast_shape, vm=hadamard_vm, call=hadamard_call,
+       spelling="a * b", params=("B",)),
+    Op("transpose", "transpose of X", shape=transpose_shape, vm=transpose_vm, call=transpose_call,
+       spelling="x.transpose(0, 1)", view=True),
+)

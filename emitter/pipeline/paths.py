@@ -1,0 +1,66 @@
+"""Where a path from a program or a config lands: inside the repository (links followed) or not.
+A Tree keeps what one discovery has listed and resolved, so a zoo of thousands costs lookups."""
+
+import os
+
+
+class Tree:
+    """What one discovery has learned of the repository: resolved directories and one listing per
+    directory, so each of a zoo's thousand programs costs a dictionary lookup, not a path walk."""
+
+    def __init__(self, root):
+        self.root = root
+        self._real, self._dirs = {}, {}
+
+    def real(self, path):
+        if path not in self._real:
+            self._real[path] = os.path.realpath(path)
+        return self._real[path]
+
+    def entries(self, rel_dir):
+        """name -> os.DirEntry of `root/rel_dir` ({} when it is not a readable directory)."""
+        if rel_dir not in self._dirs:
+            try:
+                with os.scandir(os.path.join(self.root, rel_dir)) as it:
+                    self._dirs[rel_dir] = {e.name: e for e in it}
+            except OSError:
+                self._dirs[rel_dir] = {}
+        return self._dirs[rel_dir]
+
+    def is_file(self, rel_dir, name):
+        e = self.entries(rel_dir).get(name)
+        return e is not None and e.is_file()
+
+    def is_dir(self, rel_dir, name):
+        e = self.entries(rel_dir).get(name)
+        return e is not None and e.is_dir()
+
+
+def inside(root, rel, tree=None):
+    """The repo-relative normal form of `rel`, or None if it leaves `root` (symlinks followed).
+
+    `tree` (a Tree of `root`) caches what earlier calls of one discovery resolved."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
+        return None
+    tree = tree or Tree(root)
+    root_real = tree.real(root)
+    parts = rel.split("/")
+    if ".." in parts:
+        full = os.path.realpath(f"{root_real}/{rel}")   # `..` may follow a link: walk it all
+    else:
+        parent = "/".join(p for p in parts[:-1] if p not in ("", "."))
+        full = tree.real(f"{root_real}/{parent}") if parent else root_real
+        leaf = parts[-1]
+        if leaf not in ("", "."):
+            full = f"{full}/{leaf}"
+            entry = tree.entries(parent or ".").get(leaf)
+            # not listed (an unreadable folder, a name that differs in case, a missing file) or a
+            # link: what the listing cannot vouch for is resolved in full
+            if entry is None or entry.is_symlink():
+                full = os.path.realpath(full)
+    if full == root_real:
+        return "."
+    prefix = root_real.rstrip("/") + "/"
+    return full[len(prefix):] if full.startswith(prefix) else None
+
+

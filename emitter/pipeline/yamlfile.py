@@ -1,0 +1,123 @@
+"""Reading a YAML config that a stranger may have written: a safe loader that refuses a key given
+twice, the key lines an error points at, and a parse cache under build/ so that a no-op run of a
+thousand-config zoo never imports PyYAML."""
+
+import functools
+import hashlib
+import json
+
+from ..files import StampedCache
+from ..language.errors import ProgramError
+
+
+class ConfigError(ProgramError):
+    """A refused config: `PATH:LINE: `key`: message`."""
+
+
+@functools.lru_cache(maxsize=None)
+def _yaml():
+    """(yaml, loader class), imported on first use: a no-op run whose configs all come from the
+    parse cache never loads PyYAML. libyaml's safe loader where PyYAML was built with it (the same
+    safe constructors, in C), else the pure-Python one; either refuses a key written twice in one
+    mapping (YAML would keep the last silently, so `steps: 1` above `steps: 3` would pass)."""
+    import yaml
+
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    class Loader(base):
+        def construct_mapping(self, node, deep=False):
+            keys = set()
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    if key.value in keys:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"the key `{key.value}` is given twice", key.start_mark)
+                    keys.add(key.value)
+            return super().construct_mapping(node, deep)
+
+    return yaml, Loader
+
+
+def _key_lines(text):
+    """Top-level (and one level down) key -> 1-based line, for errors that point at the key."""
+    yaml, loader = _yaml()
+    lines = {}
+    try:
+        node = yaml.compose(text, Loader=loader)
+    except yaml.YAMLError:
+        return lines
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            lines[str(k.value)] = k.start_mark.line + 1
+            if isinstance(v, yaml.MappingNode):
+                for k2, _ in v.value:
+                    lines[f"{k.value}.{k2.value}"] = k2.start_mark.line + 1
+    return lines
+
+
+class ParseCache(StampedCache):
+    """Parsed configs kept under build/ by the sha256 of their text: a no-op run of a
+    thousand-config zoo reads each file but parses none and never imports PyYAML. Only a value
+    that JSON gives back exactly, key order included, is kept (a date or an integer key is parsed
+    every time), so a hit is what parsing would give, errors and their order too."""
+
+    VERSION = 3   # a cache another version wrote (v1 sorted the keys) is not read
+
+    def __init__(self, path):
+        super().__init__(path, self.VERSION)
+
+    def get(self, rel, digest):
+        data = super().get(rel, digest)
+        return data if isinstance(data, dict) else None
+
+    def put(self, rel, digest, data):
+        try:
+            text = json.dumps(data)
+        except (TypeError, ValueError):
+            return
+        if json.dumps(json.loads(text)) == text:   # same types, same key order
+            super().put(rel, digest, data)
+
+
+def load_yaml(path, shown=None, cache=None):
+    """(mapping, key lines) of a YAML file; an empty file is an empty mapping. Errors name the
+    file as `shown` (its repo-relative path); `cache` is a ParseCache or None."""
+    shown = shown or path
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read the config: {e}", None, shown) from None
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest() if cache else None
+    data = cache.get(shown, digest) if cache else None
+    if data is not None:
+        return data, _KeyLines(text)
+    yaml, loader = _yaml()
+    try:
+        data = yaml.load(text, Loader=loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise ConfigError(f"not valid YAML: {getattr(e, 'problem', None) or e}",
+                          mark.line + 1 if mark else None, shown) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config is a mapping of keys, got {type(data).__name__}", 1, shown)
+    if cache:
+        cache.put(shown, digest, data)
+    return data, _KeyLines(text)
+
+
+class _KeyLines:
+    """Key -> line, worked out only when an error asks (most configs are fine, and composing the
+    YAML a second time for every one of a thousand would be wasted)."""
+
+    def __init__(self, text):
+        self.text, self.lines = text, None
+
+    def get(self, key):
+        if self.lines is None:
+            self.lines = _key_lines(self.text)
+        return self.lines.get(key)
+
+

@@ -1,0 +1,192 @@
+"""The torch side of every bundle: the functions model.py is made of, as a real module.
+
+The emitter copies from this file, verbatim and without importing it (emission never imports
+torch), the functions a program's calls name, `ProgramModule`, `load_weights` and `main` into each
+bundle's model.py; the tests import it and check each function against the VM. The module-level
+names below are what model.py defines for its own program.
+"""
+
+import argparse
+import json
+import math
+import os
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+EPS = 1e-6
+PROGRAM = None
+LEAVES = {}     # name -> ((rows, cols), role, "real" | "int")
+FILLS = {}      # name -> ((flat index, value), ...)
+INPUTS = ()
+STATES = ()
+OUTPUT = None
+
+
+def rmsnorm(x, w, nr, nc):
+    """RMSNorm of x viewed as nr rows of nc: x / sqrt(mean(x^2) + EPS), then times w (nc values)."""
+    v = x.reshape(nr, nc)
+    y = v / torch.sqrt((v * v).mean(dim=1, keepdim=True) + EPS)
+    if w is not None:
+        y = y * w.reshape(1, nc)
+    return y.reshape(x.shape)
+
+
+def l2norm(x, nr, nc):
+    """x viewed as nr rows of nc, each row divided by sqrt(sum(x^2) + EPS)."""
+    v = x.reshape(nr, nc)
+    return (v / torch.sqrt((v * v).sum(dim=1, keepdim=True) + EPS)).reshape(x.shape)
+
+
+def layernorm(x, w, b):
+    """Per row: (x - mean) / sqrt(biased variance + EPS) * w + b."""
+    mean = x.mean(dim=1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + EPS) * w.reshape(1, -1) + b.reshape(1, -1)
+
+
+def rope(q, rc, rs, heads, hd, half):
+    """NEOX rotary per head of hd: pairs (i, i + half) for i < half turn by (cos, sin); the rest pass."""
+    v = q.reshape(heads, hd)
+    x, y = v[:, :half], v[:, half:2 * half]
+    c, s = rc.reshape(1, half), rs.reshape(1, half)
+    return torch.cat([x * c - y * s, x * s + y * c, v[:, 2 * half:]], dim=1).reshape(q.shape)
+
+
+def attention(q, k, v, heads, groups, hd):
+    """One query over L cached rows; query head h reads KV group h // (heads // groups)."""
+    group = torch.arange(heads) // (heads // groups)
+    kh = k.reshape(k.shape[0], groups, hd)[:, group, :]
+    vh = v.reshape(v.shape[0], groups, hd)[:, group, :]
+    scores = torch.einsum("lhd,hd->hl", kh, q.reshape(heads, hd)) / math.sqrt(hd)
+    return torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=1), vh).reshape(1, heads * hd)
+
+
+def full_attention(q, k, v, heads, hd):
+    """Unmasked self-attention of T rows per head: softmax(Q K^T / sqrt(hd)) V."""
+    rows = q.shape[0]
+    qh, kh, vh = (t.reshape(rows, heads, hd).transpose(0, 1) for t in (q, k, v))
+    p = torch.softmax(qh @ kh.transpose(1, 2) / math.sqrt(hd), dim=2)
+    return (p @ vh).transpose(0, 1).reshape(rows, heads * hd)
+
+
+def gelu_tanh(x):
+    """The tanh GELU written with one exponential: x / (1 + e^(-2z)), z = sqrt(2/pi)(x + 0.044715 x^3)."""
+    z = math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)
+    return x / (1.0 + torch.exp(-2.0 * z))
+
+
+def softmax_rows(x):
+    """Softmax of each row."""
+    return torch.softmax(x, dim=1)
+
+
+def swiglu(g, u):
+    """silu(g) * u."""
+    return F.silu(g) * u
+
+
+def causal_conv(x, wc, cs):
+    """Depthwise causal conv of one token: the ring drops its oldest row and takes x; returns
+    (column sums of ring * wc, the new ring)."""
+    ring = torch.cat([cs[1:], x.reshape(1, -1)], dim=0)
+    return (ring * wc).sum(dim=0, keepdim=True), ring
+
+
+def decay(ar, dt, alog):
+    """Gated DeltaNet's forget gate as the sugar defines it: (1 + e^(ar + dt)) ^ alog."""
+    return torch.pow(1.0 + torch.exp(ar + dt), alog)
+
+
+def gated_delta(q, k, v, z, beta, alpha, s, gn, hv, hk, d):
+    """One Gated DeltaNet step; value head h reads key head h % hk. Per head:
+    u = S k; S = alpha S + beta (v - alpha u) k^T; o = S q / sqrt(d); out = gn * rmsnorm(o) * silu(z).
+    Returns (out, the new memory)."""
+    key = torch.arange(hv) % hk
+    qh, kh = q.reshape(hk, d)[key], k.reshape(hk, d)[key]
+    S = s.reshape(hv, d, d)
+    a, b = alpha.reshape(hv, 1), beta.reshape(hv, 1)
+    u = (S @ kh.unsqueeze(2)).squeeze(2)
+    S = a.unsqueeze(2) * S + (b * (v.reshape(hv, d) - a * u)).unsqueeze(2) * kh.unsqueeze(1)
+    o = (S @ qh.unsqueeze(2)).squeeze(2) / math.sqrt(d)
+    o = o / torch.sqrt((o * o).mean(dim=1, keepdim=True) + EPS)
+    out = gn.reshape(1, d) * o * F.silu(z.reshape(hv, d))
+    return out.reshape(1, hv * d), S.reshape(s.shape)
+
+
+def row_of(table, tok):
+    """Row tok (a 1 by 1 tensor holding a row number) of table, as 1 by C."""
+    return table.index_select(0, tok.reshape(1).long())
+
+
+def set_row(table, pos, row):
+    """The table with row pos (an int, or a 1 by 1 tensor) replaced by row, out of place."""
+    index = pos.reshape(1).long() if torch.is_tensor(pos) else torch.tensor([pos])
+    return table.index_copy(0, index, row.reshape(1, -1))
+
+
+class ProgramModule(nn.Module):
+    """What every program's module shares. Every leaf is a buffer `leaf_<name>` holding its value
+    from `weights` (shared, not copied, when already of `dtype`; a state is copied, since each
+    step writes it back in place), else its declared zeros with the program's fills. `forward`
+    (the subclass's: the program) takes the inputs as parameters, each defaulting to its buffer."""
+
+    probe = None  # the lock check's hook: sees each stage's value and may hand back its own
+
+    def __init__(self, weights=None, dtype=torch.float32):
+        super().__init__()
+        weights = weights or {}
+        for name, (shape, role, kind) in LEAVES.items():
+            if name in weights:
+                value = torch.as_tensor(weights[name]).to(dtype).reshape(shape)
+                if name in STATES:  # written back in place: never into the caller's tensor
+                    value = value.clone()
+            else:
+                value = torch.zeros(shape, dtype=dtype)
+                for index, item in FILLS.get(name, ()):
+                    value.view(-1)[index] = item
+            self.register_buffer("leaf_" + name, value)
+
+    def tap(self, stage, value):
+        """Each stage's value passes here: unchanged, unless the lock check's probe is set."""
+        return value if self.probe is None else self.probe(stage, value)
+
+
+def load_weights(directory, dtype=torch.float32):
+    """Every leaf with a `<name>.f64` or `<name>.f32` file in `directory`, as a tensor of `dtype`."""
+    weights = {}
+    for name, (shape, role, kind) in LEAVES.items():
+        for ext, file_dtype in ((".f64", "<f8"), (".f32", "<f4")):
+            path = os.path.join(directory, name + ext)
+            if os.path.exists(path):
+                data = np.fromfile(path, dtype=file_dtype)
+                if data.size != shape[0] * shape[1]:
+                    raise ValueError(f"{path}: {data.nbytes} bytes, expected "
+                                     f"{shape[0] * shape[1] * data.itemsize} for {shape[0]} by {shape[1]}")
+                weights[name] = torch.from_numpy(data.astype(np.float64)).reshape(shape).to(dtype)
+                break
+    return weights
+
+
+def main(argv=None):
+    """`python model.py --weights DIR --dtype float64 --steps N --out FILE`: run the program."""
+    ap = argparse.ArgumentParser(description=f"run the LOGOS tensor program {PROGRAM} in torch")
+    ap.add_argument("--weights", help="directory of <var>.f64 / <var>.f32 files (else declared values)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--steps", type=int, default=1, help="run forward this many times, states carried")
+    ap.add_argument("--out", help="write the output as raw little-endian values of --dtype")
+    args = ap.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    model = LogosModule(load_weights(args.weights, dtype) if args.weights else {}, dtype)
+    with torch.no_grad():
+        for _ in range(args.steps):
+            out = model()
+    if args.out:
+        out.reshape(-1).numpy().astype("<f8" if args.dtype == "float64" else "<f4").tofile(args.out)
+    print(json.dumps({"program": PROGRAM, "output": OUTPUT, "shape": list(out.shape),
+                      "dtype": args.dtype, "steps": args.steps}))
+
+
+LogosModule = ProgramModule  # model.py defines its own: the program's forward
