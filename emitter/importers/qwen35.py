@@ -2,7 +2,7 @@
 
 - `import_checkpoint(checkpoint, program, out_dir)`: config.json + model.safetensors (as
   `save_pretrained` writes them) to a weights directory of `<var>.f64` files, with the layout
-  changes of REFERENCES.md ("How qwen35 maps onto the sugar"), plus the rope tables COS/SIN
+  changes llama.cpp's converter also makes (`convert`), plus the rope tables COS/SIN
   (rows = positions) and the first token and position;
 - `make_tiny_checkpoint(out_dir, seed)`: a tiny random `Qwen3_5ForCausalLM` saved offline.
 

@@ -123,7 +123,7 @@ def row_of(table, tok):
 
 def set_row(table, pos, row):
     """The table with row pos (an int, or a 1 by 1 tensor) replaced by row, out of place."""
-    index = pos.reshape(1).long() if torch.is_tensor(pos) else torch.tensor([pos])
+    index = torch.tensor([pos]) if isinstance(pos, int) else pos.reshape(1).long()
     return table.index_copy(0, index, row.reshape(1, -1))
 
 

@@ -1,0 +1,83 @@
+"""`emitter.sambaflow.runtime` as a library: each function, called as the emitter's call for its op
+spells it, against the VM's meaning of that op (float64), and the bundle's copies of it."""
+
+import ast
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from cases import ALL_CASES, draw, source
+from conftest import emit_bundle
+from emitter.language.names import RESERVED
+from emitter.language.reader import read_program
+from emitter.ops import EPS
+from emitter.sambaflow import app, runtime
+from emitter.sambaflow.emit import stage_call
+from emitter.sambaflow.runtime_source import source as runtime_source
+from emitter.verify import vm
+
+IDS = [c[0] for c in ALL_CASES]
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=IDS)
+def test_each_runtime_function_is_its_ops_meaning(case):
+    """The call model.py makes, evaluated over the runtime module itself (not a bundle's copy)."""
+    program = read_program(source(case))
+    values = draw(case, seed=7)
+    stage = program.stages[0]
+    want = vm.run_stage(program, stage, dict(values))
+    env = {k: torch.from_numpy(v) for k, v in values.items()}
+    got = eval(stage_call(program, stage), vars(runtime), env)  # noqa: S307 (our own rendered call)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert g.dtype == torch.float64
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-12, atol=1e-12)
+
+
+def _top_level(text):
+    tree = ast.parse(text)
+    return {n.name: ast.get_source_segment(text, n) for n in tree.body
+            if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def test_model_py_functions_are_the_librarys_verbatim_and_only_those_used(all_ops_path, tmp_path):
+    with open(all_ops_path) as f:
+        text = f.read()
+    bundle = emit_bundle(text, tmp_path)
+    with open(os.path.join(bundle, "model.py")) as f:
+        model = _top_level(f.read())
+    lib = runtime_source("runtime").defs
+    program = read_program(text)
+    for name, code in model.items():
+        if name != "LogosModule":
+            assert code == lib[name], name            # docstring included
+    called = {n for st in program.stages for n in runtime_source("runtime").called(stage_call(program, st))}
+    assert set(model) - {"LogosModule", "ProgramModule", "load_weights", "main"} == called
+    with open(os.path.join(bundle, "compile.py")) as f:
+        assert _top_level(f.read()) == runtime_source("app").defs
+
+
+def test_a_two_matmul_program_carries_no_other_helper(tmp_path):
+    bundle = emit_bundle("Let x be a 1 by 2 tensor of Real.\nLet w be a 2 by 2 tensor of Real.\n"
+                         "Let h be x matmul w.\nLet y be h matmul w.\n", tmp_path)
+    with open(os.path.join(bundle, "model.py")) as f:
+        assert set(_top_level(f.read())) == {"ProgramModule", "LogosModule", "load_weights", "main"}
+
+
+def test_runtime_constants_and_reserved_names():
+    assert runtime.EPS == EPS
+    for module in ("runtime", "app"):
+        src = runtime_source(module)
+        assert set(src.defs) <= RESERVED, set(src.defs) - RESERVED
+        imported = {a.asname or a.name.split(".")[0] for line in src.imports
+                    for a in ast.parse(line).body[0].names}
+        assert imported <= RESERVED, imported - RESERVED
+
+
+def test_app_main_without_the_sdk_says_so(monkeypatch, tmp_path):
+    from conftest import load_model
+    bundle = load_model(emit_bundle("Let x be a 1 by 2 tensor of Real.\nLet y be silu of x.\n", tmp_path))
+    monkeypatch.setattr(app, "bundle", bundle)
+    with pytest.raises(SystemExit, match="needs SambaNova's SambaFlow SDK"):
+        app.main(["compile"])
