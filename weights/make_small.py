@@ -7,6 +7,15 @@ Every leaf of programs/NAME.logos that is listed below gets a file; the rest (st
 at zero, and tensors the program fills itself) keep their declared values. Each tensor's values
 come from its own generator, seeded by (SEED, program name, variable name), so adding a tensor
 changes no other. Shapes are read from the program, so a file always fits its declaration.
+
+The files are compared byte for byte (--check, and a test runs it), so every value must come out
+the same on every CPU. Normal draws are bitwise reproducible (numpy's Generator), and so are +, −,
+×, ÷ and sqrt (IEEE exactly rounded). Transcendental functions (exp, cos, sin, power) are not:
+NumPy computes them with SIMD kernels chosen for the CPU (AVX2, AVX-512, ...) whose results
+differ in the last bit. So every value computed through one is snapped to the grid of multiples
+of GRID = 2^−24 (snap: dividing by a power of two, rounding, multiplying back are all exact). A
+wobble of an ulp or two before snapping changes the snapped value only if a midpoint between grid
+points lies within it: a chance of about ulp/GRID per value, 2^−28 for a value in [1, 2).
 """
 
 import argparse
@@ -24,6 +33,12 @@ sys.path.insert(0, ROOT)
 from emitter.language.reader import read_file  # noqa: E402
 
 SEED = 20260512
+GRID = 2.0 ** -24
+
+
+def snap(x):
+    """x rounded to the nearest multiple of GRID, exactly, so the same on every CPU (see above)."""
+    return np.round(np.asarray(x, dtype=np.float64) / GRID) * GRID
 
 
 def normal(scale=1.0):
@@ -41,15 +56,16 @@ def near_one(rng, r, c):
 
 
 def negative_rate(rng, r, c):
-    """A decay rate −exp(A_log): negative, so (1 + e^(·))^rate lies in (0, 1)."""
-    return -np.exp(0.5 * rng.standard_normal((r, c)))
+    """A decay rate −exp(A_log): negative, so (1 + e^(·))^rate lies in (0, 1). Snapped: exp."""
+    return -snap(np.exp(0.5 * rng.standard_normal((r, c))))
 
 
 def rope_table(fn, half=2, hd=4, theta=10000.0):
-    """Row p: fn(p · theta^(−2i/hd)) for i < half."""
+    """Row p: fn(p · theta^(−2i/hd)) for i < half, snapped to GRID (fn and the power vary by a few
+    ulps between CPUs; the snap absorbs both)."""
     def make(rng, r, c):
         inv = theta ** (-2.0 * np.arange(half) / hd)
-        return fn(np.arange(r)[:, None] * inv[None, :])
+        return snap(fn(np.arange(r)[:, None] * inv[None, :]))
     return make
 
 
