@@ -14,8 +14,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import emitter.pipeline.actions as pipeline  # noqa: E402
+from emitter.pipeline import actions, digests, guards, weights  # noqa: E402
 from emitter.pipeline.config import NAME_RE, discover  # noqa: E402
+from emitter.pipeline.files_io import targets_intact  # noqa: E402
 from emitter.pipeline.progress import ProgressReporter  # noqa: E402
 
 BUILD = "build"
@@ -23,9 +24,9 @@ DIGESTS = f"{BUILD}/digests"
 DB = f"{BUILD}/results.sqlite"
 
 os.chdir(ROOT)
-pipeline.exclusive(BUILD)
-pipeline.install_sigterm()
-pipeline.pause_collector()
+guards.exclusive(BUILD)
+guards.install_sigterm(BUILD)
+guards.pause_collector()
 
 DOIT_CONFIG = {
     "dep_file": f"{BUILD}/.doit.db",
@@ -36,7 +37,8 @@ DOIT_CONFIG = {
 }
 
 PROGRAMS = discover(ROOT, cache_file=f"{BUILD}/.config-cache.json")
-CODE = {kind: pipeline.code_files(ROOT, kind) for kind in ("emit", "lock", "import")}
+CODE = {kind: digests.code_files(ROOT, kind) for kind in ("emit", "lock", "import")}
+INTACT = [targets_intact]   # a target edited since its task wrote it reruns the task
 
 
 def _slug(name):
@@ -73,16 +75,25 @@ CHECKS = {pc.name: _checks(pc, PATHS[pc.name]) for pc in PROGRAMS}
 
 
 def task_digest():
-    """Digests of the emitter's code: what every emit, lock and import depends on."""
+    """Digests of the emitter's code and of the environment: what every emit, lock and import
+    depends on beyond its own files (a torch or numpy upgrade reruns every lock)."""
     for kind, files in CODE.items():
         target = f"{DIGESTS}/{kind}.json"
         yield {
             "name": kind,
             "doc": f"keep {target} the sha256 of the {kind} code ({len(files)} files)",
-            "actions": [(pipeline.write_digest, [target, files])],
+            "actions": [(digests.write_digest, [target, files])],
             "targets": [target],
-            "uptodate": [(pipeline.digest_current, [target, files])],
+            "uptodate": [(digests.digest_current, [target, files])],
         }
+    target = f"{DIGESTS}/env.json"
+    yield {
+        "name": "env",
+        "doc": f"keep {target} the fingerprint of python, numpy, torch and the CPU",
+        "actions": [(digests.write_env, [target])],
+        "targets": [target],
+        "uptodate": [(digests.env_current, [target])],
+    }
 
 
 def task_weights():
@@ -100,13 +111,13 @@ def task_weights():
         }
         if d.checkpoint.startswith("package:"):
             # a package file's absolute path differs per install: depend on its identity instead
-            identity = pipeline.checkpoint_identity(d.checkpoint, d.checkpoint_path)
-            task["uptodate"] = [(pipeline.checkpoint_same, [identity])]
+            identity = weights.checkpoint_identity(d.checkpoint, d.checkpoint_path)
+            task["uptodate"] = [(weights.checkpoint_same, [identity])]
         else:
             identity = None
             task["file_dep"] = [d.checkpoint_path] + deps
-        task["actions"] = [(pipeline.import_weights, [d.importer, d.checkpoint_path, pc.source,
-                                                      pc.weights, identity])]
+        task["actions"] = [(weights.import_weights, [d.importer, d.checkpoint_path, pc.source,
+                                                     pc.weights, identity])]
         yield task
 
 
@@ -119,17 +130,18 @@ def task_wmanifest():
         task = {
             "name": pc.name,
             "doc": f"keep {p['manifest']} current with {pc.weights}/",
-            "actions": [(pipeline.write_weights_manifest, [pc.weights, p["manifest"]])],
+            "actions": [(weights.write_weights_manifest, [pc.weights, p["manifest"]])],
             "targets": [p["manifest"]],
+            "uptodate": INTACT,
         }
         if pc.derive:
             # made by weights:NAME during the run: listed when this task runs, not at load
             task["task_dep"] = [f"weights:{pc.name}"]
-            task["uptodate"] = [(pipeline.weights_current, [pc.weights, p["manifest"]])]
+            task["uptodate"] = INTACT + [(weights.weights_current, [pc.weights, p["manifest"]])]
         else:
             # the directory's files as listed now: doit's md5 checker sees edits, touches cost a
             # hash and no rerun, and an added or removed file changes the set and reruns it
-            task["file_dep"] = pipeline.weight_files(pc.weights)
+            task["file_dep"] = weights.weight_files(pc.weights)
         yield task
 
 
@@ -140,11 +152,12 @@ def task_emit():
         yield {
             "name": pc.name,
             "doc": f"emit {pc.source} to {p['bundle']}/",
-            "actions": [(pipeline.emit_bundle, [pc.name, pc.source, p["bundle"], p["status"],
-                                                pc.error])],
+            "actions": [(actions.emit_bundle, [pc.name, pc.source, p["bundle"], p["status"],
+                                               pc.error])],
             "file_dep": [pc.source] + _config_files(pc) + [f"{DIGESTS}/emit.json"],
             "targets": [f"{p['bundle']}/{f}" for f in ("model.py", "manifest.json", "compile.py")]
                        + [p["status"]],
+            "uptodate": INTACT,
         }
 
 
@@ -155,7 +168,7 @@ def task_lock():
             continue
         p = PATHS[pc.name]
         checks = CHECKS[pc.name]
-        deps = [p["status"], f"{DIGESTS}/lock.json"] + _config_files(pc)
+        deps = [p["status"], f"{DIGESTS}/lock.json", f"{DIGESTS}/env.json"] + _config_files(pc)
         manifest = None
         if pc.weights and not pc.error:
             manifest = p["manifest"]
@@ -163,28 +176,41 @@ def task_lock():
         yield {
             "name": pc.name,
             "doc": f"lock {pc.name} ({', '.join(pc.dtypes)}, {pc.steps} step(s))",
-            "actions": [(pipeline.lock_program, [pc.name, pc.source, p["bundle"], p["status"],
-                                                 pc.weights, checks, pc.steps, DB, manifest,
-                                                 _config_files(pc)])],
+            "actions": [(actions.lock_program, [pc.name, pc.source, p["bundle"], p["status"],
+                                                pc.weights, checks, pc.steps, DB, manifest,
+                                                pc.allow_nonfinite, DIGESTS])],
             "file_dep": deps,
             "targets": [c[3] for c in checks],
+            "uptodate": INTACT,
         }
+
+
+def report_entries():
+    """What the report covers: every program, its checks and the files their digests are read from
+    (also what the progress reporter writes the report from when a task fails)."""
+    entries = []
+    for pc in PROGRAMS:
+        p = PATHS[pc.name]
+        checks = [(dt, path, atol, rtol) for dt, atol, rtol, path in CHECKS[pc.name]] \
+            if (pc.lock or pc.error) else []
+        entries.append({"name": pc.name, "source": pc.source, "status": p["status"],
+                        "manifest": p["manifest"] if pc.weights and not pc.error else None,
+                        "steps": pc.steps, "weights": pc.weights,
+                        "allow_nonfinite": pc.allow_nonfinite, "checks": checks})
+    return entries
 
 
 def task_report():
     """build/report.json, junit.xml, summary.md; fails the run when any check did not pass."""
-    entries, deps = [], []
-    for pc in PROGRAMS:
-        p = PATHS[pc.name]
-        checks = [(dt, path) for dt, _, _, path in CHECKS[pc.name]] if (pc.lock or pc.error) else []
-        entries.append({"name": pc.name, "source": pc.source, "status": p["status"],
-                        "checks": checks})
-        # a locked program's results already follow its emit status (the lock depends on it)
-        deps.extend([path for _, path in checks] or [p["status"]])
+    entries = report_entries()
+    # a locked program's results already follow its emit status (the lock depends on it)
+    deps = [path for e in entries for path in ([c[1] for c in e["checks"]] or [e["status"]])]
     return {
         "doc": f"report {len(PROGRAMS)} programs into {BUILD}/report.json, junit.xml, summary.md",
-        "actions": [(pipeline.make_report, [entries, BUILD])],
+        "actions": [(actions.make_report, [entries, BUILD])],
         # the entries follow from these paths: a program or check added or removed changes the set
-        "file_dep": deps + ["emitter/pipeline/report.py", "emitter/verify/verdict.py"],
+        "file_dep": deps + [f"{DIGESTS}/lock.json", f"{DIGESTS}/env.json", "emitter/pipeline/report.py",
+                            "emitter/verify/verdict.py"],
         "targets": [f"{BUILD}/report.json", f"{BUILD}/junit.xml", f"{BUILD}/summary.md"],
+        "uptodate": INTACT,
     }

@@ -56,8 +56,11 @@ def test_model_imports_and_leaves(all_ops, tmp_path):
     assert module.LEAVES["cs"] == ((4, 8), "state", "real")
     assert module.FILLS["tok"] == ((0, 2),)
     import torch
-    m = module.LogosModule({}, torch.float64)
-    assert m.leaf_tok.item() == 2.0 and m.leaf_pos.item() == 1.0
+    with pytest.raises(ValueError, match="no value for emb, an0, Wq0"):
+        module.LogosModule({}, torch.float64)        # read, unfilled leaves need weights
+    weights = {n: torch.ones(module.LEAVES[n][0]) for n in module.REQUIRED}
+    m = module.LogosModule(weights, torch.float64)
+    assert m.leaf_tok.item() == 2.0 and m.leaf_pos.item() == 1.0 and m.leaf_K0.abs().sum() == 0
 
 
 def test_manifest_fields(all_ops):

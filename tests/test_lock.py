@@ -42,7 +42,7 @@ def test_lock_passes_every_op(zoo, dtype, steps):
     else:
         assert 0 < r["output"]["max_abs"] < 1e-4
     assert r["hashes"]["source"] and r["hashes"]["weights"] and r["hashes"]["bundle"]["model.py"]
-    assert r["versions"]["torch"].startswith("2.13")
+    assert r["environment"]["torch"].startswith("2.13") and r["environment"]["digest"]
     assert r["timings"]["vm_s"] > 0 and r["timings"]["module_s"] > 0
 
 
@@ -88,7 +88,9 @@ def test_wrong_state_write_back_fails_only_at_step_2(tmp_path):
     one = lock_bundle(bundle, str(tmp_path / "ring.logos"), weights, "float64", 1)
     two = lock_bundle(bundle, str(tmp_path / "ring.logos"), weights, "float64", 2)
     for r in (one, two):
-        assert r["verdict"] == "fail" and r["first_divergence"] is None  # every op agrees on VM inputs
+        assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"])  # every op agrees
+        f = r["first_divergence"]                 # the write-back is named: its state and step
+        assert (f["stage"], f["out"], f["op"], f["step"], f["line"]) == ("write-back", "cs", "causal conv", 1, 4)
         assert r["steps_detail"][0]["output"]["pass"]  # the output of step 1 is right
         assert not r["steps_detail"][0]["states"]["cs"]["pass"]  # the ring it carries is not
     assert not two["steps_detail"][1]["output"]["pass"]  # which the output shows one step later

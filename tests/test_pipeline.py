@@ -68,7 +68,7 @@ def zoo(tmp_path):
     return z
 
 
-ALL_A_B = {"digest:emit", "digest:lock", "digest:import", "wmanifest:a", "emit:a", "emit:b",
+ALL_A_B = {"digest:emit", "digest:lock", "digest:import", "digest:env", "wmanifest:a", "emit:a", "emit:b",
            "lock:a", "lock:b", "report"}
 
 
@@ -225,7 +225,7 @@ def test_parallel_with_progress_line(zoo):
     rc, ran, out = doit(zoo, "-n", "2", env={"LOGOS_PROGRESS": "line"})
     assert rc == 0, out
     assert ran == set()                   # the progress line replaces the task names
-    assert out.count("[9/9] ran 9, failures 0") == 1, out   # the final line, printed once
+    assert out.count("[10/10] ran 10, failures 0") == 1, out   # the final line, printed once
     for n in ("a", "b"):
         for dt in ("float64", "float32"):
             assert json.loads((zoo / f"build/results/{n}/{dt}.json").read_text())["verdict"] == "pass"
@@ -274,7 +274,8 @@ def test_lock_false_and_list(tmp_path):
     assert rc == 0
     assert "emit:a" in out and "lock:a" not in out and "report" in out
     rc, ran, out = doit(z)
-    assert rc == 0 and ran == {"digest:emit", "digest:lock", "digest:import", "emit:a", "report"}, out
+    assert rc == 0 and ran == {"digest:emit", "digest:lock", "digest:import", "digest:env", "emit:a",
+                               "report"}, out
     suite = ET.parse(z / "build/junit.xml").getroot().find("testsuite")
     assert [(c.get("classname"), c.get("name")) for c in suite] == [("a", "emit")]
 
@@ -283,7 +284,7 @@ def test_every_heavy_action_turns_the_paused_collector_back_on(tmp_path):
     """The dodo pauses the cyclic GC while doit loads tasks; each action that does real work
     (imports, parsing, hashing weights) resumes it before starting."""
     import gc
-    from emitter.pipeline import actions as pipeline
+    from emitter.pipeline import actions as pipeline, guards, weights
     src = tmp_path / "p.logos"
     src.write_text(PROG_B)
     (tmp_path / "w").mkdir()
@@ -291,19 +292,19 @@ def test_every_heavy_action_turns_the_paused_collector_back_on(tmp_path):
     b, st = str(tmp_path / "bundle"), str(tmp_path / "status.json")
     actions = {
         "emit_bundle": lambda: pipeline.emit_bundle("p", str(src), b, st),
-        "write_weights_manifest": lambda: pipeline.write_weights_manifest(
+        "write_weights_manifest": lambda: weights.write_weights_manifest(
             str(tmp_path / "w"), str(tmp_path / "m.json")),
         "lock_program": lambda: pipeline.lock_program(
             "p", str(src), b, str(tmp_path / "missing.json"), None,
             [("float64", None, None, str(tmp_path / "r.json"))], 1, str(tmp_path / "h.sqlite")),
         "make_report": lambda: pipeline.make_report([], str(tmp_path / "report")),
-        "import_weights": lambda: pipeline.import_weights(
+        "import_weights": lambda: weights.import_weights(
             "nosuch", str(src), str(src), str(tmp_path / "imported")),
     }
     was = gc.isenabled()
     try:
         for name, action in actions.items():
-            pipeline.pause_collector()
+            guards.pause_collector()
             action()
             assert gc.isenabled(), f"{name} left the collector paused"
     finally:
@@ -319,7 +320,7 @@ def test_every_heavy_action_turns_the_paused_collector_back_on(tmp_path):
     ("ValueError('boom')", 1, "ValueError: boom"),                # anything else: the usual traceback
 ])
 def test_interrupt_ends_the_run_in_one_line(raised, rc, line):
-    code = f"from emitter.pipeline import actions as pipeline; pipeline.install_sigterm(); raise {raised}"
+    code = f"from emitter.pipeline import guards; guards.install_sigterm(); raise {raised}"
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == rc and line in p.stderr, p.stderr
     assert ("Traceback" in p.stderr) == (rc == 1)

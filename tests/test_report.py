@@ -28,16 +28,21 @@ def test_result_cache_follows_the_files_and_survives_a_bad_cache(tmp_path):
     from emitter.pipeline.report import build_rows
     res, status, cache = tmp_path / "r.json", tmp_path / "s.json", tmp_path / "cache.json"
     status.write_text('{"status": "ok"}')
-    res.write_text(json.dumps({"verdict": "pass", "output": {"max_abs": 0.5}, "stages": [1] * 99}))
-    entries = [{"name": "p", "source": "programs/p.logos", "status": str(status),
-                "checks": [("float64", str(res))]}]
-    first = build_rows(entries, str(cache))
+    from emitter.pipeline.digests import check_digest
+    digests = {"config": check_digest("float64", 1, None, None, None)}
+    res.write_text(json.dumps({"verdict": "pass", "version": 2, "output": {"max_abs": 0.5},
+                               "hashes": digests, "stages": [1] * 99}))
+    entries = [{"name": "p", "source": "programs/p.logos", "status": str(status), "steps": 1,
+                "weights": None, "checks": [("float64", str(res), None, None)]}]
+    build = str(tmp_path / "build")
+    first = build_rows(entries, str(cache), build)
     assert first[0]["verdict"] == "pass" and first[0]["output"]["max_abs"] == 0.5
-    assert build_rows(entries, str(cache)) == first           # from the cache: the same rows
+    assert build_rows(entries, str(cache), build) == first    # from the cache: the same rows
     assert "stages" not in cache.read_text()                  # slim copies only
-    res.write_text(json.dumps({"verdict": "fail", "output": {"max_abs": 7.0}}))
+    res.write_text(json.dumps({"verdict": "fail", "version": 2, "output": {"max_abs": 7.0},
+                               "hashes": digests}))
     os.utime(res, ns=(1, 1))                                  # a new stamp
-    assert build_rows(entries, str(cache))[0]["verdict"] == "fail"
-    for junk in ("[]", '{"version": 1, "entries": {"%s": 5}}' % res, "not json"):
+    assert build_rows(entries, str(cache), build)[0]["verdict"] == "fail"
+    for junk in ("[]", '{"version": 2, "entries": {"%s": 5}}' % res, "not json"):
         cache.write_text(junk)
-        assert build_rows(entries, str(cache))[0]["output"]["max_abs"] == 7.0
+        assert build_rows(entries, str(cache), build)[0]["output"]["max_abs"] == 7.0

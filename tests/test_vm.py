@@ -101,20 +101,20 @@ def test_missing_weights_dir():
 @pytest.mark.parametrize("value,needle", [("7", "not a row number in 0..2"), ("-1", "not a row number"),
                                           ("1.5", "is 1.5, not a row number")])
 def test_row_index_out_of_range_names_line(value, needle):
-    p = read_program(f"Let t be a 3 by 2 tensor of Real.\nLet i be a 1 by 1 tensor of Real.\n"
-                     f"Set item 1 of i to {value}.\nLet y be row i of t.\n")
+    p = read_program(f"Let t be a 3 by 2 tensor of Real.\nSet item 1 of t to 1.\n"
+                     f"Let i be a 1 by 1 tensor of Real.\nSet item 1 of i to {value}.\nLet y be row i of t.\n")
     with pytest.raises(ProgramError) as e:
         vm.run(p, vm.load_leaves(p).values)
-    assert e.value.line == 4 and needle in e.value.message
+    assert e.value.line == 5 and needle in e.value.message
 
 
 def test_set_row_index_out_of_range_names_line():
     p = read_program("Let t be a 3 by 2 tensor of Real.\nLet i be a 1 by 1 tensor of Int.\n"
-                     "Set item 1 of i to 3.\nLet r be a 1 by 2 tensor of Real.\nSet row i of t to r.\n"
-                     "Let y be silu of r.\n")
+                     "Set item 1 of i to 3.\nLet r be a 1 by 2 tensor of Real.\nSet item 2 of r to 1.\n"
+                     "Set row i of t to r.\nLet y be silu of r.\n")
     with pytest.raises(ProgramError) as e:
         vm.run(p, vm.load_leaves(p).values)
-    assert e.value.line == 5
+    assert e.value.line == 6
 
 
 def test_run_cli(tmp_path):

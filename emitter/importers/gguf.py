@@ -99,6 +99,7 @@ def llama_meta(reader):
         "rms_eps": float(k("attention.layer_norm_rms_epsilon", 1e-5)),
         "context_length": int(k("context_length", 0)),
         "tied": "output.weight" not in tensors,
+        "bos": int(field_value(reader, "tokenizer.ggml.bos_token_id", 0)),
     }
     hd = n_embd // n_head
     rot = int(k("rope.dimension_count", hd))
@@ -239,9 +240,14 @@ def llama_decode_program(meta, context=DEFAULT_CONTEXT, source=""):
 
 
 def derived_leaves(program, meta):
-    """The decode step's leaves that are no GGUF tensor but not zeros either: {name: array}."""
+    """The decode step's leaves that are no GGUF tensor but not zeros either: {name: array}. The
+    first step's token is the tokenizer's BOS and its position 0 (a caller feeds another by
+    replacing `tok.f32` / `pos.f32`)."""
     out = {}
     hd = meta["head_dim"]
+    for name, value in (("tok", meta.get("bos", 0)), ("pos", 0)):
+        if name in program.decls:
+            out[name] = np.array([[float(value)]])
     if "COS" in program.decls and "SIN" in program.decls:
         rows = program.decls["COS"].rows
         out["COS"], out["SIN"] = rope_tables(rows, hd, meta["rope_theta"])

@@ -11,7 +11,8 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # every top-level name of emitter/sambaflow/runtime.py and app.py (a test keeps this list complete).
 EMITTED = frozenset({
     "argparse", "json", "math", "os", "sys", "np", "torch", "nn", "F",
-    "self", "inputs", "args", "LEAVES", "FILLS", "INPUTS", "STATES", "OUTPUT", "PROGRAM", "EPS",
+    "self", "inputs", "args", "LEAVES", "FILLS", "INPUTS", "STATES", "REQUIRED", "OUTPUT", "PROGRAM",
+    "EPS",
     "weights", "LogosModule", "ProgramModule", "load_weights", "main", "add_args", "bundle", "name",
     "value", "shape", "role", "kind", "dtype", "path", "model", "out", "samba", "utils",
     "parse_app_args", "get_pefmeta",

@@ -82,3 +82,10 @@ class Program:
     @property
     def leaves(self):
         return list(self.decls)
+
+    @property
+    def required(self):
+        """The leaves that need a file: read by an op, not a state (a state starts from its declared
+        value) and not filled (a filled leaf's declared value is its value)."""
+        read = {name for st in self.stages for name in st.inputs}
+        return [v for v in self.decls if v in read and self.roles[v] != "state" and not self.fills[v]]

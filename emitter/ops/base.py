@@ -69,6 +69,7 @@ class Op:
     writes: Optional[str] = None
     inputs_order: tuple = ()
     view: bool = False                      # the torch call may return a view of its input
+    integer: bool = False                   # the result holds integers (an index), whatever its type
 
     def placeholders(self):
         return [w for w in pattern_words(self.pattern) if w[0].isupper()]

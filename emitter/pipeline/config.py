@@ -23,7 +23,8 @@ BUILTIN = {
     "steps": 1,
     "tolerances": DEFAULT_TOLERANCES,
 }
-PROGRAM_KEYS = ("weights", "lock", "dtypes", "steps", "tolerances", "derive")
+PROGRAM_KEYS = ("weights", "lock", "dtypes", "steps", "tolerances", "derive", "allow_nonfinite")
+LEAF_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_KEYS = ("lock", "dtypes", "steps", "tolerances")
 DERIVE_KEYS = ("importer", "checkpoint")
 # A program name becomes a task name (`emit:NAME`), a directory under build/ and a JUnit class name.
@@ -51,6 +52,7 @@ class ProgramConfig:
     steps: int = 1
     tolerances: dict = field(default_factory=dict)
     derive: Optional[Derive] = None
+    allow_nonfinite: list = field(default_factory=list)   # leaves whose files may hold NaN/Inf
     error: Optional[str] = None           # a config error: this program's tasks fail with it
 
     def tolerance(self, dtype):
@@ -155,6 +157,13 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
             setattr(pc, k, given[k])
     for dt, v in given.get("tolerances", {}).items():
         pc.tolerances[dt] = {**pc.tolerances.get(dt, {}), **v}
+    if "allow_nonfinite" in data:
+        names = data["allow_nonfinite"]
+        if not isinstance(names, list) or not all(isinstance(n, str) and LEAF_RE.fullmatch(n)
+                                                  for n in names):
+            raise _err(cfg_rel, lines, "allow_nonfinite",
+                       f"must be a list of leaf names whose files may hold NaN or Inf, got {names!r}")
+        pc.allow_nonfinite = sorted(set(names))
     if "derive" in data:
         d = data["derive"]
         if not isinstance(d, dict):

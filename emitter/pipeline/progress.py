@@ -20,6 +20,12 @@ def _counted(task):
     return not task.has_subtask and not task.name.startswith("_")
 
 
+def _message(fail):
+    """A failure as one line: its kind and the last line of its message (a traceback's error)."""
+    lines = [x.strip() for x in str(fail.get_msg()).splitlines() if x.strip()]
+    return f"{type(fail).__name__}: {lines[-1] if lines else ''}"
+
+
 def _reachable(tasks, selected):
     seen, todo = set(), list(selected)
     while todo:
@@ -46,9 +52,12 @@ class ProgressReporter(ConsoleReporter):
         self.last_frac = -1
         self.last_counts = None
         self.tty = hasattr(outstream, "isatty") and outstream.isatty()
+        self.tasks, self.reachable, self.failed_tasks = {}, [], {}
 
     def initialize(self, tasks, selected_tasks):
-        self.total = len(_reachable(tasks, selected_tasks))
+        self.tasks = tasks
+        self.reachable = _reachable(tasks, selected_tasks)
+        self.total = len(self.reachable)
         self.line = self.mode == "line" or (self.mode == "auto" and self.total > PROGRESS_THRESHOLD)
         self.start = time.monotonic()
 
@@ -89,6 +98,7 @@ class ProgressReporter(ConsoleReporter):
         self._tick()
 
     def add_failure(self, task, fail):
+        self.failed_tasks[task.name] = _message(fail)
         if _counted(task):
             self.done += 1
             self.failed += 1
@@ -112,4 +122,20 @@ class ProgressReporter(ConsoleReporter):
 
     def complete_run(self):
         self._tick(final=True)
+        self._report_failures()
         super().complete_run()
+
+    def _report_failures(self):
+        """A task that failed (or could not run because one before it failed) keeps the report
+        task from running: write the report here, with those tasks' programs as errors that say
+        why, so the report is always this run's and never an earlier run's green."""
+        failed = self.failed_tasks
+        if "report" not in self.reachable or not failed or \
+                (set(failed) == {"report"} and not failed["report"].startswith("UnmetDependency")):
+            return
+        from .actions import make_report
+        action = self.tasks["report"].actions[0]
+        entries, build_dir = action.args[:2]
+        make_report(entries, build_dir, failed)
+        self.write(f"report: written with {len(failed) - ('report' in failed)} "
+                   f"failed task(s) as errors (see {build_dir}/summary.md)\n")

@@ -10,74 +10,120 @@ import os
 import xml.etree.ElementTree as ET
 
 from ..files import StampedCache, read_json, write_files
-from ..verify.verdict import describe, number, short
+from ..verify.verdict import describe, number, one_minus_cos, short
+from .digests import check_digest
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
-
-
-def _divergence(r):
-    f = (r or {}).get("first_divergence")
-    if not f:
-        return None
-    return {k: f.get(k) for k in ("step", "stage", "out", "op", "line", "max_abs", "max_rel", "nmse")}
+RESULT_VERSION = 2
+_OUTPUT = ("max_abs", "max_rel", "guarded_rel", "nmse", "cosine", "argmax_agree", "integer",
+           "integer_mismatches", "feeding", "pass")
+_HASHES = ("source", "bundle", "weights_manifest", "config", "code", "environment")
+# a program's own tasks: one of them failing in this run makes every check of it an error
+PROGRAM_TASKS = ("weights", "wmanifest", "emit", "lock")
 
 
 def _slim(r):
     """What a row keeps of a RESULT.json (the report never needs its stages or steps)."""
     out = r.get("output") or None
     return {"verdict": r.get("verdict", "error"), "reason": r.get("reason"),
-            "first_divergence": _divergence(r),
-            "output": {k: out.get(k) for k in ("max_abs", "max_rel", "nmse", "cosine", "argmax_agree")}
-            if out else None,
+            "version": r.get("version"), "first_divergence": r.get("first_divergence"),
+            "worst": r.get("worst"),
+            "output": {k: out.get(k) for k in _OUTPUT if k in out} if out else None,
+            "hashes": {k: (r.get("hashes") or {}).get(k) for k in _HASHES},
+            "seconds": (r.get("timings") or {}).get("total_s"),
             "steps": r.get("steps"), "tolerance": r.get("tolerance"), "program": r.get("program")}
 
 
-def _slim_result(cache, path):
-    """The slim copy of one RESULT.json, from `cache` while the file's (mtime_ns, size) stay: a
-    rebuild after one edit re-reads one program's results, not the zoo's."""
+def _stamped(cache, path, make):
+    """`make(json)` of one file, from `cache` while its (mtime_ns, size) stay: a rebuild after one
+    edit re-reads one program's files, not the zoo's."""
     try:
         st = os.stat(path)
     except OSError:
         return None
     stamp = [st.st_mtime_ns, st.st_size]
-    slim = cache.get(path, stamp)
-    if slim is None:
+    value = cache.get(path, stamp)
+    if value is None:
         r = read_json(path)
         if r is None:
             return None
-        slim = _slim(r)
-        cache.put(path, stamp, slim)
-    return slim
+        value = make(r)
+        cache.put(path, stamp, value)
+    return value
 
 
-def _emit_status(path):
-    return read_json(path) or {"status": "error", "reason": f"{path}: not written (emit did not run)"}
+def _status_slim(s):
+    return {k: s.get(k) for k in ("status", "reason", "bundle", "source_sha")}
 
 
-def build_rows(entries, cache_path=None):
+def _emit_status(cache, path):
+    return _stamped(cache, path, _status_slim) or \
+        {"status": "error", "reason": f"{path}: not written (emit did not run)"}
+
+
+def _stale(r, now):
+    """What of a result's recorded digests differs from build/ now ([] when it is current)."""
+    if r.get("version") != RESULT_VERSION:
+        return [f"its format (version {r.get('version')}; this project reads {RESULT_VERSION})"]
+    h = r.get("hashes") or {}
+    return [what for what, want in now.items() if h.get(what) != want]
+
+
+def _row(e, check, verdict, reason, path=None, **extra):
+    return {"name": e["name"], "source": e["source"], "check": check, "verdict": verdict,
+            "reason": reason, "first_divergence": None, "worst": None, "output": None,
+            "seconds": None, "result": path, **extra}
+
+
+def build_rows(entries, cache_path=None, build_dir="build", failures=None):
     """One row per check: (program, dtype) for locked programs, (program, "emit") for the rest.
 
-    `entries`: [{"name", "source", "status", "checks": [(dtype, result_path)]}]. `cache_path`, if
-    given, keeps slim copies of the results between runs."""
-    cache = StampedCache(cache_path, 1)
+    `entries`: [{"name", "source", "status", "manifest", "steps", "weights", "allow_nonfinite",
+    "checks": [(dtype, result_path, atol, rtol)]}]. A result whose recorded digests (bundle,
+    weights manifest, program, merged config, code, environment) differ from what build/ holds
+    now is refused as an error; so is every check of a program one of whose tasks failed in this
+    run (`failures`: {task name: message}), and a failed task of no program is a row of its own.
+    `cache_path`, if given, keeps slim copies of the files read between runs."""
+    cache = StampedCache(cache_path, 2)
+    failures = dict(failures or {})
+    code = (read_json(os.path.join(build_dir, "digests", "lock.json")) or {}).get("digest")
+    env = (read_json(os.path.join(build_dir, "digests", "env.json")) or {}).get("digest")
     rows = []
     for e in entries:
-        status = None
+        failed = [(t, failures.pop(f"{t}:{e['name']}")) for t in PROGRAM_TASKS
+                  if f"{t}:{e['name']}" in failures]
+        status = _emit_status(cache, e["status"])
         if not e["checks"]:
-            status = _emit_status(e["status"])
             ok = status.get("status") == "ok"
-            rows.append({"name": e["name"], "source": e["source"], "check": "emit",
-                         "verdict": "pass" if ok else "error", "reason": status.get("reason"),
-                         "first_divergence": None, "output": None, "result": None})
-        for dtype, path in e["checks"]:
-            r = _slim_result(cache, path)
+            rows.append(_row(e, "emit", "pass" if ok else "error", status.get("reason")))
+        manifest = e.get("manifest")
+        man_digest = _stamped(cache, manifest, lambda m: m.get("digest")) if manifest else None
+        for dtype, path, atol, rtol in e["checks"]:
+            r = _stamped(cache, path, _slim)
             if r is None:
-                status = status or _emit_status(e["status"])
                 reason = status.get("reason") if status.get("status") != "ok" else \
                     f"{path}: not written (the lock did not run)"
-                r = {"verdict": "error", "reason": reason, "first_divergence": None, "output": None,
-                     "steps": None, "tolerance": None, "program": None}
-            rows.append({"name": e["name"], "source": e["source"], "check": dtype, **r, "result": path})
+                r = _row(e, dtype, "error", reason, path)
+            else:
+                r = {**_row(e, dtype, r["verdict"], r["reason"], path), **r}
+                now = {"source": status.get("source_sha"), "bundle": status.get("bundle"),
+                       "weights_manifest": man_digest, "code": code, "environment": env,
+                       "config": check_digest(dtype, e["steps"], atol, rtol, e["weights"],
+                                              e.get("allow_nonfinite", ()))}
+                stale = _stale(r, now) if r["verdict"] in ("pass", "fail") else []
+                if stale:
+                    r.update(verdict="error", reason=f"{path}: refused: its {', '.join(stale)} "
+                             f"{'differ' if len(stale) > 1 else 'differs'} from what build/ holds "
+                             "now; run doit to lock it again")
+            rows.append(r)
+        if failed:   # the first of its tasks to fail says why (the later ones waited for it)
+            task, message = failed[0]
+            for r in rows[len(rows) - max(1, len(e["checks"])):]:
+                r.update(verdict="error", reason=f"{task}:{e['name']} failed in this run: {message}")
+    failures.pop("report", None)
+    for task, message in sorted(failures.items()):
+        rows.append(_row({"name": task, "source": None}, "task", "error",
+                         f"{task} failed in this run: {message}"))
     cache.save()
     rows.sort(key=lambda r: (ORDER.get(r["verdict"], 1), r["name"], r["check"]))
     return rows
@@ -91,7 +137,7 @@ def counts(rows):
 
 
 def render_json(rows):
-    body = {"schema": "logos.pipeline.report", "version": 1,
+    body = {"schema": "logos.pipeline.report", "version": 2,
             "programs": len({r["name"] for r in rows}), "checks": len(rows), "counts": counts(rows),
             "failures": [dict(r, why=describe(r)) for r in rows if r["verdict"] != "pass"],
             "results": rows}
@@ -111,7 +157,12 @@ def render_junit(rows):
                        failures=str(c["fail"]), errors=str(c["error"]), skipped="0")
     for r in rows:
         case = ET.SubElement(suite, "testcase", classname=short(r["name"]), name=r["check"],
-                             file=r["source"])
+                             time=f"{r.get('seconds') or 0:.3f}")
+        if r["source"]:
+            case.set("file", r["source"])
+        line = (r.get("first_divergence") or {}).get("line")
+        if isinstance(line, int):
+            case.set("line", str(line))
         if r["verdict"] == "fail":
             ET.SubElement(case, "failure", message=describe(r), type="lock-fail").text = describe(r)
         elif r["verdict"] != "pass":
@@ -139,13 +190,28 @@ def render_summary(rows):
         out += [f"| `{_md(short(r['name']))}` | {r['check']} | **{r['verdict']}** | {_md(describe(r))} |"
                 for r in bad]
         out.append("")
-    out += ["### All checks", "", "| program | check | verdict | max abs | max rel | cosine |",
-            "|---|---|---|---|---|---|"]
+    out += ["### All checks", "",
+            "| program | check | verdict | worst stage | × tolerance | output | max abs | guarded rel | 1−cos |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        o = r["output"] or {}
-        out.append(f"| `{_md(short(r['name']))}` | {r['check']} | {r['verdict']} | {number(o.get('max_abs'))} | "
-                   f"{number(o.get('max_rel'))} | {number(o.get('cosine'))} |")
+        out.append(f"| `{_md(short(r['name']))}` | {r['check']} | {r['verdict']} | " + _figures(r))
     return "\n".join(out) + "\n"
+
+
+def _figures(r):
+    """The honest columns: the stage furthest from its tolerance and by how much, then the output's
+    figures (an integer output: whether it agrees, beside the figures of the stage feeding it)."""
+    w, o = r.get("worst") or {}, r.get("output") or {}
+    stage = _md(f"{w['stage']} `{w['out']} = {w['op']}`") if w else ""
+    shown = o
+    if o.get("integer"):
+        what = "token agrees" if not o.get("integer_mismatches") else "token DIFFERS"
+        shown = o.get("feeding") or {}
+        what += f"; `{_md(shown.get('out'))}`:" if shown else ""
+    else:
+        what = "tensor" if o else ""
+    return (f"{stage} | {number(w.get('ratio'))} | {what} | {number(shown.get('max_abs'))} | "
+            f"{number(shown.get('guarded_rel'))} | {number(one_minus_cos(shown) if shown else None)} |")
 
 
 def write_reports(rows, out_dir):

@@ -122,7 +122,8 @@ def render_model(p: Program, name, calls):
             out.append(f'    "{v}": {_tuple([f"({i}, {val!r})" for i, val in p.fills[v]])},')
     inputs = [v for v in leaves if p.roles[v] == "input"]
     out += ["}", f"INPUTS = {_tuple([_q(v) for v in inputs])}",
-            f"STATES = {_tuple([_q(v) for v in p.states])}", f"OUTPUT = {_q(p.output)}", "", ""]
+            f"STATES = {_tuple([_q(v) for v in p.states])}",
+            f"REQUIRED = {_tuple([_q(v) for v in p.required])}", f"OUTPUT = {_q(p.output)}", "", ""]
     out += [runtime.defs["ProgramModule"], "", ""]
     out += _forward(p, calls)
     for n in ("load_weights", "main"):

@@ -22,6 +22,7 @@ LEAVES = {}     # name -> ((rows, cols), role, "real" | "int")
 FILLS = {}      # name -> ((flat index, value), ...)
 INPUTS = ()
 STATES = ()
+REQUIRED = ()   # leaves read with no declared value: each needs a value from the weights
 OUTPUT = None
 
 
@@ -130,14 +131,19 @@ def set_row(table, pos, row):
 class ProgramModule(nn.Module):
     """What every program's module shares. Every leaf is a buffer `leaf_<name>` holding its value
     from `weights` (shared, not copied, when already of `dtype`; a state is copied, since each
-    step writes it back in place), else its declared zeros with the program's fills. `forward`
-    (the subclass's: the program) takes the inputs as parameters, each defaulting to its buffer."""
+    step writes it back in place), else its declared zeros with the program's fills; a leaf in
+    REQUIRED must be in `weights`. `forward` (the subclass's: the program) takes the inputs as
+    parameters, each defaulting to its buffer."""
 
     probe = None  # the lock check's hook: sees each stage's value and may hand back its own
 
     def __init__(self, weights=None, dtype=torch.float32):
         super().__init__()
         weights = weights or {}
+        missing = [name for name in REQUIRED if name not in weights]
+        if missing:
+            raise ValueError(f"no value for {', '.join(missing)}: read by the program with no "
+                             "declared value, so the weights must hold them")
         for name, (shape, role, kind) in LEAVES.items():
             if name in weights:
                 value = torch.as_tensor(weights[name]).to(dtype).reshape(shape)
@@ -154,19 +160,31 @@ class ProgramModule(nn.Module):
         return value if self.probe is None else self.probe(stage, value)
 
 
-def load_weights(directory, dtype=torch.float32):
-    """Every leaf with a `<name>.f64` or `<name>.f32` file in `directory`, as a tensor of `dtype`."""
+def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
+    """Every leaf's `<name>.f64` or `<name>.f32` file in `directory`, as a tensor of `dtype` (the
+    file's own memory when it is of `dtype`). A leaf in REQUIRED with no file, a file of the wrong
+    size, one that is not a regular file, and NaN or Inf (outside `allow_nonfinite`) are errors
+    naming the file."""
     weights = {}
     for name, (shape, role, kind) in LEAVES.items():
-        for ext, file_dtype in ((".f64", "<f8"), (".f32", "<f4")):
-            path = os.path.join(directory, name + ext)
-            if os.path.exists(path):
-                data = np.fromfile(path, dtype=file_dtype)
-                if data.size != shape[0] * shape[1]:
-                    raise ValueError(f"{path}: {data.nbytes} bytes, expected "
-                                     f"{shape[0] * shape[1] * data.itemsize} for {shape[0]} by {shape[1]}")
-                weights[name] = torch.from_numpy(data.astype(np.float64)).reshape(shape).to(dtype)
-                break
+        found = [ext for ext in (".f64", ".f32") if os.path.lexists(os.path.join(directory, name + ext))]
+        if len(found) > 1:
+            raise ValueError(f"{directory}: both {name}.f64 and {name}.f32 exist; keep one")
+        if not found:
+            if name in REQUIRED:
+                raise ValueError(f"{directory}: no {name}.f64 or {name}.f32 for the {role} `{name}`, "
+                                 "which has no declared value")
+            continue
+        path = os.path.join(directory, name + found[0])
+        if not os.path.isfile(path):
+            raise ValueError(f"{path}: not a regular file")
+        data = np.fromfile(path, dtype="<f8" if found[0] == ".f64" else "<f4")
+        if data.size != shape[0] * shape[1]:
+            raise ValueError(f"{path}: {data.nbytes} bytes, expected "
+                             f"{shape[0] * shape[1] * data.itemsize} for {shape[0]} by {shape[1]}")
+        if name not in allow_nonfinite and not np.isfinite(data).all():
+            raise ValueError(f"{path}: holds a non-finite value")
+        weights[name] = torch.from_numpy(data).reshape(shape).to(dtype)
     return weights
 
 

@@ -1,11 +1,14 @@
-"""The lock check: the bundle's own `LogosModule` against the VM, output, op by op, state by state.
+"""The lock check: the bundle as a user runs it, against the VM, leaf by leaf, op by op, step by step.
 
-Each step runs the VM once and the module twice:
-- a probe pass: the module starts from the VM's states, and its `tap` hook hands every stage the
-  VM's values, so each op is compared on the VM's inputs and the first op that diverges is named
-  even where the error would grow later;
-- a free pass: the module runs alone, carrying its own states, and its output and states are
-  compared with the VM's after every step (a wrong write-back shows at the next step).
+The module is built the way `model.py --weights` and compile.py build it: the bundle's own
+`load_weights(directory, dtype)` and `LogosModule`. Then:
+- a `load` stage: every leaf the module holds (loaded, or declared and filled) must be the VM's leaf
+  in the lock's dtype, exactly: a wrong loader or fill is a failure naming the tensor;
+- each step, a probe pass: the module starts from the VM's states, and its `tap` hook hands every
+  stage the VM's values, so each op is compared on the VM's inputs and the first op that diverges
+  is named even where the error would grow later;
+- each step, a free pass: the module runs alone carrying its own states; its output and its states
+  after the step are compared with the VM's, so a wrong write-back is named (state and step).
 """
 
 import hashlib
@@ -13,7 +16,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import sys
 import time
 import uuid
@@ -24,57 +26,15 @@ from ..files import BUNDLE_FILES, write_atomic
 from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
-from . import verdict, vm
-from .tolerances import DEFAULT_TOLERANCES as TOLERANCES
+from . import environment, verdict, vm
+from .compare import compare, figures, worse
+from .tolerances import DEFAULT_TOLERANCES as TOLERANCES, tolerance
 
-SCHEMA = "logos.lock.result"
+SCHEMA, VERSION = "logos.lock.result", 2
 
 
 class CouldNotRun(Exception):
     """The lock could not compare at all (bad program, weights, bundle, or a module that raises)."""
-
-
-def compare(got, want, tol):
-    """Metrics of `got` (module) against `want` (VM), both float64 arrays of one shape."""
-    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
-        return {"max_abs": math.inf, "max_rel": math.inf, "nmse": math.inf, "cosine": 0.0,
-                "nonfinite_mismatch": 0, "worst_ratio": math.inf, "pass": False,
-                "shape": [list(got.shape), list(want.shape)]}
-    fin_g, fin_w = np.isfinite(got), np.isfinite(want)
-    if fin_g.all() and fin_w.all():
-        mismatch, g, w = 0, got.reshape(-1), want.reshape(-1)
-    else:  # a NaN or Inf on one side only, or of another kind, is a mismatch by itself
-        same = (got == want) | (np.isnan(got) & np.isnan(want))
-        mismatch = int(np.count_nonzero(fin_g != fin_w) + np.count_nonzero(~fin_g & ~fin_w & ~same))
-        g, w = got[fin_g & fin_w], want[fin_g & fin_w]
-    diff = np.abs(g - w)
-    # rel is taken against the tensor's largest magnitude: rounding in a float32 sum scales with
-    # its terms, so a small element of a large vector carries the vector's absolute error
-    scale = float(np.abs(w).max()) if w.size else 0.0
-    bound = tol["abs"] + tol["rel"] * scale
-    nz = np.abs(w) > 0
-    power = float(np.sum(w * w))
-    norms = float(np.linalg.norm(g) * np.linalg.norm(w))
-    with np.errstate(all="ignore"):
-        m = {
-            "max_abs": float(diff.max()) if diff.size else 0.0,
-            "max_rel": float((diff[nz] / np.abs(w[nz])).max()) if nz.any() else 0.0,
-            "scaled_err": float(diff.max() / scale) if diff.size and scale > 0 else 0.0,
-            "nmse": float(np.sum(diff * diff) / power) if power > 0 else float(np.sum(diff * diff)),
-            "cosine": float(np.dot(g, w) / norms) if norms > 0 else (1.0 if not diff.any() else 0.0),
-            "nonfinite_mismatch": mismatch,
-            "worst_ratio": float(np.where(diff == 0, 0.0, diff / bound).max()) if diff.size else 0.0,
-        }
-    m["pass"] = bool(mismatch == 0 and m["worst_ratio"] <= 1.0)
-    return m
-
-
-def _worse(a, b):
-    """The comparison that is further from passing."""
-    if a is None:
-        return b
-    return b if (not b["pass"], b["worst_ratio"]) > (not a["pass"], a["worst_ratio"]) else a
 
 
 def _sha(path):
@@ -94,7 +54,7 @@ def weights_digest(weights_dir, sources):
 
 
 def load_bundle_module(bundle_dir):
-    """The bundle's model.py as a fresh module (its own LogosModule and helpers)."""
+    """The bundle's model.py as a fresh module (its own LogosModule, loader and helpers)."""
     path = os.path.join(bundle_dir, "model.py")
     if not os.path.isfile(path):
         raise CouldNotRun(f"{path}: no model.py in the bundle")
@@ -108,12 +68,59 @@ def load_bundle_module(bundle_dir):
     return module
 
 
+def _label(program, index):
+    st = program.stages[index]
+    return {"stage": st.index, "out": st.out, "op": st.op.name, "line": st.line}
+
+
+def _writer(program, state):
+    """The label of the last stage that writes `state` back."""
+    st = [s for s in program.stages if s.writes == state][-1]
+    return {"stage": "write-back", "out": state, "op": st.op.name, "line": st.line}
+
+
+def _build(torch, module, program, weights_dir, dtype, allow_nonfinite):
+    """The module as a user builds it: the bundle's loader, then its LogosModule."""
+    try:
+        if weights_dir is None:
+            weights = {}
+        elif allow_nonfinite:
+            weights = module.load_weights(weights_dir, dtype, allow_nonfinite=tuple(allow_nonfinite))
+        else:
+            weights = module.load_weights(weights_dir, dtype)
+        return module.LogosModule(weights, dtype)
+    except Exception as e:
+        raise CouldNotRun(f"the bundle's load_weights / LogosModule raised: {type(e).__name__}: {e}") from None
+
+
+def _load_stage(torch, model, program, leaves, np_dtype, tol):
+    """Every leaf buffer against the VM's leaf rounded to the lock's dtype: equal, bit for bit.
+    Returns {"pass", "leaves", "failed": [{leaf, line, figures}]} (rows in blocks: a 1 GB table
+    costs no copy)."""
+    failed = []
+    for name in program.leaves:
+        want = leaves[name]
+        buf = getattr(model, "leaf_" + name, None)
+        got = None if buf is None else buf.detach().numpy()
+        ok = got is not None and got.shape == want.shape and got.dtype == np_dtype
+        rows = 1 + (1 << 22) // max(1, want.shape[1])
+        for r in range(0, want.shape[0], rows) if ok else ():
+            if not np.array_equal(got[r:r + rows], want[r:r + rows].astype(np_dtype)):
+                ok = False
+                break
+        if not ok:
+            m = compare(got if got is not None else np.zeros(0), want, tol)
+            m["pass"] = False
+            failed.append({"leaf": name, "line": program.decls[name].line, **figures(m),
+                           "dtype": None if got is None else str(got.dtype)})
+    return {"pass": not failed, "leaves": len(program.leaves), "failed": failed}
+
+
 class _Probe:
     """The module's `tap` hook in the probe pass: compare each stage with the VM, hand back the VM's."""
 
-    def __init__(self, torch, dtype, program, vm_stages, tol):
-        self.torch, self.dtype, self.program = torch, dtype, program
-        self.vm_stages, self.tol = vm_stages, tol
+    def __init__(self, torch, dtype, vm_stages, tol):
+        self.torch, self.dtype, self.vm_stages, self.tol = torch, dtype, vm_stages, tol
         self.results = {}
         self.last = -1
         self.seconds = 0.0  # spent comparing and converting: the lock's, not the module's
@@ -136,7 +143,7 @@ class _Probe:
                 raise CouldNotRun(f"stage {index} returned {len(got)} values, expected {len(want)}")
             m = None
             for g, w in zip(got, want):
-                m = _worse(m, compare(g.detach().double().numpy(), w, self.tol))
+                m = worse(m, compare(g.detach().double().numpy(), w, self.tol))
             back = tuple(self.to_torch(w) for w in want)
         else:
             if isinstance(value, (tuple, list)):
@@ -148,102 +155,125 @@ class _Probe:
         return back
 
 
-def _stage_label(program, index):
-    st = program.stages[index]
-    return {"stage": st.index, "out": st.out, "op": st.op.name, "line": st.line}
+def _call(model, program, what):
+    try:
+        return model()
+    except CouldNotRun:
+        raise
+    except Exception as e:  # a helper that raises is a finding about the bundle
+        nxt = getattr(model.probe, "last", -1) + 1 if model.probe else None
+        where = (f" at stage {nxt} ({program.stages[nxt].out} = {program.stages[nxt].op.name}, "
+                 f"line {program.stages[nxt].line})") if nxt is not None and nxt < len(program.stages) else ""
+        raise CouldNotRun(f"the module raised{where} in {what}: {type(e).__name__}: {e}") from None
 
 
-def _run(torch, module, dtype, program, leaves, steps, tol, timings):
-    """The stepwise comparison; returns (steps_detail, worst per stage, first divergence, output)."""
-    t = time.perf_counter()
-    model = module.LogosModule({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in leaves.items()},
-                               dtype)
-    timings["setup_s"] += time.perf_counter() - t
+def _feeding(program):
+    """The stage whose value the (integer) output is computed from, e.g. the logits of an argmax."""
+    out = next(st for st in reversed(program.stages) if st.binds)
+    bound = {st.out: st.index for st in program.stages if st.binds}
+    return next((bound[n] for n in out.inputs if n in bound and program.real.get(n)), None)
+
+
+def _run(torch, model, dtype, program, leaves, steps, tol, timings):
+    """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures)."""
     current = dict(leaves)
     details, stages_worst, first, output_worst, argmax_all = [], {}, None, None, True
+    out_stage = next(st for st in reversed(program.stages) if st.binds)
+    integer = out_stage.op.integer or not program.real[program.output]
     for step in range(1, steps + 1):
         t = time.perf_counter()
         trace = vm.step(program, current, keep_stages=True)
         timings["vm_s"] += time.perf_counter() - t
 
         own = {s: getattr(model, "leaf_" + s).clone() for s in program.states}
-        probe = _Probe(torch, dtype, program, trace.stages, tol)
+        probe = _Probe(torch, dtype, trace.stages, tol)
         with torch.no_grad():
             for s in program.states:
                 getattr(model, "leaf_" + s).copy_(torch.from_numpy(np.asarray(current[s], np.float64)))
             model.probe = probe
             t = time.perf_counter()
             try:
-                model()
-            except CouldNotRun:
-                raise
-            except Exception as e:  # a helper that raises is a finding about the bundle
-                nxt = probe.last + 1
-                where = (f" at stage {nxt} ({program.stages[nxt].out} = {program.stages[nxt].op.name}, "
-                         f"line {program.stages[nxt].line})") if nxt < len(program.stages) else ""
-                raise CouldNotRun(f"the module raised{where}: {type(e).__name__}: {e}") from None
+                _call(model, program, f"the probe pass of step {step}")
             finally:
                 timings["probe_s"] += time.perf_counter() - t - probe.seconds
                 model.probe = None
             for s in program.states:
                 getattr(model, "leaf_" + s).copy_(own[s])
             t = time.perf_counter()
-            try:
-                out = model()
-            except Exception as e:
-                raise CouldNotRun(f"the module raised in step {step}: {type(e).__name__}: {e}") from None
+            out = _call(model, program, f"step {step}")
             timings["module_s"] += time.perf_counter() - t
-
-        out_m = compare(out.double().numpy(), trace.output, tol)
-        out_m["argmax_agree"] = bool(out.numel() == trace.output.size and
-                                     int(torch.argmax(out)) == int(np.argmax(trace.output)))
-        state_m = {s: compare(getattr(model, "leaf_" + s).double().numpy(), trace.states[s], tol)
-                   for s in program.states}
-        for i, m in sorted(probe.results.items()):
-            stages_worst[i] = _worse(stages_worst.get(i), m)
-            if first is None and not m["pass"]:
-                first = {"step": step, **_stage_label(program, i),
-                         **{k: m[k] for k in ("max_abs", "max_rel", "scaled_err", "nmse", "worst_ratio")}}
         if len(probe.results) != len(program.stages):
             missing = [i for i in range(len(program.stages)) if i not in probe.results]
             raise CouldNotRun(f"the module's forward never tapped stage {missing[0]}: "
                               "the bundle does not match the program")
-        output_worst = _worse(output_worst, out_m)
+
+        out_m = compare(out.double().numpy(), trace.output, tol)
+        out_m["argmax_agree"] = bool(out.numel() == trace.output.size and
+                                     int(torch.argmax(out)) == int(np.argmax(trace.output)))
+        if integer:
+            got_i = np.rint(out.double().numpy()).astype(np.int64)
+            out_m["integer_mismatches"] = int(np.count_nonzero(got_i != np.rint(trace.output)))
+            out_m["pass"] = out_m["pass"] and out_m["integer_mismatches"] == 0
+        state_m = {s: compare(getattr(model, "leaf_" + s).double().numpy(), trace.states[s], tol)
+                   for s in program.states}
+        for i, m in sorted(probe.results.items()):
+            stages_worst[i] = worse(stages_worst.get(i), m)
+            if first is None and not m["pass"]:
+                first = {"step": step, **_label(program, i), **figures(m)}
+        for s, m in state_m.items():
+            if first is None and not m["pass"]:
+                first = {"step": step, **_writer(program, s), **figures(m)}
+        if first is None and not out_m["pass"]:
+            first = {"step": step, "stage": "output", "out": program.output, "op": "output",
+                     "line": program.bound_at.get(program.output), **figures(out_m)}
+        output_worst = worse(output_worst, out_m)
         argmax_all = argmax_all and out_m["argmax_agree"]
         ok = out_m["pass"] and all(m["pass"] for m in state_m.values()) and \
             all(m["pass"] for m in probe.results.values())
         details.append({"step": step, "output": out_m, "states": state_m, "pass": ok})
         current.update(trace.states)
-    stages = [{**_stage_label(program, i), **{k: m[k] for k in
-               ("max_abs", "max_rel", "scaled_err", "nmse", "cosine", "worst_ratio", "pass")}}
+    stages = [{**_label(program, i), **figures(m), "pass": m["pass"]}
               for i, m in sorted(stages_worst.items())]
-    return details, stages, first, {**output_worst, "argmax_agree": argmax_all}
+    output = {**output_worst, "argmax_agree": argmax_all, "integer": integer}
+    feed = _feeding(program) if integer else None
+    if feed is not None:
+        output["feeding"] = stages[feed]
+    return details, stages, first, output
+
+
+def _worst(stages, load):
+    """The stage furthest from its tolerance (load failures first)."""
+    if load["failed"]:
+        f = load["failed"][0]
+        return {"stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],
+                "ratio": f["worst_ratio"], "max_abs": f["max_abs"], "guarded_rel": f["guarded_rel"]}
+    if not stages:
+        return None
+    s = max(stages, key=lambda s: (not s["pass"], s["worst_ratio"]))
+    return {**{k: s[k] for k in ("stage", "out", "op", "line")}, "ratio": s["worst_ratio"],
+            "max_abs": s["max_abs"], "guarded_rel": s["guarded_rel"]}
 
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
-                rtol=None):
-    """Lock one bundle against its program; the RESULT.json dict (verdict pass, fail or error)."""
+                rtol=None, allow_nonfinite=()):
+    """Lock one bundle, as it stands on disk, against its program; the RESULT.json dict (verdict
+    pass, fail or error)."""
     start = time.perf_counter()
-    tol = dict(TOLERANCES.get(dtype, TOLERANCES["float32"]))
-    if atol is not None:
-        tol["abs"] = float(atol)
-    if rtol is not None:
-        tol["rel"] = float(rtol)
+    tol = tolerance(dtype, atol, rtol)
     result = {
-        "schema": SCHEMA, "version": 1, "program": None,
+        "schema": SCHEMA, "version": VERSION, "program": None,
         "name": os.path.splitext(os.path.basename(str(program_path)))[0],
         "program_path": str(program_path), "bundle": str(bundle_dir),
         "weights": None if weights_dir is None else str(weights_dir), "dtype": dtype, "steps": steps,
-        "verdict": "error", "reason": None, "tolerance": tol, "output": None,
-        "first_divergence": None, "stages": [], "steps_detail": [],
+        "verdict": "error", "reason": None, "tolerance": tol, "output": None, "worst": None,
+        "first_divergence": None, "load": None, "stages": [], "steps_detail": [],
         "timings": {"vm_s": 0.0, "module_s": 0.0, "probe_s": 0.0},
-        "hashes": {"source": None, "bundle": {}, "weights": None},
-        "versions": {"python": platform.python_version(), "numpy": np.__version__, "torch": None},
+        "hashes": {"source": None, "bundle": {}, "weights": None}, "environment": None,
         "unmatched_weights": [],
     }
     try:
         if dtype not in TOLERANCES:
-            raise CouldNotRun(f"dtype must be float64 or float32, not {dtype!r}")
+            raise CouldNotRun(f"dtype must be one of {', '.join(TOLERANCES)}, not {dtype!r}")
         if not all(math.isfinite(v) and v >= 0 for v in tol.values()):
             raise CouldNotRun(f"tolerances must be finite and >= 0, got {tol}")
         if steps < 1:
@@ -254,21 +284,30 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         for f in BUNDLE_FILES:
             p = os.path.join(bundle_dir, f)
             result["hashes"]["bundle"][f] = _sha(p) if os.path.isfile(p) else None
-        leaves = vm.load_leaves(program, weights_dir)
+        leaves = vm.load_leaves(program, weights_dir, allow_nonfinite=allow_nonfinite)
         result["unmatched_weights"] = leaves.unmatched
         if weights_dir is not None:
             result["hashes"]["weights"] = weights_digest(weights_dir, leaves.sources)
         import torch
-        result["versions"]["torch"] = torch.__version__
+        result["environment"] = environment.describe(np, torch)
         module = load_bundle_module(bundle_dir)
         if getattr(module, "PROGRAM", None) != result["program"]:
             raise CouldNotRun(f"the bundle is of program {getattr(module, 'PROGRAM', None)!r}, the source "
                               f"is {result['program']!r}: emit it again")
-        result["timings"]["setup_s"] = time.perf_counter() - start  # the module's build adds to it
-        details, stages, first, output = _run(torch, module, getattr(torch, dtype), program,
-                                              leaves.values, steps, tol, result["timings"])
-        result.update(steps_detail=details, stages=stages, first_divergence=first, output=output)
-        result["verdict"] = "pass" if all(d["pass"] for d in details) else "fail"
+        torch_dtype = getattr(torch, dtype)
+        model = _build(torch, module, program, weights_dir, torch_dtype, allow_nonfinite)
+        result["load"] = load = _load_stage(torch, model, program, leaves.values,
+                                            np.dtype(dtype), tol)
+        result["timings"]["setup_s"] = time.perf_counter() - start
+        details, stages, first, output = _run(torch, model, torch_dtype, program, leaves.values,
+                                              steps, tol, result["timings"])
+        if load["failed"]:
+            f = load["failed"][0]
+            first = {"step": 0, "stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],
+                     **{k: f[k] for k in figures(f)}}
+        result.update(steps_detail=details, stages=stages, first_divergence=first, output=output,
+                      worst=_worst(stages, load))
+        result["verdict"] = "pass" if load["pass"] and all(d["pass"] for d in details) else "fail"
     except (ProgramError, CouldNotRun) as e:
         result["reason"] = str(e)
     except Exception as e:  # anything else is still "could not run" (exit 2), never a numeric fail
@@ -282,7 +321,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
 
 
 def write_result(result, path):
-    write_atomic(path, json.dumps(result, indent=2, allow_nan=True) + "\n")
+    write_atomic(path, json.dumps(result, indent=2, sort_keys=True, allow_nan=True) + "\n")
 
 
 EXIT = {"pass": 0, "fail": 1, "error": 2}
@@ -296,11 +335,15 @@ def add_arguments(p):
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--atol", type=float, help="absolute tolerance (default by dtype)")
     p.add_argument("--rtol", type=float, help="relative tolerance (default by dtype)")
+    p.add_argument("--allow-nonfinite", action="append", default=[], metavar="LEAF",
+                   help="a leaf whose file may hold NaN or Inf (repeatable)")
     p.add_argument("-o", "--out", required=True, help="RESULT.json")
 
 
 def main(args):
-    r = lock_bundle(args.bundle, args.program, args.weights, args.dtype, args.steps, args.atol, args.rtol)
+    r = lock_bundle(args.bundle, args.program, args.weights, args.dtype, args.steps, args.atol,
+                    args.rtol, tuple(args.allow_nonfinite))
     write_result(r, args.out)
-    print(f"{r['name']} [{r['steps']} step(s)] {verdict.line(r)}", file=sys.stderr if r["verdict"] != "pass" else sys.stdout)
+    print(f"{r['name']} [{r['steps']} step(s)] {verdict.line(r)}",
+          file=sys.stderr if r["verdict"] != "pass" else sys.stdout)
     return EXIT[r["verdict"]]

@@ -6,3 +6,13 @@ vector's absolute error."""
 
 DEFAULT_TOLERANCES = {"float64": {"abs": 1e-9, "rel": 1e-9}, "float32": {"abs": 1e-4, "rel": 1e-3}}
 DTYPES = tuple(DEFAULT_TOLERANCES)
+
+
+def tolerance(dtype, atol=None, rtol=None):
+    """The tolerance of a check: the dtype's default, with `atol` / `rtol` where given."""
+    tol = dict(DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["float32"]))
+    if atol is not None:
+        tol["abs"] = float(atol)
+    if rtol is not None:
+        tol["rel"] = float(rtol)
+    return tol

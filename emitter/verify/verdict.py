@@ -14,21 +14,47 @@ def number(x):
     return "-" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)
 
 
+def one_minus_cos(o):
+    """1 − cosine of the output, the honest way to show a cosine of 0.9999999."""
+    c = (o or {}).get("cosine")
+    return None if c is None else max(0.0, 1.0 - c)
+
+
+def where(s):
+    """`stage 7 `q = matmul` (line 12, step 2)` for a stage label (an op, `load`, `write-back`)."""
+    stage = s.get("stage")
+    head = f"stage {stage}" if isinstance(stage, int) else str(stage)
+    text = f"{head} `{s.get('out')} = {s.get('op')}` (line {s.get('line')}"
+    return text + (f", step {s['step']})" if s.get("step") is not None else ")")
+
+
 def describe(r, limit=240):
-    """Why a check passed or not: the reason of an error, else the first diverging op (stage, line,
-    step) and the output's figures."""
+    """Why a check passed or not: the reason of an error; else the first diverging stage, the
+    stage furthest from its tolerance (as a ratio of it) and the output's figures, an integer
+    output (a token) with the figures of the stage that feeds it."""
     if r.get("verdict") == "error":
         return short(r.get("reason") or "error", limit)
-    o = r.get("output") or {}
-    text = f"output max abs {number(o.get('max_abs'))}, max rel {number(o.get('max_rel'))}"
-    if "argmax_agree" in o:
-        text += f", argmax {'agrees' if o['argmax_agree'] else 'DIFFERS'}"
+    parts = []
     f = r.get("first_divergence")
     if f:
-        text = (f"first diverging op: stage {f.get('stage')} `{f.get('out')} = {f.get('op')}` "
-                f"(line {f.get('line')}, step {f.get('step')}), max abs {number(f.get('max_abs'))}; "
-                + text)
-    return text
+        parts.append(f"first diverging op: {where(f)}, max abs {number(f.get('max_abs'))}")
+    w = r.get("worst")
+    if w:
+        parts.append(f"worst: {where(w)} at {number(w.get('ratio'))}× its tolerance")
+    o = r.get("output") or {}
+    if o.get("integer"):
+        text = "integer output " + ("agrees" if not o.get("integer_mismatches") and o.get("pass", True)
+                                    else "DIFFERS")
+        feed = o.get("feeding")
+        if feed:
+            text += (f"; its input `{feed.get('out')}` max abs {number(feed.get('max_abs'))}, "
+                     f"guarded rel {number(feed.get('guarded_rel'))}, "
+                     f"{number(feed.get('worst_ratio'))}× tolerance")
+        parts.append(text)
+    elif o:
+        parts.append(f"output max abs {number(o.get('max_abs'))}, guarded rel "
+                     f"{number(o.get('guarded_rel'))}, 1−cos {number(one_minus_cos(o))}")
+    return short("; ".join(parts) or "no figures", limit)
 
 
 def line(r):

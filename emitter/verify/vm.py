@@ -1,7 +1,8 @@
 """The VM: a NumPy float64 interpreter of the Program IR, the program's meaning. It never imports torch.
 
 Leaf values come from `<name>.f64` / `<name>.f32` files in the program's weights directory, else the
-declared zeros with their fills. A `.f32` leaf is held as read and widened to float64 where an op
+declared value (zeros with their fills) where the program has one: a leaf it reads with neither is
+an error. A `.f32` leaf is held as read and widened to float64 where an op
 reads it (exact, and it keeps a big checkpoint at its own size in memory). Each step runs every
 stage in order; states written back carry into the next step.
 """
@@ -28,7 +29,7 @@ def declared_value(program, name):
     return value
 
 
-def _read_leaf(program, name, path, dtype):
+def _read_leaf(program, name, path, dtype, nonfinite_ok=False):
     d = program.decls[name]
     itemsize = np.dtype(dtype).itemsize
     size = os.path.getsize(path)
@@ -36,7 +37,7 @@ def _read_leaf(program, name, path, dtype):
         raise ProgramError(f"`{name}` is {d.rows} by {d.cols}: expected {d.rows * d.cols * itemsize} "
                            f"bytes of {dtype[1:]}, the file has {size}", path=path)
     value = np.fromfile(path, dtype=dtype).reshape(d.rows, d.cols)
-    bad = np.flatnonzero(~np.isfinite(value))
+    bad = np.empty(0, dtype=int) if nonfinite_ok else np.flatnonzero(~np.isfinite(value))
     if bad.size:
         raise ProgramError(f"`{name}` holds a non-finite value ({value.reshape(-1)[bad[0]]}) at "
                            f"flat index {bad[0]}", path=path)
@@ -53,35 +54,57 @@ class Leaves:
     unmatched: list = field(default_factory=list)
 
 
-def load_leaves(program, weights_dir=None, ignore=()):
-    """Leaf values for `program`: files in `weights_dir` where present, else declared values.
+def leaf_file(name, weights_dir):
+    """(file name, numpy dtype) of the leaf's file in `weights_dir`, or None when it has none. Both
+    extensions at once, a link leaving the directory, or something other than a regular file in a
+    leaf's place is a ProgramError naming it."""
+    if weights_dir is None:
+        return None
+    found = [(name + ext, dt) for ext, dt in _EXTS if os.path.lexists(os.path.join(weights_dir, name + ext))]
+    if len(found) > 1:
+        raise ProgramError(f"both `{found[0][0]}` and `{found[1][0]}` exist for `{name}`; keep one",
+                           path=str(weights_dir))
+    if not found:
+        return None
+    fname = found[0][0]
+    path = os.path.join(weights_dir, fname)
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(weights_dir):
+        raise ProgramError(f"`{fname}` links outside the weights directory; copy the file in",
+                           path=str(weights_dir))
+    if not os.path.isfile(path):
+        raise ProgramError(f"`{fname}` is not a regular file (the leaf `{name}`)", path=str(weights_dir))
+    return found[0]
 
-    `ignore` names files that belong to the directory without being leaves (its manifest)."""
+
+def load_leaves(program, weights_dir=None, ignore=(), allow_nonfinite=()):
+    """Leaf values for `program`: its file in `weights_dir` where there is one (a state's file is
+    how a caller feeds a token or resumes a decode), else its declared value. A leaf in
+    `program.required` (read, not a state, not filled) with no file is a ProgramError naming the
+    leaf and the directory. `ignore` names files that belong to the directory without being leaves
+    (its manifest); `allow_nonfinite` names leaves whose files may hold NaN or Inf."""
+    if weights_dir is not None and not os.path.isdir(weights_dir):
+        raise ProgramError("the weights directory does not exist", path=str(weights_dir))
     values, sources, claimed = {}, {}, set()
+    required = set(program.required)
     for name in program.leaves:
-        found = []
-        if weights_dir is not None:
-            found = [(name + ext, dt) for ext, dt in _EXTS
-                     if os.path.isfile(os.path.join(weights_dir, name + ext))]
-        if len(found) > 1:
-            raise ProgramError(f"both `{found[0][0]}` and `{found[1][0]}` exist for `{name}`; keep one",
-                               path=str(weights_dir))
+        found = leaf_file(name, weights_dir)
         if found:
-            fname, dtype = found[0]
-            real = os.path.realpath(os.path.join(weights_dir, fname))
-            if os.path.dirname(real) != os.path.realpath(weights_dir):
-                raise ProgramError(f"`{fname}` links outside the weights directory; copy the file in",
-                                   path=str(weights_dir))
+            fname, dtype = found
             claimed.add(fname)
-            values[name] = _read_leaf(program, name, os.path.join(weights_dir, fname), dtype)
+            values[name] = _read_leaf(program, name, os.path.join(weights_dir, fname), dtype,
+                                      name in allow_nonfinite)
             sources[name] = fname
+        elif name in required:
+            where = f"there is no `{name}.f64` or `{name}.f32` in the weights directory" \
+                if weights_dir else "no weights directory was given"
+            raise ProgramError(f"the {program.roles[name]} `{name}` (line {program.decls[name].line}) "
+                               f"is read but has no declared value (no `Set item` fills it), and {where}",
+                               path=None if weights_dir is None else str(weights_dir))
         else:
             values[name] = declared_value(program, name)
             sources[name] = "declared"
     unmatched = []
     if weights_dir is not None:
-        if not os.path.isdir(weights_dir):
-            raise ProgramError("the weights directory does not exist", path=str(weights_dir))
         unmatched = sorted(f for f in os.listdir(weights_dir)
                            if f not in claimed and f not in ignore and not f.startswith("."))
     return Leaves(values, sources, unmatched)

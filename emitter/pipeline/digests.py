@@ -1,0 +1,71 @@
+"""Code and environment digests: what every emit, lock and import depends on beyond its own files."""
+
+import os
+
+from ..verify import environment
+from ..verify.tolerances import tolerance
+from .files_io import dumps, sha256_file, sha256_text, write_if_changed
+
+CODE = {
+    "emit": ("files.py", "ops", "language", "sambaflow"),
+    "lock": ("files.py", "ops", "language", "sambaflow", "verify"),
+    "import": ("importers",),
+}
+
+
+def code_files(root, kind):
+    """The emitter package's .py files that tasks of `kind` ("emit", "lock", "import") depend on,
+    repo-relative and sorted."""
+    out = []
+    for part in CODE[kind]:
+        path = os.path.join(root, "emitter", part)
+        if part.endswith(".py"):
+            out.append(f"emitter/{part}")
+            continue
+        for dirpath, dirnames, filenames in os.walk(path):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
+            out += [f"{rel_dir}/{f}" for f in sorted(filenames) if f.endswith(".py")]
+    return sorted(out)
+
+
+def _digest_of(files):
+    shas = {f: sha256_file(f) for f in files}
+    return {"files": shas, "digest": sha256_text(dumps(shas))}
+
+
+def digest_current(task, values, target, files):
+    """Up to date when `target` already holds the digest of `files` (hashing a few sources is cheap)."""
+    try:
+        with open(target, encoding="utf-8") as f:
+            return f.read() == dumps(_digest_of(files))
+    except OSError:
+        return False
+
+
+def write_digest(target, files):
+    write_if_changed(target, dumps(_digest_of(files)))
+
+
+def env_current(task, values, target):
+    """Up to date when `target` holds this environment's fingerprint (python, numpy, torch, CPU)."""
+    try:
+        with open(target, encoding="utf-8") as f:
+            return f.read() == _env_text()
+    except OSError:
+        return False
+
+
+def _env_text():
+    fp = environment.fingerprint()
+    return dumps({"fingerprint": fp, "digest": environment.digest(fp)})
+
+
+def write_env(target):
+    write_if_changed(target, _env_text())
+
+
+def check_digest(dtype, steps, atol, rtol, weights, allow_nonfinite=()):
+    """The digest of what a check's verdict depends on from the merged config."""
+    return sha256_text(dumps({"dtype": dtype, "steps": steps, "tolerance": tolerance(dtype, atol, rtol),
+                              "weights": weights, "allow_nonfinite": sorted(allow_nonfinite)}))

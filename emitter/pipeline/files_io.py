@@ -1,0 +1,70 @@
+"""Small file helpers of the pipeline: content hashes, canonical JSON, write-if-changed, and the
+stamps that let doit rebuild a target whose content changed since its task wrote it."""
+
+import hashlib
+import json
+import os
+
+from ..files import write_atomic
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_text(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def dumps(obj):
+    """Canonical JSON: sorted keys, so equal content is equal bytes (and equal md5 for doit)."""
+    return json.dumps(obj, indent=1, sort_keys=True, allow_nan=True) + "\n"
+
+
+def write_if_changed(path, text):
+    """Write `text` atomically unless the file already holds it (its mtime then stays)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return False
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    write_atomic(path, text)
+    return True
+
+
+def stamp_targets(paths):
+    """{path: [mtime_ns, size, sha256]} of files a task just wrote: returned by the action, doit
+    keeps it with the task's state for `targets_intact`."""
+    out = {}
+    for p in paths:
+        st = os.stat(p)
+        out[p] = [st.st_mtime_ns, st.st_size, sha256_file(p)]
+    return {"targets": out}
+
+
+def targets_intact(task, values):
+    """Up to date only while every target is what the task wrote: same (mtime, size) costs a stat;
+    a moved mtime with the same size costs a hash (and the recorded mtime is put back, so the next
+    run pays a stat again); anything else reruns the task."""
+    recorded = values.get("targets")
+    if not isinstance(recorded, dict):
+        return False
+    for path in task.targets:
+        rec = recorded.get(path)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if not (isinstance(rec, list) and len(rec) == 3) or st.st_size != rec[1]:
+            return False
+        if st.st_mtime_ns != rec[0]:
+            if sha256_file(path) != rec[2]:
+                return False
+            os.utime(path, ns=(st.st_atime_ns, rec[0]))
+    return True

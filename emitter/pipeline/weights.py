@@ -1,0 +1,126 @@
+"""Weights directories under doit: the per-directory manifest a lock depends on, and derived
+weights imported from a checkpoint into a fresh directory swapped into place."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from ..files import read_json, write_atomic
+from .files_io import dumps, sha256_file, sha256_text, stamp_targets, write_if_changed
+from .guards import freeze_heap
+
+def _weight_entries(weights_dir):
+    """The plain files of a weights directory (dot files ignored), sorted by name: none when it
+    does not exist; an unreadable one raises."""
+    if not weights_dir or not os.path.isdir(weights_dir):
+        return []
+    with os.scandir(weights_dir) as it:
+        return sorted((e for e in it if not e.name.startswith(".") and e.is_file()),
+                      key=lambda e: e.name)
+
+
+def _listing(weights_dir):
+    """name -> (size, mtime_ns) of a weights directory's files (as `_weight_entries` counts them)."""
+    return {e.name: (st.st_size, st.st_mtime_ns)
+            for e in _weight_entries(weights_dir) for st in (e.stat(),)}
+
+
+def weight_files(weights_dir):
+    """A weights directory's files (as `_weight_entries` counts them) as paths, with no stat: the
+    dodo lists a thousand of these on every run. An unreadable directory lists none."""
+    try:
+        return [f"{weights_dir}/{e.name}" for e in _weight_entries(weights_dir)]
+    except OSError:
+        return []
+
+
+def _stat_path(manifest):
+    return manifest + ".stat"
+
+
+def weights_current(task, values, weights_dir, manifest):
+    """Up to date when the directory's names, sizes and contents match the manifest.
+
+    Files whose mtime moved are re-hashed; if their content is unchanged the stat cache is updated
+    here, so a touched (or freshly cloned) weight file reruns nothing and is hashed only once."""
+    man, cache = read_json(manifest), read_json(_stat_path(manifest))
+    if man is None or cache is None or man.get("dir") != weights_dir:
+        return False
+    listing = _listing(weights_dir)
+    files = man.get("files", {})
+    if set(listing) != set(files):
+        return False
+    moved = {}
+    for name, (size, mtime) in listing.items():
+        if files[name]["size"] != size:
+            return False
+        if cache.get(name) != [size, mtime]:
+            moved[name] = (size, mtime)
+    for name in moved:
+        if sha256_file(os.path.join(weights_dir, name)) != files[name]["sha256"]:
+            return False
+    if moved:
+        cache.update({n: list(v) for n, v in moved.items()})
+        write_atomic(_stat_path(manifest), dumps(cache))
+    return True
+
+
+def write_weights_manifest(weights_dir, manifest):
+    """names, sizes and sha256 of the weights directory; rewritten only when they change."""
+    freeze_heap()
+    listing = _listing(weights_dir)
+    files = {n: {"size": s, "sha256": sha256_file(os.path.join(weights_dir, n))}
+             for n, (s, _) in listing.items()}
+    body = {"schema": "logos.weights.manifest", "version": 1, "dir": weights_dir,
+            "exists": bool(weights_dir) and os.path.isdir(weights_dir), "files": files,
+            "digest": sha256_text(dumps(files))}
+    write_if_changed(manifest, dumps(body))
+    write_atomic(_stat_path(manifest), dumps({n: list(v) for n, v in listing.items()}))
+    return stamp_targets([manifest])
+
+
+# --- derived weights ------------------------------------------------------------------------------
+
+def checkpoint_identity(spec, path):
+    """What stands for a package checkpoint's content across machines: its spec and size (its
+    absolute path and mtime differ per install, and hashing hundreds of MB each run costs seconds)."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = None
+    return f"{spec}|{size}"
+
+
+def checkpoint_same(task, values, identity):
+    return values.get("checkpoint") == identity
+
+
+def import_weights(importer, checkpoint, source, out_dir, identity=None):
+    """`python -m emitter import-IMPORTER CHECKPOINT --program SOURCE -o DIR` into a fresh
+    directory beside `out_dir`, then swapped into place: the old weights stay until the new exist."""
+    freeze_heap()
+    parent = os.path.dirname(out_dir) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out_dir)}.")
+    try:
+        cmd = [sys.executable, "-m", "emitter", f"import-{importer}", checkpoint, "--program", source,
+               "-o", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stdout.write(done.stdout)
+        sys.stderr.write(done.stderr)
+        if done.returncode != 0:
+            from doit.exceptions import TaskFailed
+            return TaskFailed(f"{' '.join(cmd[1:])} exited {done.returncode}")
+        old = None
+        if os.path.exists(out_dir):
+            old = tmp + ".old"
+            os.rename(out_dir, old)
+        os.rename(tmp, out_dir)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+        return {"checkpoint": identity}
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
