@@ -140,7 +140,10 @@ def test_import_writes_every_weight_leaf(smollm2):
     assert all(leaves.sources[f"Kc{i}"] == f"Kc{i}.f32" for i in range(30))
     # what the program computes from, not the GGUF: declared (fills or zeros)
     declared = sorted(v for v, s in leaves.sources.items() if s == "declared")
-    assert declared == sorted(["tok", "pos", "Pq", "Pkv", "Po", "qmask"] + [f"Vc{i}" for i in range(30)])
+    assert declared == sorted(["Pq", "Pkv", "Po", "qmask"] + [f"Vc{i}" for i in range(30)])
+    # the first step's token (the tokenizer's BOS) and position are written: a caller feeds others
+    assert (leaves.sources["tok"], leaves.sources["pos"]) == ("tok.f32", "pos.f32")
+    assert (leaves.values["tok"].item(), leaves.values["pos"].item()) == (1.0, 0.0)
     files = {f["file"]: f["bytes"] for f in smollm2["record"]["files"]}
     for v in smollm2["written"]:
         d = program.decls[v[:-4]]

@@ -98,8 +98,8 @@ class ProgressReporter(ConsoleReporter):
         self._tick()
 
     def add_failure(self, task, fail):
-        self.failed_tasks[task.name] = _message(fail)
-        if _counted(task):
+        if _counted(task):   # a group (`lock`) fails with its sub-tasks: they say why
+            self.failed_tasks[task.name] = _message(fail)
             self.done += 1
             self.failed += 1
         if self.line and self.tty:

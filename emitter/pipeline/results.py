@@ -37,13 +37,41 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs (name, dtype, id);
 """
+# The schema's version (SQLite's user_version) and the columns each version added: a DB an older
+# project wrote (a restored CI cache) is brought up to date; one a newer project wrote is refused.
+VERSION = 2
+_ADDED = {2: (("worst_stage", "TEXT"), ("worst_op", "TEXT"), ("worst_ratio", "REAL"),
+              ("guarded_rel", "REAL"), ("code_sha", "TEXT"), ("env_sha", "TEXT"))}
+
+
+class HistoryError(Exception):
+    """A history DB this project cannot read (written by a newer version, or not a DB)."""
 
 
 def connect(db):
     os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
     con = sqlite3.connect(db, timeout=60)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.executescript(_SCHEMA)
+    try:
+        version = con.execute("PRAGMA user_version").fetchone()[0]
+        if version > VERSION:
+            raise HistoryError(f"{db}: written by a newer version of this project (history schema "
+                               f"{version}; this one reads up to {VERSION}): use that version, or "
+                               "move the file aside to start a new history")
+        con.execute("PRAGMA journal_mode=WAL")
+        con.executescript(_SCHEMA)
+        have = {row[1] for row in con.execute("PRAGMA table_info(runs)")}
+        with con:
+            for v in range(version + 1, VERSION + 1):
+                for column, kind in _ADDED.get(v, ()):
+                    if column not in have:
+                        con.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
+            con.execute(f"PRAGMA user_version = {VERSION}")
+    except sqlite3.DatabaseError as e:
+        con.close()
+        raise HistoryError(f"{db}: not a history this project can read ({e})") from None
+    except HistoryError:
+        con.close()
+        raise
     return con
 
 
@@ -60,19 +88,23 @@ def record(db, r, at=None):
     f = r.get("first_divergence") or {}
     h = r.get("hashes") or {}
     at = at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    w = r.get("worst") or {}
     row = (at, r.get("name"), r.get("dtype"), r.get("steps"), r.get("verdict"), r.get("reason"),
            r.get("program"), h.get("source"), _bundle_sha(h), h.get("weights_manifest") or h.get("weights"),
            h.get("config"), o.get("max_abs"), o.get("max_rel"), o.get("nmse"), o.get("cosine"),
            f.get("stage"), f.get("out"), f.get("op"), f.get("line"),
-           (r.get("timings") or {}).get("total_s"), json.dumps(r, sort_keys=True, allow_nan=True))
+           (r.get("timings") or {}).get("total_s"), json.dumps(r, sort_keys=True, allow_nan=True),
+           None if w.get("stage") is None else str(w.get("stage")), w.get("op"), w.get("ratio"),
+           o.get("guarded_rel"), h.get("code"), h.get("environment"))
     con = connect(db)
     try:
         with con:
             cur = con.execute(
                 "INSERT INTO runs (at, name, dtype, steps, verdict, reason, program, source_sha, "
                 "bundle_sha, weights_sha, config_sha, max_abs, max_rel, nmse, cosine, first_stage, "
-                "first_out, first_op, first_line, total_s, result) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
+                "first_out, first_op, first_line, total_s, result, worst_stage, worst_op, "
+                "worst_ratio, guarded_rel, code_sha, env_sha) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
         return cur.lastrowid
     finally:
         con.close()
@@ -106,8 +138,8 @@ def _row_line(x, mark=""):
             f"{x['first_line']}" if x["first_op"] else ""
     why = f" ({short(x['reason'], 160)})" if x["verdict"] == "error" and x["reason"] else ""
     return (f"{mark}#{x['id']:<5} {x['at']}  {x['name']:<24} {x['dtype']:<8} {x['verdict']:<5} "
-            f"max_abs {number(x['max_abs']):<9} src {str(x['source_sha'] or '-')[:10]} "
-            f"w {str(x['weights_sha'] or '-')[:10]}{first}{why}")
+            f"max_abs {number(x['max_abs']):<9} worst {number(x.get('worst_ratio')):<8}x tol "
+            f"src {str(x['source_sha'] or '-')[:10]} w {str(x['weights_sha'] or '-')[:10]}{first}{why}")
 
 
 def add_arguments(p):
@@ -119,6 +151,14 @@ def add_arguments(p):
 
 
 def main(args):
+    try:
+        return _main(args)
+    except HistoryError as e:
+        print(e, file=sys.stderr)
+        return 2
+
+
+def _main(args):
     if not os.path.isfile(args.db):
         print(f"{args.db}: no lock history yet (run `doit`)", file=sys.stderr)
         return 2

@@ -105,7 +105,7 @@ def _load_stage(torch, model, program, leaves, np_dtype, tol):
         ok = got is not None and got.shape == want.shape and got.dtype == np_dtype
         rows = 1 + (1 << 22) // max(1, want.shape[1])
         for r in range(0, want.shape[0], rows) if ok else ():
-            if not np.array_equal(got[r:r + rows], want[r:r + rows].astype(np_dtype)):
+            if not np.array_equal(got[r:r + rows], want[r:r + rows].astype(np_dtype), equal_nan=True):
                 ok = False
                 break
         if not ok:

@@ -1,0 +1,269 @@
+"""Verdicts that cannot lie: the bundle is locked as a user runs it (its own loader, fills and
+write-backs; mutants of each are caught and named), missing leaves are errors, the report is always
+this run's and refuses results that do not match build/, formats carry versions.
+
+The pipeline scenarios run real `doit` in a temporary copy of a small zoo."""
+
+import json
+import os
+import sqlite3
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+from conftest import emit_bundle, run_cli, write_weights
+from emitter.language.errors import ProgramError
+from emitter.language.reader import read_file, read_program
+from emitter.verify import vm
+from emitter.verify.lock import lock_bundle
+from test_pipeline import PROG_A, PROG_B, _weights, doit, make_zoo
+
+RING = """Let x be a 1 by 3 tensor of Real.
+Let wc be a 2 by 3 tensor of Real.
+Let cs be a 2 by 3 tensor of Real.
+Let g be a 1 by 3 tensor of Real.
+Set item 2 of g to 0.5.
+Let h be causal conv of x with weight wc state cs over 2 taps.
+Let k be h hadamard g.
+Let y be silu of k.
+"""
+
+
+@pytest.fixture
+def ring(tmp_path):
+    (tmp_path / "ring.logos").write_text(RING)
+    program = read_file(str(tmp_path / "ring.logos"))
+    weights = write_weights(program, tmp_path / "w", seed=4, skip=("g",))
+    bundle = emit_bundle(RING, tmp_path / "b")
+    return {"program": str(tmp_path / "ring.logos"), "weights": weights, "bundle": bundle}
+
+
+def _mutate(bundle, old, new):
+    path = os.path.join(bundle, "model.py")
+    text = open(path).read()
+    assert old in text, old
+    open(path, "w").write(text.replace(old, new, 1))
+
+
+def _lock(r, dtype="float64", steps=2):
+    return lock_bundle(r["bundle"], r["program"], r["weights"], dtype, steps)
+
+
+def test_the_good_bundle_passes(ring):
+    for dtype in ("float64", "float32"):
+        r = _lock(ring, dtype)
+        assert r["verdict"] == "pass", r["reason"] or r["first_divergence"]
+        assert r["load"] == {"pass": True, "leaves": 4, "failed": []}
+
+
+@pytest.mark.parametrize("old, new, leaf", [
+    # a loader that scales one weight: the user's model.py --weights would run with it
+    ("weights[name] = torch.from_numpy(data).reshape(shape).to(dtype)",
+     "weights[name] = torch.from_numpy(data).reshape(shape).to(dtype) * (1.5 if name == 'wc' else 1)",
+     "wc"),
+    # a loader that drops a state's file: the state starts from zeros, not from its file
+    ("weights[name] = torch.from_numpy(data).reshape(shape).to(dtype)",
+     "weights[name] = torch.from_numpy(data).reshape(shape).to(dtype)\n"
+     "        weights.pop('cs') if name == 'cs' else None", "cs"),
+    # a wrong fill
+    ('"g": ((1, 0.5),),', '"g": ((1, 0.25),),', "g"),
+    # a fill at the wrong item
+    ('"g": ((1, 0.5),),', '"g": ((2, 0.5),),', "g"),
+])
+def test_a_wrong_loader_or_fill_fails_at_the_load_stage_naming_the_tensor(ring, old, new, leaf):
+    _mutate(ring["bundle"], old, new)
+    r = _lock(ring)
+    assert r["verdict"] == "fail"
+    f = r["first_divergence"]
+    assert (f["stage"], f["out"], f["op"], f["step"]) == ("load", leaf, "load", 0)
+    assert f["line"] == read_program(RING).decls[leaf].line
+    assert [x["leaf"] for x in r["load"]["failed"]] == [leaf]
+    assert r["worst"]["stage"] == "load" and r["worst"]["out"] == leaf
+
+
+@pytest.mark.parametrize("new", ["", "self.leaf_cs.copy_(cs.flip(0))"])
+def test_a_dropped_or_wrong_write_back_names_the_state_and_step(ring, new):
+    _mutate(ring["bundle"], "self.leaf_cs.copy_(cs)", new)
+    r = _lock(ring)
+    assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"])
+    f = r["first_divergence"]
+    assert (f["stage"], f["out"], f["op"], f["step"], f["line"]) == ("write-back", "cs", "causal conv", 1, 6)
+    assert not r["steps_detail"][0]["states"]["cs"]["pass"]
+
+
+def test_the_lock_command_locks_a_hand_edited_bundle_on_its_merits(ring, tmp_path):
+    _mutate(ring["bundle"], "# stage 0", "# a comment a person added\n        # stage 0")
+    out = tmp_path / "r.json"
+    p = run_cli("lock", ring["bundle"], "--program", ring["program"], "--weights", ring["weights"],
+                "-o", str(out))
+    assert p.returncode == 0, p.stderr               # edited, still right: it passes
+    _mutate(ring["bundle"], "h * g", "h * g * 1.001")
+    p = run_cli("lock", ring["bundle"], "--program", ring["program"], "--weights", ring["weights"],
+                "-o", str(out))
+    assert p.returncode == 1 and "stage 1 `k = hadamard` (line 7, step 1)" in p.stderr
+
+
+def test_a_read_leaf_without_file_or_value_is_an_error_everywhere(ring, tmp_path):
+    os.unlink(os.path.join(ring["weights"], "wc.f64"))
+    program = read_file(ring["program"])
+    with pytest.raises(ProgramError, match=r"the weight `wc` \(line 2\) is read but has no declared "
+                                           r"value .* no `wc.f64` or `wc.f32` in the weights directory"):
+        vm.load_leaves(program, ring["weights"])
+    r = _lock(ring)
+    assert r["verdict"] == "error" and "`wc`" in r["reason"] and ring["weights"] in r["reason"]
+    from conftest import load_model
+    import torch
+    module = load_model(ring["bundle"])
+    with pytest.raises(ValueError, match=r"no wc.f64 or wc.f32 for the weight `wc`"):
+        module.load_weights(ring["weights"], torch.float64)
+    # a state with no file starts from its declared value; a directory in a leaf's place is refused
+    os.unlink(os.path.join(ring["weights"], "cs.f64"))
+    os.mkdir(os.path.join(ring["weights"], "wc.f64"))
+    with pytest.raises(ProgramError, match="`wc.f64` is not a regular file"):
+        vm.load_leaves(program, ring["weights"])
+
+
+def test_non_finite_weights_are_refused_unless_allowed(ring):
+    np.array([[1.0, np.nan, 2.0], [0.0, 1.0, 2.0]]).astype("<f8").tofile(os.path.join(ring["weights"], "wc.f64"))
+    r = _lock(ring)
+    assert r["verdict"] == "error" and "non-finite" in r["reason"] and "wc.f64" in r["reason"]
+    r = lock_bundle(ring["bundle"], ring["program"], ring["weights"], "float64", 1, allow_nonfinite=("wc",))
+    assert r["verdict"] == "pass", r["reason"] or r["first_divergence"]   # NaN on both sides agrees
+
+
+# ── the pipeline ───────────────────────────────────────────────────────────────────────────────
+
+FAKE_IMPORTER = '''
+import os, shutil, sys
+
+
+def add_arguments(p):
+    p.add_argument("checkpoint")
+    p.add_argument("--program", required=True)
+    p.add_argument("-o", "--out", required=True)
+
+
+def main(args):
+    if os.path.getsize(args.checkpoint) != 128:
+        print(f"{args.checkpoint}: truncated checkpoint", file=sys.stderr)
+        return 1
+    os.makedirs(args.out, exist_ok=True)
+    shutil.copy(args.checkpoint, os.path.join(args.out, "w.f64"))
+    return 0
+'''
+
+
+@pytest.fixture
+def zoo(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None),
+                                    "d": (PROG_A, "derive:\n  importer: fake\n  checkpoint: ckpt/w.bin\n")})
+    _weights(z / "weights" / "a" / "w.f64", 0)
+    (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER)
+    with open(z / "emitter/importers/__init__.py", "a") as f:
+        f.write('\nIMPORTERS["fake"] = ("emitter.importers.fake", "test importer")\n')
+    _weights(z / "ckpt" / "w.bin", 5)
+    return z
+
+
+def _junit(z):
+    root = ET.parse(z / "build/junit.xml").getroot()
+    return {(c.get("classname"), c.get("name")): c for c in root.iter("testcase")}
+
+
+def test_a_failed_task_makes_this_runs_report_not_the_last_ones(zoo):
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and "report" in ran, out
+    assert all(c.find("error") is None and c.find("failure") is None for c in _junit(zoo).values())
+    (zoo / "ckpt/w.bin").write_bytes((zoo / "ckpt/w.bin").read_bytes()[:64])   # truncated
+    rc, ran, out = doit(zoo)
+    assert rc != 0 and "weights:d" in ran and "report" not in ran, out
+    cases = _junit(zoo)                                  # written this run, by the reporter
+    for dtype in ("float64", "float32"):
+        err = cases[("d", dtype)].find("error")
+        assert err is not None and "weights:d failed in this run" in err.get("message")
+        assert "exited 1" in err.get("message")
+        assert cases[("a", dtype)].find("error") is None   # the others keep their verdicts
+    summary = (zoo / "build/summary.md").read_text()
+    assert "❌" in summary and "weights:d failed in this run" in summary
+    report = json.loads((zoo / "build/report.json").read_text())
+    assert report["counts"] == {"pass": 4, "fail": 0, "error": 2}, report["failures"]
+
+
+def test_edited_targets_are_rebuilt_and_a_noop_runs_nothing(zoo):
+    rc, _, out = doit(zoo)
+    assert rc == 0, out
+    result = zoo / "build/results/a/float64.json"
+    locked = result.read_text()
+    r = json.loads(locked)
+    r["output"]["max_abs"] = 0.0
+    result.write_text(json.dumps(r))                   # hand-edited
+    with open(zoo / "build/bundles/b/model.py", "a") as f:
+        f.write("\n# edited\n")
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and ran == {"lock:a", "emit:b", "report"}, out
+    assert json.loads(result.read_text())["output"] == json.loads(locked)["output"]   # the lock's own
+    assert "# edited" not in (zoo / "build/bundles/b/model.py").read_text()
+    os.utime(zoo / "build/results/a/float64.json", (1, 1))                # touched, same content
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, set()), out
+
+
+def test_the_report_refuses_results_that_do_not_match_build(zoo):
+    rc, _, out = doit(zoo)
+    assert rc == 0, out
+    from emitter.pipeline.report import build_rows
+    entries = [{"name": "a", "source": "programs/a.logos", "status": str(zoo / "build/status/a.emit.json"),
+                "manifest": str(zoo / "build/weights-manifests/a.json"), "steps": 1, "weights": "weights/a",
+                "checks": [("float64", str(zoo / "build/results/a/float64.json"), None, None)]}]
+    build = str(zoo / "build")
+    assert build_rows(entries, None, build)[0]["verdict"] == "pass"
+    other = [dict(entries[0], steps=2)]                                   # another merged config
+    row = build_rows(other, None, build)[0]
+    assert row["verdict"] == "error" and "its config differs" in row["reason"]
+    env = json.loads((zoo / "build/digests/env.json").read_text())
+    env["digest"] = "0" * 64                                              # another machine's
+    (zoo / "build/digests/env.json").write_text(json.dumps(env))
+    row = build_rows(entries, None, build)[0]
+    assert row["verdict"] == "error" and "its environment differs" in row["reason"]
+    r = json.loads((zoo / "build/results/a/float64.json").read_text())
+    r["version"] = 1                                                      # an older project's
+    (zoo / "build/results/a/float64.json").write_text(json.dumps(r))
+    row = build_rows(entries, None, build)[0]
+    assert row["verdict"] == "error" and "version 1; this project reads 2" in row["reason"]
+
+
+def test_a_torch_or_numpy_upgrade_reruns_every_lock(zoo, tmp_path):
+    rc, _, out = doit(zoo)
+    assert rc == 0, out
+    upgraded = tmp_path / "site"                        # a torch 9.9.9 first on the path
+    (upgraded / "torch-9.9.9.dist-info").mkdir(parents=True)
+    rc, ran, out = doit(zoo, env={"PYTHONPATH": str(upgraded)})
+    assert rc == 0 and ran == {"digest:env", "lock:a", "lock:b", "lock:d", "report"}, out
+    assert json.loads((zoo / "build/digests/env.json").read_text())["fingerprint"]["torch"] == "9.9.9"
+    rc, ran, out = doit(zoo, env={"PYTHONPATH": str(upgraded)})
+    assert (rc, ran) == (0, set()), out
+
+
+def test_history_db_versions(tmp_path):
+    from emitter.pipeline import results
+    old = tmp_path / "old.sqlite"
+    con = sqlite3.connect(old)                          # what the first version of the project wrote
+    con.executescript(results._SCHEMA)
+    con.execute("INSERT INTO runs (at, name, dtype, verdict, result) VALUES ('t', 'p', 'float64', 'pass', '{}')")
+    con.commit()
+    con.close()
+    results.record(str(old), {"name": "p", "dtype": "float64", "verdict": "fail",
+                              "worst": {"stage": 3, "op": "matmul", "ratio": 2.5}})
+    rows = results.history(str(old), "p")
+    assert [r["verdict"] for r in rows] == ["pass", "fail"] and rows[1]["worst_ratio"] == 2.5
+    newer = tmp_path / "newer.sqlite"
+    con = sqlite3.connect(newer)
+    con.execute("PRAGMA user_version = 99")
+    con.close()
+    p = run_cli("results", "--db", str(newer))
+    assert p.returncode == 2 and "written by a newer version" in p.stderr and "Traceback" not in p.stderr
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"not a database at all" * 100)
+    p = run_cli("results", "--db", str(junk))
+    assert p.returncode == 2 and "not a history" in p.stderr and "Traceback" not in p.stderr
