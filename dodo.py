@@ -6,7 +6,6 @@ shows every task. See the README. Each program is `programs/NAME.logos` with an 
 its own checks, and the run exits non-zero when any check did not pass.
 """
 
-import hashlib
 import os
 import sys
 
@@ -15,7 +14,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from emitter.pipeline import actions, digests, guards, weights  # noqa: E402
-from emitter.pipeline.config import NAME_RE, discover  # noqa: E402
+from emitter.pipeline.config import discover  # noqa: E402
 from emitter.pipeline.files_io import targets_intact  # noqa: E402
 from emitter.pipeline.progress import ProgressReporter  # noqa: E402
 
@@ -24,7 +23,9 @@ DIGESTS = f"{BUILD}/digests"
 DB = f"{BUILD}/results.sqlite"
 
 os.chdir(ROOT)
+guards.safe_build(ROOT, BUILD)
 guards.exclusive(BUILD)
+guards.sweep(BUILD)
 guards.install_sigterm(BUILD)
 guards.pause_collector()
 
@@ -36,20 +37,16 @@ DOIT_CONFIG = {
     "reporter": ProgressReporter,
 }
 
-PROGRAMS = discover(ROOT, cache_file=f"{BUILD}/.config-cache.json")
+WARNINGS = []
+PROGRAMS = discover(ROOT, cache_file=f"{BUILD}/.config-cache.json", warnings=WARNINGS)
+for _w in WARNINGS:
+    sys.stderr.write(f"warning: {_w}\n")
 CODE = {kind: digests.code_files(ROOT, kind) for kind in ("emit", "lock", "import")}
 INTACT = [targets_intact]   # a target edited since its task wrote it reruns the task
 
 
-def _slug(name):
-    """A program name safe as a path under build/ (an invalid name still gets its own tasks)."""
-    if NAME_RE.fullmatch(name):
-        return name
-    return "invalid-" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
-
-
 def _paths(pc):
-    s = _slug(pc.name)
+    s = pc.name   # a plain name, or `invalid-<hash>` for a file name that is not one
     return {
         "bundle": f"{BUILD}/bundles/{s}",
         "status": f"{BUILD}/status/{s}.emit.json",
@@ -85,6 +82,7 @@ def task_digest():
             "actions": [(digests.write_digest, [target, files])],
             "targets": [target],
             "uptodate": [(digests.digest_current, [target, files])],
+            "clean": True,
         }
     target = f"{DIGESTS}/env.json"
     yield {
@@ -93,6 +91,7 @@ def task_digest():
         "actions": [(digests.write_env, [target])],
         "targets": [target],
         "uptodate": [(digests.env_current, [target])],
+        "clean": True,
     }
 
 
@@ -108,6 +107,7 @@ def task_weights():
             "doc": f"import {d.checkpoint} with import-{d.importer} into {pc.weights}",
             "file_dep": deps,
             "targets": [pc.weights],
+            "clean": [(weights.remove_dir, [pc.weights])],
         }
         if d.checkpoint.startswith("package:"):
             # a package file's absolute path differs per install: depend on its identity instead
@@ -117,7 +117,8 @@ def task_weights():
             identity = None
             task["file_dep"] = [d.checkpoint_path] + deps
         task["actions"] = [(weights.import_weights, [d.importer, d.checkpoint_path, pc.source,
-                                                     pc.weights, identity])]
+                                                     pc.weights, identity, pc.limits["seconds"],
+                                                     f"{BUILD}/tmp"])]
         yield task
 
 
@@ -133,6 +134,7 @@ def task_wmanifest():
             "actions": [(weights.write_weights_manifest, [pc.weights, p["manifest"]])],
             "targets": [p["manifest"]],
             "uptodate": INTACT,
+            "clean": [(weights.remove_files, [[p["manifest"], p["manifest"] + ".stat"]])],
         }
         if pc.derive:
             # made by weights:NAME during the run: listed when this task runs, not at load
@@ -153,11 +155,13 @@ def task_emit():
             "name": pc.name,
             "doc": f"emit {pc.source} to {p['bundle']}/",
             "actions": [(actions.emit_bundle, [pc.name, pc.source, p["bundle"], p["status"],
-                                               pc.error])],
-            "file_dep": [pc.source] + _config_files(pc) + [f"{DIGESTS}/emit.json"],
+                                               pc.error, pc.limits])],
+            # a refused config is refused whatever the program holds: its text is no dependency
+            "file_dep": ([] if pc.error else [pc.source]) + _config_files(pc) + [f"{DIGESTS}/emit.json"],
             "targets": [f"{p['bundle']}/{f}" for f in ("model.py", "manifest.json", "compile.py")]
                        + [p["status"]],
             "uptodate": INTACT,
+            "clean": True,
         }
 
 
@@ -178,10 +182,11 @@ def task_lock():
             "doc": f"lock {pc.name} ({', '.join(pc.dtypes)}, {pc.steps} step(s))",
             "actions": [(actions.lock_program, [pc.name, pc.source, p["bundle"], p["status"],
                                                 pc.weights, checks, pc.steps, DB, manifest,
-                                                pc.allow_nonfinite, DIGESTS])],
+                                                pc.allow_nonfinite, DIGESTS, pc.limits])],
             "file_dep": deps,
             "targets": [c[3] for c in checks],
             "uptodate": INTACT,
+            "clean": True,   # the history in results.sqlite stays: `python -m emitter results --prune`
         }
 
 
@@ -213,4 +218,5 @@ def task_report():
                             "emitter/verify/verdict.py"],
         "targets": [f"{BUILD}/report.json", f"{BUILD}/junit.xml", f"{BUILD}/summary.md"],
         "uptodate": INTACT,
+        "clean": True,
     }

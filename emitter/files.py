@@ -7,12 +7,13 @@ import os
 import tempfile
 
 BUNDLE_FILES = ("model.py", "manifest.json", "compile.py")
+PARTIAL = ".partial"   # a file being written: renamed into place when whole, else swept later
 
 
 def _stage(directory, fname, data):
     """`data` in full in a temporary file beside `fname`, readable like any emitted file. `data` is
     text, bytes, or an array that writes itself (`tofile`: a large leaf is never copied to bytes)."""
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{fname}.")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{fname}.", suffix=PARTIAL)
     try:
         with os.fdopen(fd, "wb") as f:
             if hasattr(data, "tofile"):

@@ -1,5 +1,13 @@
 """The one error type every refusal of a program, its weights or its config raises."""
 
+MAX_MESSAGE = 4000   # a message quotes a bounded excerpt: a 50 MB line never becomes a 500 MB error
+
+
+def excerpt(text, limit=160):
+    """`text` as at most `limit` printable characters (an ellipsis where it was cut)."""
+    text = "".join(c if c.isprintable() else " " for c in str(text)[:limit + 1])
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
 
 class ProgramError(ValueError):
     """A refusal at a place in a file: `PATH:LINE: message` on the command line.
@@ -9,6 +17,9 @@ class ProgramError(ValueError):
     """
 
     def __init__(self, message, line=None, path=None):
+        message = str(message)
+        if len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE - 1] + "…"
         super().__init__(message)
         self.message = message
         self.line = line

@@ -84,6 +84,12 @@ class Program:
         return list(self.decls)
 
     @property
+    def tensor_bytes(self):
+        """What every tensor of the program takes in float64 (the VM's type): the memory a run needs,
+        known before anything is allocated."""
+        return 8 * sum(r * c for r, c in self.shapes.values())
+
+    @property
     def required(self):
         """The leaves that need a file: read by an op, not a state (a state starts from its declared
         value) and not filled (a filled leaf's declared value is its value)."""

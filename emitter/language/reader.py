@@ -3,16 +3,19 @@
 import math
 import re
 
-from .errors import ProgramError
+from .errors import ProgramError, excerpt
 from .names import layer_of, unsafe_name
 from ..ops import OPS, SET_ROW, Args, ShapeError
 from .patterns import key_of, match, parse_pattern
 from .program import Decl, Fill, OpSentence, Program, Show, Stage
 
 MAX_ELEMENTS = 1 << 31
+MAX_LINE = 1 << 16          # characters in one line
+MAX_PROGRAM_BYTES = 64 << 20
 MAX_INT = 1 << 53  # an Int fill must survive float64 (the VM's and the module's number type)
 _UINT = re.compile(r"[0-9]{1,15}")  # counts and indices: well past any shape, far from int()'s limits
 _INT = re.compile(r"[+-]?[0-9]{1,16}")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _REAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 DECL_FORM = "Let V be a R by C tensor of Real."
@@ -31,10 +34,10 @@ def _known():
 
 
 class _Line:
-    """One line's text and number, for errors that quote the sentence."""
+    """One line's text (a bounded excerpt, for errors that quote the sentence) and number."""
 
     def __init__(self, text, number):
-        self.text, self.number = text, number
+        self.text, self.number = excerpt(text), number
 
     def error(self, message):
         return ProgramError(f"`{self.text}`: {message}", self.number)
@@ -46,13 +49,14 @@ class _Line:
 def _name(line, word, what="a tensor name"):
     why = unsafe_name(word)
     if why:
-        raise line.error(f"{what} `{word}` {why}")
+        raise line.error(f"{what} `{excerpt(word, 40)}` {why}")
     return word
 
 
 def _count(line, word, what):
     if not _UINT.fullmatch(word) or int(word) == 0:
-        raise line.error(f"{what} must be a positive integer literal (at most 15 digits), got `{word}`")
+        raise line.error(f"{what} must be a positive integer literal (at most 15 digits), got "
+                         f"`{excerpt(word, 40)}`")
     return int(word)
 
 
@@ -134,9 +138,15 @@ def _read_sentence(text, number):
 
 
 def read_tensor_sentences(source):
-    """Every sentence of a program in order (Decl, Fill, OpSentence, Show); no binding checks."""
+    """Every sentence of a program in order (Decl, Fill, OpSentence, Show); no binding checks.
+
+    Lines end with LF, CRLF or a bare CR, as editors count them (and the line numbers of errors
+    with them); a UTF-8 byte-order mark at the start is not text."""
     out = []
-    for number, text in enumerate(source.split("\n"), start=1):
+    for number, text in enumerate(_LINE_BREAK.split(source.removeprefix("\ufeff")), start=1):
+        if len(text) > MAX_LINE:
+            raise ProgramError(f"`{excerpt(text)}`: a line of {len(text)} characters; a line holds at "
+                               f"most {MAX_LINE}", number)
         s = _read_sentence(text, number)
         if s is not None:
             out.append(s)
@@ -249,11 +259,20 @@ def read_program(source, path=None):
         path=None if path is None else str(path), bound_at=c.bound_at)
 
 
-def read_file(path):
-    """Read a program file (UTF-8); an unreadable or undecodable file is a ProgramError too."""
+def read_file(path, max_bytes=MAX_PROGRAM_BYTES):
+    """Read a program file (UTF-8, at most `max_bytes`); an unreadable, undecodable or larger file
+    is a ProgramError too (naming the line of the first byte that is not UTF-8)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ProgramError(f"cannot read the program: {e}", path=str(path)) from None
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise ProgramError(f"cannot read the program: {e.strerror or e}", path=str(path)) from None
+    if len(data) > max_bytes:
+        raise ProgramError(f"the program is over {max_bytes} bytes (limits.program_bytes raises the "
+                           "limit)", path=str(path))
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProgramError(f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}",
+                           data.count(b"\n", 0, e.start) + 1, str(path)) from None
     return read_program(source, path)

@@ -24,13 +24,25 @@ from .guards import freeze_heap
 RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
 
 
-def emit_bundle(name, source, bundle_dir, status, config_error=None):
+def _too_big(program, limits):
+    """Why a program may not run here (its tensors exceed limits.tensor_bytes), or None."""
+    need, have = program.tensor_bytes, limits["tensor_bytes"]
+    if need <= have:
+        return None
+    return (f"{program.path}: its tensors take {need / 2**30:.1f} GiB in float64, over the limit of "
+            f"{have / 2**30:.1f} GiB (limits.tensor_bytes; the default is half this machine's memory)")
+
+
+def emit_bundle(name, source, bundle_dir, status, config_error=None, limits=None):
     """Write NAME's bundle and its status (ok + the source's and bundle's hashes, or the refusal).
 
     A refused program or config leaves no bundle (a stale one is removed, so nothing locks it) and
-    succeeds as a task: its lock records the error, and the report fails the run."""
+    succeeds as a task: its lock records the error, and the report fails the run. So does any
+    other failure to emit: whatever the file holds, no traceback stops the zoo."""
     freeze_heap()
     from ..language.errors import ProgramError
+    from .config import LIMITS
+    limits = {**LIMITS, **(limits or {})}
     state = {"schema": "logos.pipeline.emit", "version": 2, "name": name, "source": source,
              "source_sha": None}
     error = config_error
@@ -38,13 +50,16 @@ def emit_bundle(name, source, bundle_dir, status, config_error=None):
         try:
             from ..language.reader import read_file
             from ..sambaflow.emit import emit_program
-            program = read_file(source)
+            program = read_file(source, limits["program_bytes"])
             state["source_sha"] = sha256_text(program.source)
-            artifact = emit_program(program)
+            error = _too_big(program, limits)
+            artifact = None if error else emit_program(program)
         except ProgramError as e:
             error = str(e)
         except OSError as e:
             error = f"{source}: {e.strerror}"
+        except Exception as e:   # RecursionError, MemoryError, a bug: this program's error only
+            error = f"{source}: emitting it failed: {type(e).__name__}: {str(e)[:300]}"
     targets = [status]
     if error is None:
         files = artifact.files()
@@ -74,13 +89,17 @@ def error_result(name, source, dtype, steps, reason):
 
 
 def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, manifest=None,
-                 allow_nonfinite=(), digests_dir="build/digests"):
+                 allow_nonfinite=(), digests_dir="build/digests", limits=None):
     """Lock NAME's bundle once per dtype: each RESULT.json written whole, with the digests of what
     it is about, and each run appended to the history DB. `checks` is [(dtype, atol, rtol,
-    result_path)]. Verdicts are recorded, not raised."""
+    result_path)]. Verdicts are recorded, not raised; a check running past limits.seconds is an
+    error verdict."""
     freeze_heap()
     from ..verify import verdict
     from . import results as history
+    from .config import LIMITS
+    from .guards import TimeLimit, deadline
+    limits = {**LIMITS, **(limits or {})}
     state = read_json(status) or {"status": "error", "reason": f"{status}: missing or unreadable"}
     man = read_json(manifest) if manifest else None
     code = (read_json(os.path.join(digests_dir, "lock.json")) or {}).get("digest")
@@ -93,8 +112,12 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
         else:
             try:
                 from ..verify.lock import lock_bundle
-                r = lock_bundle(bundle_dir, source, weights, dtype=dtype, steps=steps, atol=atol,
-                                rtol=rtol, allow_nonfinite=tuple(allow_nonfinite))
+                with deadline(limits["seconds"], f"the {dtype} lock check"):
+                    r = lock_bundle(bundle_dir, source, weights, dtype=dtype, steps=steps, atol=atol,
+                                    rtol=rtol, allow_nonfinite=tuple(allow_nonfinite),
+                                    max_tensor_bytes=limits["tensor_bytes"])
+            except TimeLimit as e:
+                r = error_result(name, source, dtype, steps, str(e))
             except Exception as e:   # a lock that crashes is this program's error, not the run's
                 r = error_result(name, source, dtype, steps,
                                  f"the lock check raised {type(e).__name__}: {e}")

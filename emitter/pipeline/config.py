@@ -6,26 +6,44 @@ or a path that leaves the repository is a `ConfigError` naming the file, line an
 never raises for one program's config: the error is kept on that program, so only its tasks fail.
 """
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ..importers import IMPORTERS, resolve_package_file
+from ..language.errors import excerpt
 from ..verify.tolerances import DEFAULT_TOLERANCES, DTYPES
 from .paths import Tree, inside
 from .yamlfile import ConfigError, ParseCache, load_yaml
 
 DEFAULTS_FILE = "defaults.yaml"
+def _memory_bytes():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
+
+
+# What one program may cost, each raised per program (or zoo-wide in defaults.yaml) under `limits:`.
+LIMITS = {
+    "tensor_bytes": _memory_bytes() // 2,   # every tensor of the program in float64, checked at read
+    "seconds": 3600,                        # wall time of one lock check, and of one import
+    "steps": 100_000,                       # the largest `steps:`
+    "program_bytes": 64 << 20,              # the program file
+}
 BUILTIN = {
     "lock": True,
     "dtypes": ["float64", "float32"],
     "steps": 1,
     "tolerances": DEFAULT_TOLERANCES,
+    "limits": LIMITS,
 }
-PROGRAM_KEYS = ("weights", "lock", "dtypes", "steps", "tolerances", "derive", "allow_nonfinite")
+PROGRAM_KEYS = ("weights", "lock", "dtypes", "steps", "tolerances", "derive", "allow_nonfinite",
+                "limits")
 LEAF_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-DEFAULT_KEYS = ("lock", "dtypes", "steps", "tolerances")
+DEFAULT_KEYS = ("lock", "dtypes", "steps", "tolerances", "limits")
 DERIVE_KEYS = ("importer", "checkpoint")
 # A program name becomes a task name (`emit:NAME`), a directory under build/ and a JUnit class name.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
@@ -53,6 +71,7 @@ class ProgramConfig:
     tolerances: dict = field(default_factory=dict)
     derive: Optional[Derive] = None
     allow_nonfinite: list = field(default_factory=list)   # leaves whose files may hold NaN/Inf
+    limits: dict = field(default_factory=lambda: dict(LIMITS))
     error: Optional[str] = None           # a config error: this program's tasks fail with it
 
     def tolerance(self, dtype):
@@ -93,9 +112,19 @@ def _check_common(data, path, lines, allowed):
         if len(set(d)) != len(d):
             raise _err(path, lines, "dtypes", "lists a dtype twice")
         out["dtypes"] = list(d)
+    if "limits" in data:
+        lim = data["limits"]
+        if not isinstance(lim, dict):
+            raise _err(path, lines, "limits", f"must map a limit ({', '.join(LIMITS)}) to a number")
+        for k, v in lim.items():
+            if k not in LIMITS:
+                raise _err(path, lines, f"limits.{k}", f"unknown limit (known: {', '.join(LIMITS)})")
+            if not _is_int(v) or not 1 <= v <= 1 << 62:
+                raise _err(path, lines, f"limits.{k}", f"must be a positive integer, got {excerpt(repr(v), 40)}")
+        out["limits"] = dict(lim)
     if "steps" in data:
         if not _is_int(data["steps"]) or data["steps"] < 1:
-            raise _err(path, lines, "steps", f"must be a positive integer, got {data['steps']!r}")
+            raise _err(path, lines, "steps", f"must be a positive integer, got {excerpt(repr(data['steps']), 40)}")
         out["steps"] = data["steps"]
     if "tolerances" in data:
         t = data["tolerances"]
@@ -127,6 +156,7 @@ def load_defaults(root, programs_dir="programs", cache=None):
     data, lines = load_yaml(os.path.join(root, path), path, cache)
     given = _check_common(data, path, lines, DEFAULT_KEYS)
     tol = given.pop("tolerances", {})
+    merged["limits"] = {**merged["limits"], **given.pop("limits", {})}
     merged.update(given)
     merged["tolerances"] = {**merged["tolerances"], **{k: {**merged["tolerances"].get(k, {}), **v}
                                                        for k, v in tol.items()}}
@@ -142,19 +172,25 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
     cfg_path = os.path.join(root, cfg_rel)
     has_cfg = tree.is_file(programs_dir, f"{name}.yaml")
     if not NAME_RE.fullmatch(name):
-        raise ConfigError(f"`{name}` is not a plain program name (letters, digits, _ and -)",
-                          None, cfg_rel if has_cfg else source)
+        raise ConfigError(f"`{excerpt(name, 60)}` is not a plain program name (letters, digits, _ "
+                          "and -, at most 128)", None, excerpt(cfg_rel if has_cfg else source, 200))
     if inside(root, source, tree) != source:
         raise ConfigError(f"`{source}` leaves the repository (a link?)", None, source)
+    if has_cfg and inside(root, cfg_rel, tree) is None:
+        raise ConfigError(f"`{cfg_rel}` is a link that leaves the repository", None, cfg_rel)
     data, lines = load_yaml(cfg_path, cfg_rel, cache) if has_cfg else ({}, {})
     given = _check_common(data, cfg_rel, lines, PROGRAM_KEYS)
     pc = ProgramConfig(name=name, source=source, config=cfg_rel if has_cfg else None,
                        weights=None, weights_required=False, lock=defaults["lock"],
                        dtypes=list(defaults["dtypes"]), steps=defaults["steps"],
-                       tolerances={k: dict(v) for k, v in defaults["tolerances"].items()})
+                       tolerances={k: dict(v) for k, v in defaults["tolerances"].items()},
+                       limits={**defaults["limits"], **given.get("limits", {})})
     for k in ("lock", "dtypes", "steps"):
         if k in given:
             setattr(pc, k, given[k])
+    if pc.steps > pc.limits["steps"]:
+        raise _err(cfg_rel, lines, "steps", f"{pc.steps} steps is over the limit of "
+                   f"{pc.limits['steps']} (raise `limits: {{steps: N}}` if this program needs more)")
     for dt, v in given.get("tolerances", {}).items():
         pc.tolerances[dt] = {**pc.tolerances.get(dt, {}), **v}
     if "allow_nonfinite" in data:
@@ -214,40 +250,50 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
     return pc
 
 
-def discover(root, programs_dir="programs", cache_file=None):
+def slug(name):
+    """A program name safe as a task name and a path under build/: the name itself when it is a
+    plain one, else `invalid-` and a hash of its bytes (any file name: not UTF-8, control
+    characters), so a hostile name still gets its own tasks and error row."""
+    if NAME_RE.fullmatch(name):
+        return name
+    return "invalid-" + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def discover(root, programs_dir="programs", cache_file=None, warnings=None):
     """Every program of the zoo, sorted by name; a bad config is kept as `error`, never raised.
 
-    A YAML file with no program beside it is reported as an error entry of that name too, so a
-    renamed program's stale config does not pass silently. `cache_file` (a path under build/)
-    keeps the configs' parses between runs."""
+    A YAML file with no program beside it (a renamed or deleted program's) is a warning appended
+    to `warnings`, never a failure. `cache_file` (a path under build/) keeps the configs' parses
+    between runs."""
     tree = Tree(root)
     cache = ParseCache(cache_file) if cache_file else None
     files = tree.entries(programs_dir)
     names = {f[:-6] for f, e in files.items() if f.endswith(".logos") and e.is_file()}
     orphans = {f[:-5] for f in files if f.endswith(".yaml") and f != DEFAULTS_FILE} - names
+    if warnings is not None:
+        warnings += [f"{programs_dir}/{excerpt(n, 80)}.yaml: a config with no program beside it "
+                     f"(no {programs_dir}/{excerpt(n, 80)}.logos): ignored" for n in sorted(orphans)]
     try:
         defaults = load_defaults(root, programs_dir, cache)
         default_error = None
     except ConfigError as e:
         defaults, default_error = load_defaults_builtin(), str(e)
     out = []
-    for name in sorted(names | orphans):
+    for name in sorted(names):
         source = f"{programs_dir}/{name}.logos"
         cfg = f"{programs_dir}/{name}.yaml"
         try:
             if default_error:
                 raise ConfigError(default_error)
-            if name in orphans:
-                raise ConfigError("a config with no program beside it "
-                                  f"(expected {source})", None, cfg)
             pc = load_program(root, name, defaults, programs_dir, tree, cache)
         except ConfigError as e:
-            pc = ProgramConfig(name=name, source=source,
-                               config=cfg if tree.is_file(programs_dir, f"{name}.yaml") else None,
+            plain = NAME_RE.fullmatch(name) is not None
+            pc = ProgramConfig(name=slug(name), source=source if plain else excerpt(source, 200),
+                               config=cfg if plain and tree.is_file(programs_dir, f"{name}.yaml") else None,
                                weights=None, weights_required=False, lock=defaults["lock"],
-                               dtypes=list(defaults["dtypes"]), steps=defaults["steps"],
-                               tolerances=defaults["tolerances"], error=str(e) if not default_error
-                               else default_error)
+                               dtypes=list(defaults["dtypes"]), steps=1,
+                               tolerances=defaults["tolerances"], limits=dict(defaults["limits"]),
+                               error=str(e) if not default_error else default_error)
         out.append(pc)
     if cache:
         cache.save()

@@ -4,7 +4,7 @@ import os
 
 from ..verify import environment
 from ..verify.tolerances import tolerance
-from .files_io import dumps, sha256_file, sha256_text, write_if_changed
+from .files_io import uptodate_check, dumps, sha256_file, sha256_text, write_if_changed
 
 CODE = {
     "emit": ("files.py", "ops", "language", "sambaflow"),
@@ -34,6 +34,7 @@ def _digest_of(files):
     return {"files": shas, "digest": sha256_text(dumps(shas))}
 
 
+@uptodate_check
 def digest_current(task, values, target, files):
     """Up to date when `target` already holds the digest of `files` (hashing a few sources is cheap)."""
     try:
@@ -47,6 +48,7 @@ def write_digest(target, files):
     write_if_changed(target, dumps(_digest_of(files)))
 
 
+@uptodate_check
 def env_current(task, values, target):
     """Up to date when `target` holds this environment's fingerprint (python, numpy, torch, CPU)."""
     try:

@@ -2,6 +2,7 @@
 stamps that let doit rebuild a target whose content changed since its task wrote it."""
 
 import hashlib
+import inspect
 import json
 import os
 
@@ -38,6 +39,13 @@ def write_if_changed(path, text):
     return True
 
 
+def uptodate_check(fn):
+    """Mark `fn` as a doit `uptodate` callable: its signature is worked out once here, not by doit
+    for every task on every run (measured: a sixth of a 1000-program no-op)."""
+    fn.__signature__ = inspect.signature(fn)
+    return fn
+
+
 def stamp_targets(paths):
     """{path: [mtime_ns, size, sha256]} of files a task just wrote: returned by the action, doit
     keeps it with the task's state for `targets_intact`."""
@@ -48,6 +56,7 @@ def stamp_targets(paths):
     return {"targets": out}
 
 
+@uptodate_check
 def targets_intact(task, values):
     """Up to date only while every target is what the task wrote: same (mtime, size) costs a stat;
     a moved mtime with the same size costs a hash (and the recorded mtime is put back, so the next

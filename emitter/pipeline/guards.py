@@ -1,11 +1,17 @@
 """Process-wide guards of a doit run: one run per build/ at a time, SIGTERM kept as an interrupt
 (doit then keeps the finished tasks), and the cyclic collector paused while doit loads the zoo."""
 
+import atexit
+import contextlib
 import fcntl
 import gc
 import os
+import shutil
 import signal
 import sys
+import threading
+
+from ..files import PARTIAL
 
 
 _LOCK_FD = None
@@ -13,6 +19,58 @@ _LOCK_FD = None
 
 class BuildBusy(SystemExit):
     pass
+
+
+class TimeLimit(Exception):
+    """A task's work ran past its wall-time limit."""
+
+
+@contextlib.contextmanager
+def deadline(seconds, what):
+    """Raise TimeLimit in this (main) thread once `seconds` of wall time have passed; a worker
+    thread (`doit -P thread`) cannot take a signal, so there the limit is not kept."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeLimit(f"{what} took over {seconds} s (limits.seconds)")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def safe_build(root, build_dir):
+    """Refuse a build/ that is a link or resolves outside the repository: targets would escape it."""
+    path = os.path.join(root, build_dir)
+    real = os.path.realpath(path)
+    if os.path.islink(path) or not real.startswith(os.path.realpath(root) + os.sep):
+        sys.stderr.write(f"doit: refused: {build_dir}/ is a link or lies outside {root} ({real}); "
+                         "make it a plain folder inside the repository\n")
+        raise BuildBusy(3)
+
+
+def sweep(build_dir):
+    """After a run that did not end (SIGKILL, a power cut), remove what it left half done: the
+    temporary folder build/tmp (imports unpack there) and staged files (`*.partial`). A marker
+    says a run is going on; only this process holds the build/ lock, so nothing else is writing."""
+    marker = os.path.join(build_dir, ".running")
+    if os.path.exists(marker):
+        shutil.rmtree(os.path.join(build_dir, "tmp"), ignore_errors=True)
+        for dirpath, _, files in os.walk(build_dir):
+            for f in files:
+                if f.endswith(PARTIAL):
+                    try:
+                        os.unlink(os.path.join(dirpath, f))
+                    except OSError:
+                        pass
+    with open(marker, "w"):
+        pass
+    atexit.register(lambda: os.path.exists(marker) and os.unlink(marker))
 
 
 def exclusive(build_dir):

@@ -8,7 +8,7 @@ import sys
 import tempfile
 
 from ..files import read_json, write_atomic
-from .files_io import dumps, sha256_file, sha256_text, stamp_targets, write_if_changed
+from .files_io import uptodate_check, dumps, sha256_file, sha256_text, stamp_targets, write_if_changed
 from .guards import freeze_heap
 
 def _weight_entries(weights_dir):
@@ -40,6 +40,7 @@ def _stat_path(manifest):
     return manifest + ".stat"
 
 
+@uptodate_check
 def weights_current(task, values, weights_dir, manifest):
     """Up to date when the directory's names, sizes and contents match the manifest.
 
@@ -93,34 +94,52 @@ def checkpoint_identity(spec, path):
     return f"{spec}|{size}"
 
 
+@uptodate_check
 def checkpoint_same(task, values, identity):
     return values.get("checkpoint") == identity
 
 
-def import_weights(importer, checkpoint, source, out_dir, identity=None):
-    """`python -m emitter import-IMPORTER CHECKPOINT --program SOURCE -o DIR` into a fresh
-    directory beside `out_dir`, then swapped into place: the old weights stay until the new exist."""
+def import_weights(importer, checkpoint, source, out_dir, identity=None, seconds=3600,
+                   tmp_root="build/tmp"):
+    """`python -m emitter import-IMPORTER CHECKPOINT --program SOURCE -o DIR` into a fresh folder
+    under `tmp_root` (the importer's own temporary files go there too), then swapped into place:
+    the old weights stay until the new exist, and what a killed import leaves is swept at the next
+    run. An import that runs past `seconds` is stopped and fails."""
     freeze_heap()
-    parent = os.path.dirname(out_dir) or "."
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out_dir)}.")
+    from doit.exceptions import TaskFailed
+    os.makedirs(tmp_root, exist_ok=True)
+    os.makedirs(os.path.dirname(out_dir) or ".", exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=tmp_root, prefix=f"import-{os.path.basename(out_dir)}.")
     try:
         cmd = [sys.executable, "-m", "emitter", f"import-{importer}", checkpoint, "--program", source,
-               "-o", tmp]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        sys.stdout.write(done.stdout)
-        sys.stderr.write(done.stderr)
+               "-o", os.path.join(tmp, "out")]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds,
+                                  env={**os.environ, "TMPDIR": os.path.abspath(tmp)})
+        except subprocess.TimeoutExpired:
+            return TaskFailed(f"{' '.join(cmd[1:4])} ran past {seconds} s (limits.seconds) and was stopped")
+        sys.stdout.write(done.stdout[-20000:])
+        sys.stderr.write(done.stderr[-20000:])
         if done.returncode != 0:
-            from doit.exceptions import TaskFailed
-            return TaskFailed(f"{' '.join(cmd[1:])} exited {done.returncode}")
+            last = [x for x in done.stderr.splitlines() if x.strip()][-1:] or [""]
+            return TaskFailed(f"{' '.join(cmd[1:])} exited {done.returncode}: {last[0][:300]}")
         old = None
         if os.path.exists(out_dir):
-            old = tmp + ".old"
+            old = os.path.join(tmp, "old")
             os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
+        os.rename(os.path.join(tmp, "out"), out_dir)
         return {"checkpoint": identity}
     finally:
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_dir(path):
+    """`doit clean` of derived weights: the folder the import made, whole."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_files(paths):
+    """`doit clean` of a task whose targets have companions (a manifest's stat cache)."""
+    for p in paths:
+        if os.path.exists(p):
+            os.unlink(p)

@@ -10,8 +10,30 @@ from ..files import StampedCache
 from ..language.errors import ProgramError
 
 
+MAX_CONFIG_BYTES = 1 << 20   # a config is a few keys: a megabyte is far past any real one
+MAX_DEPTH = 32               # nesting of mappings and lists
+MAX_NODES = 100_000          # values after aliases are expanded (a YAML "billion laughs" is refused)
+
+
 class ConfigError(ProgramError):
     """A refused config: `PATH:LINE: `key`: message`."""
+
+
+def _check_graph(node, shown):
+    """Refuse a composed YAML document that nests too deep or expands (aliases followed) into too
+    many values, before anything is built from it: an alias bomb costs a walk of MAX_NODES."""
+    count, todo = 0, [(node, 1)]
+    while todo:
+        n, depth = todo.pop()
+        count += 1
+        if count > MAX_NODES or depth > MAX_DEPTH:
+            what = (f"expands (aliases followed) to over {MAX_NODES} values" if count > MAX_NODES
+                    else f"nests deeper than {MAX_DEPTH} levels")
+            raise ConfigError(f"the config {what}", n.start_mark.line + 1, shown)
+        if isinstance(n.value, list):
+            for item in n.value:
+                todo.extend(((k, depth + 1) for k in item) if isinstance(item, tuple)
+                            else [(item, depth + 1)])
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,17 +106,29 @@ def load_yaml(path, shown=None, cache=None):
     file as `shown` (its repo-relative path); `cache` is a ParseCache or None."""
     shown = shown or path
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read the config: {e}", None, shown) from None
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read the config: {e.strerror or e}", None, shown) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"the config is over {MAX_CONFIG_BYTES} bytes", None, shown)
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}",
+                          data.count(b"\n", 0, e.start) + 1, shown) from None
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest() if cache else None
     data = cache.get(shown, digest) if cache else None
     if data is not None:
         return data, _KeyLines(text)
     yaml, loader = _yaml()
     try:
+        node = yaml.compose(text, Loader=loader)
+        if node is not None:
+            _check_graph(node, shown)
         data = yaml.load(text, Loader=loader)
+    except RecursionError:
+        raise ConfigError(f"the config nests deeper than {MAX_DEPTH} levels", None, shown) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise ConfigError(f"not valid YAML: {getattr(e, 'problem', None) or e}",

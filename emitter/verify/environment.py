@@ -7,7 +7,6 @@ only the imported libraries can say (the BLAS, the thread counts) for the lock's
 import hashlib
 import json
 import os
-import platform
 import sys
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",
@@ -49,10 +48,10 @@ def _versions(names):
 def fingerprint():
     """The environment a lock's numbers depend on, as far as it is known without importing them."""
     return {
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "machine": platform.machine(),
-        "system": platform.system(),
+        "python": ".".join(map(str, sys.version_info[:3])),
+        "implementation": sys.implementation.name,
+        "machine": os.uname().machine,
+        "system": sys.platform,
         "isa": _isa(),
         "cpu_count": os.cpu_count(),
         **_versions(("numpy", "torch")),

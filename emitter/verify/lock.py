@@ -255,9 +255,10 @@ def _worst(stages, load):
 
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
-                rtol=None, allow_nonfinite=()):
+                rtol=None, allow_nonfinite=(), max_tensor_bytes=None):
     """Lock one bundle, as it stands on disk, against its program; the RESULT.json dict (verdict
-    pass, fail or error)."""
+    pass, fail or error). A program whose tensors take more than `max_tensor_bytes` (float64) is
+    refused before anything is allocated."""
     start = time.perf_counter()
     tol = tolerance(dtype, atol, rtol)
     result = {
@@ -279,6 +280,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         if steps < 1:
             raise CouldNotRun("steps must be at least 1")
         program = read_file(program_path)
+        if max_tensor_bytes is not None and program.tensor_bytes > max_tensor_bytes:
+            raise CouldNotRun(f"the program's tensors take {program.tensor_bytes / 2**30:.1f} GiB in "
+                              f"float64, over the limit of {max_tensor_bytes / 2**30:.1f} GiB")
         result["program"] = program_name(program.source)
         result["hashes"]["source"] = hashlib.sha256(program.source.encode("utf-8")).hexdigest()
         for f in BUNDLE_FILES:
