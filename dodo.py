@@ -13,9 +13,8 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from emitter.pipeline import actions, digests, guards, weights  # noqa: E402
+from emitter.pipeline import actions, digests, files_io, guards, weights  # noqa: E402
 from emitter.pipeline.config import discover  # noqa: E402
-from emitter.pipeline.files_io import targets_intact  # noqa: E402
 from emitter.pipeline.progress import ProgressReporter  # noqa: E402
 
 BUILD = "build"
@@ -42,7 +41,7 @@ PROGRAMS = discover(ROOT, cache_file=f"{BUILD}/.config-cache.json", warnings=WAR
 for _w in WARNINGS:
     sys.stderr.write(f"warning: {_w}\n")
 CODE = {kind: digests.code_files(ROOT, kind) for kind in ("emit", "lock", "import")}
-INTACT = [targets_intact]   # a target edited since its task wrote it reruns the task
+INTACT = [files_io.targets_intact]   # a target edited since its task wrote it reruns the task
 
 
 def _paths(pc):
@@ -107,7 +106,7 @@ def task_weights():
             "doc": f"import {d.checkpoint} with import-{d.importer} into {pc.weights}",
             "file_dep": deps,
             "targets": [pc.weights],
-            "clean": [(weights.remove_dir, [pc.weights])],
+            "clean": [(files_io.remove_dir, [pc.weights])],
         }
         if d.checkpoint.startswith("package:"):
             # a package file's absolute path differs per install: depend on its identity instead
@@ -134,7 +133,7 @@ def task_wmanifest():
             "actions": [(weights.write_weights_manifest, [pc.weights, p["manifest"]])],
             "targets": [p["manifest"]],
             "uptodate": INTACT,
-            "clean": [(weights.remove_files, [[p["manifest"], p["manifest"] + ".stat"]])],
+            "clean": [(files_io.remove_files, [[p["manifest"], p["manifest"] + ".stat"]])],
         }
         if pc.derive:
             # made by weights:NAME during the run: listed when this task runs, not at load
@@ -158,10 +157,12 @@ def task_emit():
                                                pc.error, pc.limits])],
             # a refused config is refused whatever the program holds: its text is no dependency
             "file_dep": ([] if pc.error else [pc.source]) + _config_files(pc) + [f"{DIGESTS}/emit.json"],
-            "targets": [f"{p['bundle']}/{f}" for f in ("model.py", "manifest.json", "compile.py")]
-                       + [p["status"]],
+            # the bundle's files are stamped by the action (a refused program has none, and a
+            # missing target would rerun it on every run); the status records them
+            "targets": [p["status"]],
             "uptodate": INTACT,
-            "clean": True,
+            "clean": [(files_io.remove_files, [[p["status"]] + [f"{p['bundle']}/{f}" for f in
+                                                                ("model.py", "manifest.json", "compile.py")]])],
         }
 
 

@@ -5,6 +5,7 @@ import hashlib
 import inspect
 import json
 import os
+import shutil
 
 from ..files import write_atomic
 
@@ -58,13 +59,13 @@ def stamp_targets(paths):
 
 @uptodate_check
 def targets_intact(task, values):
-    """Up to date only while every target is what the task wrote: same (mtime, size) costs a stat;
-    a moved mtime with the same size costs a hash (and the recorded mtime is put back, so the next
-    run pays a stat again); anything else reruns the task."""
+    """Up to date only while every target, and every other file the action stamped, is what the
+    task wrote: same (mtime, size) costs a stat; a moved mtime with the same size costs a hash (and
+    the recorded mtime is put back, so the next run pays a stat again); anything else reruns it."""
     recorded = values.get("targets")
     if not isinstance(recorded, dict):
         return False
-    for path in task.targets:
+    for path in set(task.targets) | set(recorded):
         rec = recorded.get(path)
         try:
             st = os.stat(path)
@@ -77,3 +78,15 @@ def targets_intact(task, values):
                 return False
             os.utime(path, ns=(st.st_atime_ns, rec[0]))
     return True
+
+
+def remove_dir(path):
+    """`doit clean` of a folder a task made whole (derived weights)."""
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_files(paths):
+    """`doit clean` of the files a task made beside its targets (a bundle, a stat cache)."""
+    for p in paths:
+        if os.path.exists(p):
+            os.unlink(p)

@@ -142,8 +142,33 @@ def _row_line(x, mark=""):
             f"src {str(x['source_sha'] or '-')[:10]} w {str(x['weights_sha'] or '-')[:10]}{first}{why}")
 
 
+def existing(programs_dir):
+    """The names of the programs `programs_dir` holds now, or None when there is no such folder."""
+    try:
+        return {f[:-6] for f in os.listdir(programs_dir) if f.endswith(".logos")}
+    except OSError:
+        return None
+
+
+def prune(db, keep):
+    """Drop the history of every program not in `keep`; returns the names dropped."""
+    con = connect(db)
+    try:
+        gone = sorted({r[0] for r in con.execute("SELECT DISTINCT name FROM runs")} - set(keep))
+        with con:
+            con.executemany("DELETE FROM runs WHERE name = ?", [(n,) for n in gone])
+        return gone
+    finally:
+        con.close()
+
+
 def add_arguments(p):
     p.add_argument("--db", default=DEFAULT_DB, help=f"history DB (default {DEFAULT_DB})")
+    p.add_argument("--programs", default="programs",
+                   help="the zoo's programs folder: the latest verdicts cover the programs it holds "
+                        "(default programs)")
+    p.add_argument("--prune", action="store_true",
+                   help="drop the history of programs that are no longer in --programs")
     p.add_argument("--history", metavar="NAME", help="every run of program NAME, oldest first")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="only these programs (exit 1 if any of their checks does not pass, 2 if one "
@@ -165,6 +190,15 @@ def _main(args):
     if args.history and args.names:
         print("`--history NAME` shows one program's runs: give no other NAME", file=sys.stderr)
         return 2
+    present = existing(args.programs)
+    if args.prune:
+        if present is None:
+            print(f"{args.programs}: no such folder: nothing to prune against", file=sys.stderr)
+            return 2
+        gone = prune(args.db, present)
+        print(f"pruned the history of {len(gone)} program(s) no longer in {args.programs}/"
+              + (f": {', '.join(gone)}" if gone else ""))
+        return 0
     if args.history:
         runs = history(args.db, args.history)
         if not runs:
@@ -182,6 +216,8 @@ def _main(args):
             print(_row_line(x, mark))
         return 0
     rows = latest(args.db)
+    if present is not None and not args.names:   # a deleted program's last verdict is not the zoo's
+        rows = [x for x in rows if x["name"] in present]
     if args.names:
         wanted = set(args.names)
         missing = sorted(wanted - {x["name"] for x in rows})

@@ -132,14 +132,3 @@ def import_weights(importer, checkpoint, source, out_dir, identity=None, seconds
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-
-def remove_dir(path):
-    """`doit clean` of derived weights: the folder the import made, whole."""
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def remove_files(paths):
-    """`doit clean` of a task whose targets have companions (a manifest's stat cache)."""
-    for p in paths:
-        if os.path.exists(p):
-            os.unlink(p)

@@ -1,0 +1,135 @@
+"""A hostile zoo: every case of tests/hostile_corpus.py beside good programs, through real doit.
+Whatever one file holds, the others get their verdicts, the report is written (valid XML), each
+hostile program is an error row naming its file (and line) and what was wrong, and no traceback
+reaches the user."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+import numpy as np
+
+from hostile_corpus import GOOD, plant
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_a_hostile_zoo_keeps_the_good_programs_and_says_what_is_wrong(tmp_path):
+    zoo, outside = tmp_path / "zoo", tmp_path / "outside"
+    outside.mkdir()
+    shutil.copytree(os.path.join(ROOT, "emitter"), zoo / "emitter", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(ROOT, "dodo.py"), zoo / "dodo.py")
+    (zoo / "programs").mkdir()
+    for name in ("good1", "good2"):
+        (zoo / "programs" / f"{name}.logos").write_text(GOOD)
+        (zoo / "weights" / name).mkdir(parents=True)
+        np.random.default_rng(1).standard_normal((4, 4)).astype("<f8").tofile(zoo / "weights" / name / "w.f64")
+    cases = plant(str(zoo), str(outside))
+    assert len(cases) >= 35
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "doit", "-n", "2"], cwd=zoo, capture_output=True,
+                       text=True, errors="replace", timeout=600, env={**os.environ, "LOGOS_PROGRESS": "line"})
+    seconds = time.monotonic() - start
+    out = p.stdout + p.stderr
+    assert p.returncode not in (0, 3) and "Traceback" not in out, out[-3000:]
+    assert seconds < 180, seconds
+    assert "warning: programs/renamed_away.yaml: a config with no program beside it" in out
+    ET.parse(zoo / "build/junit.xml")                     # valid XML, control characters and all
+    rows = json.loads((zoo / "build/report.json").read_text())["results"]
+    by_name = {}
+    for r in rows:
+        by_name.setdefault(r["name"], []).append(r)
+    for good in ("good1", "good2", "ok_bom", "ok_crlf", "ok_cr"):
+        assert [r["verdict"] for r in by_name[good]] == ["pass", "pass"], by_name[good]
+    invalid = [r for n, rs in by_name.items() if n.startswith("invalid-") for r in rs]
+    for case, (name, expect) in cases.items():
+        if expect is None:
+            continue
+        mine = by_name[name] if name else invalid
+        assert mine and all(r["verdict"] == "error" for r in mine), (case, mine)
+        assert any(expect in (r["reason"] or "") for r in mine), (case, [r["reason"] for r in mine])
+    assert "renamed_away" not in by_name
+    # a second run over the same zoo does no work
+    p = subprocess.run([sys.executable, "-m", "doit"], cwd=zoo, capture_output=True, text=True,
+                       errors="replace", timeout=600, env={**os.environ, "LOGOS_PROGRESS": "names"})
+    assert not [x for x in p.stdout.splitlines() if x.startswith(".  ") and "report" not in x], p.stdout
+
+
+def _small_zoo(tmp_path):
+    from test_pipeline import PROG_A, PROG_B, _weights, make_zoo
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
+    _weights(z / "weights" / "a" / "w.f64", 0)
+    return z
+
+
+def test_deleted_programs_leave_the_results_and_prune_drops_their_history(tmp_path):
+    from conftest import run_cli
+    from test_pipeline import doit
+    z = _small_zoo(tmp_path)
+    rc, _, out = doit(z)
+    assert rc == 0, out
+    (z / "programs" / "b.logos").unlink()             # deleted (or renamed away)
+    rc, _, out = doit(z)
+    assert rc == 0, out
+    db = str(z / "build/results.sqlite")
+    p = run_cli("results", "--db", db, "--programs", str(z / "programs"))
+    assert p.returncode == 0 and "1 programs, 2 checks, 0 not passing" in p.stdout, p.stdout + p.stderr
+    p = run_cli("results", "--db", db, "--programs", str(z / "programs"), "--prune")
+    assert p.returncode == 0 and "pruned the history of 1 program(s)" in p.stdout and ": b" in p.stdout
+    p = run_cli("results", "--db", db, "--history", "b")
+    assert p.returncode == 2 and "no runs of `b`" in p.stderr
+
+
+def test_doit_clean_removes_what_the_tasks_made_and_keeps_the_history(tmp_path):
+    from test_pipeline import doit
+    z = _small_zoo(tmp_path)
+    rc, _, out = doit(z)
+    assert rc == 0, out
+    assert (z / "build/bundles/a/model.py").is_file() and (z / "build/results/a/float64.json").is_file()
+    rc, _, out = doit(z, "clean")
+    assert rc == 0, out
+    for made in ("bundles/a/model.py", "bundles/b/compile.py", "status/a.emit.json",
+                 "results/a/float64.json", "weights-manifests/a.json", "report.json", "junit.xml"):
+        assert not (z / "build" / made).exists(), made
+    assert (z / "build/results.sqlite").is_file()
+    rc, ran, out = doit(z)                             # and everything is made again
+    assert rc == 0 and {"emit:a", "lock:a", "report"} <= ran, out
+
+
+def test_a_killed_runs_leftovers_are_swept_and_build_must_stay_inside(tmp_path):
+    from test_pipeline import doit
+    z = _small_zoo(tmp_path)
+    rc, _, out = doit(z)
+    assert rc == 0, out
+    (z / "build/.running").write_text("")             # what a SIGKILLed run leaves
+    (z / "build/tmp/import-x.123/out").mkdir(parents=True)
+    (z / "build/tmp/import-x.123/out/big.f32").write_bytes(b"\0" * 4096)
+    (z / "build/results/a/.float64.json.abc.partial").write_text("{")
+    rc, ran, out = doit(z)
+    assert rc == 0 and ran == set(), out
+    assert not (z / "build/tmp").exists() and not (z / "build/results/a/.float64.json.abc.partial").exists()
+    assert not (z / "build/.running").exists()
+    shutil.rmtree(z / "build")
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", z / "build")   # targets would land outside the repository
+    rc, _, out = doit(z)
+    assert rc == 3 and "build/ is a link or lies outside" in out and "Traceback" not in out
+    assert os.listdir(tmp_path / "elsewhere") == []
+
+
+def test_limits_are_per_program_and_can_be_raised(tmp_path):
+    from test_pipeline import doit, make_zoo
+    big = "".join(f"Let t{i} be a 2000 by 2000 tensor of Real.\nSet item 1 of t{i} to 1.\n" for i in range(2))
+    big += "Let y be t0 plus t1.\n"
+    z = make_zoo(tmp_path / "zoo", {"tight": (big, "limits: {tensor_bytes: 50000000}\n"),
+                                    "roomy": (big, "limits: {tensor_bytes: 200000000}\n"),
+                                    "bad": (big, "limits: {tensr_bytes: 1}\n")})
+    rc, _, out = doit(z)
+    rows = {(r["name"], r["check"]): r for r in json.loads((z / "build/report.json").read_text())["results"]}
+    assert rows[("roomy", "float64")]["verdict"] == "pass"
+    assert "its tensors take 0.1 GiB in float64, over the limit of 0.0 GiB" in rows[("tight", "float64")]["reason"]
+    assert "`limits.tensr_bytes`: unknown limit" in rows[("bad", "float64")]["reason"]
