@@ -1,4 +1,5 @@
-"""`python -m emitter …`: emit a bundle, run the VM, lock a bundle, read results, import weights.
+"""`logos …` (or `python -m emitter …`): emit a bundle, run the VM, lock a bundle, read results,
+import weights, run the zoo's doit tasks.
 
 Each subcommand lives in the module that owns its work; a module is imported only when its
 subcommand runs, so `emit` and `run` never import torch.
@@ -7,6 +8,7 @@ subcommand runs, so `emit` and `run` never import torch.
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from .importers import IMPORTERS
@@ -19,6 +21,7 @@ COMMANDS = {
     "lock": ("emitter.verify.lock", "check a bundle's module against the VM, op by op and step by step"),
     "results": ("emitter.pipeline.results", "the latest lock verdict per program, or one program's history"),
     **{f"import-{name}": entry for name, entry in IMPORTERS.items()},
+    "doit": ("emitter.zoo", "the zoo's doit tasks in this folder: `logos doit [doit's arguments]`"),
 }
 
 
@@ -34,11 +37,55 @@ def emit_main(args):
     return 0
 
 
+def _positive(text):
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def add_run_arguments(p):
     p.add_argument("program", help="PROGRAM.logos")
     p.add_argument("--weights", help="directory of <var>.f64 / <var>.f32 files")
-    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--steps", type=_positive, default=1)
     p.add_argument("--out", required=True, help="the output as raw little-endian float64")
+    p.add_argument("--stage", action="append", default=[], metavar="NAME=PATH",
+                   help="also write the stage NAME's value at the last step to PATH, as raw "
+                        "little-endian float64 (repeatable)")
+    p.add_argument("--state-out", metavar="DIR",
+                   help="write a weights directory: every leaf read from --weights, and every state "
+                        "as it stands after the last step (<name>.f64), so that `run --weights DIR` "
+                        "resumes from there")
+
+
+def _stage_requests(program, requests):
+    """{stage index: path} for `--stage NAME=PATH`s, or a message naming what is wrong."""
+    named = {st.out: st.index for st in program.stages if st.binds}
+    out = {}
+    for request in requests:
+        name, eq, path = request.partition("=")
+        if not eq or not path:
+            return None, f"--stage `{request}`: expected NAME=PATH"
+        if name not in named:
+            return None, (f"--stage `{request}`: {program.path} has no stage `{name}` (a stage is "
+                          "the name an op's `Let` binds)")
+        out[named[name]] = path
+    return out, None
+
+
+def _write_state_dir(program, leaves, states, directory, weights):
+    """Every state after the last step as .f64 and, unless `directory` is the --weights directory
+    itself, every leaf that came from a file, as held (a .f32 leaf stays .f32): a weights
+    directory that a later run resumes from."""
+    import numpy as np
+    from .importers.leaves import write_leaf
+    in_place = weights is not None and os.path.isdir(directory) and os.path.samefile(directory, weights)
+    for name in program.leaves:
+        if name in states:
+            write_leaf(directory, name, states[name], "<f8")
+        elif leaves.sources[name] != "declared" and not in_place:
+            value = leaves.values[name]
+            write_leaf(directory, name, value, "<f4" if value.dtype == np.float32 else "<f8")
 
 
 def run_main(args):
@@ -46,11 +93,24 @@ def run_main(args):
     from .language.reader import read_file
     from .verify import vm
     program = read_file(args.program)
+    stages, problem = _stage_requests(program, args.stage)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     leaves = vm.load_leaves(program, args.weights)
     for f in leaves.unmatched:
         print(f"{args.weights}: `{f}` matches no leaf of the program (ignored)", file=sys.stderr)
-    trace = vm.run(program, leaves.values, args.steps)[-1]
+    current = dict(leaves.values)
+    for i in range(args.steps):
+        trace = vm.step(program, current, keep_stages=bool(stages) and i == args.steps - 1)
+        current.update(trace.states)
     write_atomic(args.out, trace.output.astype("<f8").tobytes())
+    for index, path in stages.items():
+        value = trace.stages[index]
+        value = value[0] if program.stages[index].writes else value   # (out, the state written)
+        write_atomic(path, value.astype("<f8").tobytes())
+    if args.state_out:
+        _write_state_dir(program, leaves, trace.states, args.state_out, args.weights)
     print(json.dumps({**vm.output_summary(program, trace.output), "steps": args.steps}))
     return 0
 
@@ -67,7 +127,12 @@ def _command(name):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m emitter", description=__doc__.splitlines()[0])
+    if argv[:1] == ["doit"]:   # doit's own arguments, untouched by argparse
+        from .zoo import main as zoo_main
+        return zoo_main(argv[1:])
+    from . import __version__
+    ap = argparse.ArgumentParser(prog="logos", description=__doc__.splitlines()[0])
+    ap.add_argument("--version", action="version", version=f"logos {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     for name, (_, help_text) in COMMANDS.items():

@@ -20,6 +20,12 @@ CASES = [
      lambda v: ref.rmsnorm(v["x"], v["w"], heads=3)),
     ("rmsnorm plus", {"x": (1, 6), "r": (1, 6), "w": (1, 6)},
      "Let y be rmsnorm of x plus r with weight w.", lambda v: ref.rmsnorm(v["x"], v["w"], residual=v["r"])),
+    ("rmsnorm epsilon", {"x": (1, 12), "w": (1, 4)},
+     "Let y be rmsnorm of x with weight w across 3 heads with epsilon 0.25.",
+     lambda v: ref.rmsnorm(v["x"], v["w"], heads=3, eps=0.25)),
+    ("rmsnorm scientific epsilon", {"x": (2, 6), "r": (2, 6), "w": (1, 6)},
+     "Let y be rmsnorm of x plus r with weight w with epsilon 1e-5.",
+     lambda v: ref.rmsnorm(v["x"], v["w"], residual=v["r"], eps=1e-5)),
     ("l2norm", {"x": (2, 5)}, "Let y be l2norm of x.", lambda v: ref.l2norm(v["x"])),
     ("l2norm heads", {"x": (1, 8)}, "Let y be l2norm of x across 4 heads.",
      lambda v: ref.l2norm(v["x"], heads=4)),
@@ -37,10 +43,14 @@ CASES = [
     ("sigmoid", {"x": (2, 5)}, "Let y be sigmoid of x.", lambda v: ref.sigmoid(v["x"])),
     ("silu", {"x": (2, 5)}, "Let y be silu of x.", lambda v: ref.silu(v["x"])),
     ("gelu", {"x": (2, 5)}, "Let y be gelu of x.", lambda v: ref.gelu(v["x"])),
+    ("exact gelu", {"x": (3, 7)}, "Let y be exact gelu of x.", lambda v: ref.exact_gelu(v["x"])),
     ("softmax", {"x": (3, 5)}, "Let y be softmax of x.", lambda v: ref.softmax(v["x"])),
     ("transpose", {"x": (2, 5)}, "Let y be transpose of x.", lambda v: v["x"].T),
     ("layernorm", {"x": (3, 5), "w": (1, 5), "b": (1, 5)},
      "Let y be layernorm of x with weight w and bias b.", lambda v: ref.layernorm(v["x"], v["w"], v["b"])),
+    ("layernorm epsilon", {"x": (3, 5), "w": (1, 5), "b": (1, 5)},
+     "Let y be layernorm of x with weight w and bias b with epsilon 1.0e-12.",
+     lambda v: ref.layernorm(v["x"], v["w"], v["b"], eps=1e-12)),
     ("causal conv", {"x": (1, 4), "wc": (3, 4), "cs": (3, 4)},
      "Let y be causal conv of x with weight wc state cs over 3 taps.",
      lambda v: (lambda o, ring: (o, {"cs": ring}))(*ref.causal_conv(v["x"], v["wc"], v["cs"]))),
@@ -82,6 +92,8 @@ def draw(case, seed=0):
             values[n] = np.array([[2.0]])
         elif n == "a" and case[0] == "gated delta":
             values[n] = rng.uniform(0.2, 0.95, (r, c))
+        elif case[0] == "exact gelu":       # out to the tails, where 1 + erf cancels
+            values[n] = 4.0 * rng.standard_normal((r, c))
         else:
             values[n] = rng.standard_normal((r, c))
     return values

@@ -25,6 +25,11 @@ def gelu(x):
     return np.vectorize(one)(x)
 
 
+def exact_gelu(x):
+    """x · Φ(x), Φ the standard normal CDF, written with erfc (not the VM's 1 + erf)."""
+    return np.vectorize(lambda t: t * 0.5 * math.erfc(-t / math.sqrt(2.0)))(x)
+
+
 def softmax_vec(v):
     m = max(v)
     e = [math.exp(t - m) for t in v]
@@ -40,14 +45,14 @@ def _rows(flat, nr, nc):
     return [flat[i * nc:(i + 1) * nc] for i in range(nr)]
 
 
-def rmsnorm(x, w=None, heads=None, residual=None):
+def rmsnorm(x, w=None, heads=None, residual=None, eps=EPS):
     x = x + residual if residual is not None else x
     flat = x.reshape(-1)
     nr, nc = (heads, flat.size // heads) if heads else x.shape
     out = []
     for row in _rows(flat, nr, nc):
         ms = sum(t * t for t in row) / nc
-        out += [row[i] / math.sqrt(ms + EPS) * (w.reshape(-1)[i] if w is not None else 1.0)
+        out += [row[i] / math.sqrt(ms + eps) * (w.reshape(-1)[i] if w is not None else 1.0)
                 for i in range(nc)]
     return np.array(out).reshape(x.shape)
 
@@ -102,13 +107,13 @@ def full_attention(q, k, v, heads):
     return out
 
 
-def layernorm(x, w, b):
+def layernorm(x, w, b, eps=EPS):
     out = np.zeros_like(x)
     for r in range(x.shape[0]):
         row = x[r]
         mean = sum(row) / len(row)
         var = sum((t - mean) ** 2 for t in row) / len(row)
-        out[r] = [(row[i] - mean) / math.sqrt(var + EPS) * w.reshape(-1)[i] + b.reshape(-1)[i]
+        out[r] = [(row[i] - mean) / math.sqrt(var + eps) * w.reshape(-1)[i] + b.reshape(-1)[i]
                   for i in range(len(row))]
     return out
 

@@ -205,6 +205,18 @@ def test_generator_follows_the_config():
         q.generate_program(dict(q.TINY_CONFIG, linear_value_head_dim=16))
 
 
+def test_every_rmsnorm_carries_the_configs_epsilon(program):
+    norms = [s for s in program.stages if s.op.name == "rmsnorm"]
+    assert len(norms) == 4 * 2 + 2 * 2 + 1 and all(s.bound["EPS"] == 1e-6 for s in norms)
+    attention_only = dict(q.TINY_CONFIG, layer_types=["full_attention"], num_hidden_layers=1,
+                          rms_norm_eps=1e-5)
+    norms = [s for s in read_program(q.generate_program(attention_only)).stages if s.op.name == "rmsnorm"]
+    assert len(norms) == 5 and all(s.bound["EPS"] == 1e-5 for s in norms)
+    # `gated delta` normalises with the sugar's 1e-6: another epsilon cannot be spelt there
+    with pytest.raises(q.ConfigError, match="rms_norm_eps 1e-05 with Gated DeltaNet layers"):
+        q.generate_program(dict(q.TINY_CONFIG, rms_norm_eps=1e-5))
+
+
 def test_value_order_pairs_key_heads():
     d = q.dims_of(q.TINY_CONFIG)
     order = d.value_order()

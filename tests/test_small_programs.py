@@ -49,6 +49,10 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
+def gelu_erf(x):
+    return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
 def softmax_rows(x):
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
@@ -66,7 +70,8 @@ def test_mlp():
     y = np.zeros((2, 8))
     for r in range(2):                                    # token by token
         x = w["X"][r]
-        h = gelu_tanh(x @ w["W1"] + w["b1"][0])
+        z = x @ w["W1"] + w["b1"][0]
+        h = gelu_tanh(z) + gelu_erf(z)
         yr = x + h @ w["W2"] + w["b2"][0]
         g, u = yr @ w["Wg"], yr @ w["Wu"]
         y[r] = (2.0 * silu(g) * u) @ w["Wd"]             # swiglu and silu·u are the same thing

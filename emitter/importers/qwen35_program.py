@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops import EPS
+
 MASK = -1e9
 DEFAULT_CTX = 8
 
@@ -123,6 +125,12 @@ def dims_of(config, ctx=DEFAULT_CTX):
     bad = sorted(set(types) - {"linear_attention", "full_attention"})
     if bad:
         problems.append(f"layer types {bad}")
+    eps = get("rms_norm_eps", 1e-6)
+    if not (isinstance(eps, (int, float)) and 0 < eps < math.inf):
+        problems.append(f"rms_norm_eps {eps!r} is not a positive number")
+    elif eps != EPS and "linear_attention" in types:
+        problems.append(f"rms_norm_eps {eps!r} with Gated DeltaNet layers (`gated delta`'s own "
+                        f"rmsnorm has epsilon {EPS!r})")
     rotary = int(head_dim * factor)
     if rotary % 2 or rotary <= 0:
         problems.append(f"rotary dim {rotary} is not a positive even number")
@@ -131,7 +139,7 @@ def dims_of(config, ctx=DEFAULT_CTX):
     return Dims(hidden=get("hidden_size"), vocab=get("vocab_size"), ffn=get("intermediate_size"),
                 layer_types=tuple(types), heads=heads, kv_heads=get("num_key_value_heads", heads),
                 head_dim=head_dim, rotary_dim=rotary, rope_theta=float(theta), hk=hk, hv=hv, d=dk,
-                taps=get("linear_conv_kernel_dim", 4), eps=float(get("rms_norm_eps", 1e-6)),
+                taps=get("linear_conv_kernel_dim", 4), eps=float(eps),
                 tied=bool(get("tie_word_embeddings", False)), ctx=ctx)
 
 
@@ -172,6 +180,7 @@ def generate_program(config, ctx=DEFAULT_CTX):
     cache of `ctx` rows (positions 0 .. ctx-1)."""
     m = dims_of(config, ctx)
     H, KV, hd, W = m.heads, m.kv_heads, m.head_dim, m.wide
+    eps = f"with epsilon {m.eps!r}"
     kd, vd = m.hk * m.d, m.hv * m.d
     w = _Writer()
     kinds = ", ".join("attention" if t == "full_attention" else "delta" for t in m.layer_types)
@@ -179,7 +188,7 @@ def generate_program(config, ctx=DEFAULT_CTX):
     w(f"# hidden {m.hidden}, vocab {m.vocab}, ffn {m.ffn}, layers [{kinds}];")
     w(f"# attention {H} heads / {KV} KV heads of {hd}, rotary {m.rotary_dim} (theta {m.rope_theta:g});")
     w(f"# Gated DeltaNet {m.hv} value heads / {m.hk} key heads of {m.d}, conv {m.taps} taps; "
-      f"KV cache {ctx} rows.")
+      f"KV cache {ctx} rows; rms epsilon {m.eps!r}.")
     w("# Tok and Pos are the step's token and position; the step writes back the next token (argmax)")
     w("# and Pos + 1. Each attention head carries one extra mask column (see qwen35.py): rows of the")
     w(f"# KV table no token has written hold {MASK!r} there and take no weight.")
@@ -248,14 +257,14 @@ def generate_program(config, ctx=DEFAULT_CTX):
         L = layer
         w()
         w(f"## Layer {L}")
-        w(f"Let x{L} be rmsnorm of {prev} with weight an{L}.")
+        w(f"Let x{L} be rmsnorm of {prev} with weight an{L} {eps}.")
         if kind == "full_attention":
             w(f"Let q{L} be x{L} matmul Wq{L}.")
             w(f"Let gate{L} be x{L} matmul Wqg{L}.")
             w(f"Let k{L} be x{L} matmul Wk{L}.")
             w(f"Let v{L} be x{L} matmul Wv{L}.")
-            w(f"Let qn{L} be rmsnorm of q{L} with weight Qn{L} across {H} heads.")
-            w(f"Let kn{L} be rmsnorm of k{L} with weight Kn{L} across {KV} heads.")
+            w(f"Let qn{L} be rmsnorm of q{L} with weight Qn{L} across {H} heads {eps}.")
+            w(f"Let kn{L} be rmsnorm of k{L} with weight Kn{L} across {KV} heads {eps}.")
             w(f"Let qr{L} be rope of qn{L} with cos rc and sin rs across {H} heads.")
             w(f"Let kr{L} be rope of kn{L} with cos rc and sin rs across {KV} heads.")
             w(f"Let qe{L} be qr{L} matmul Eq.")
@@ -290,7 +299,7 @@ def generate_program(config, ctx=DEFAULT_CTX):
               f"decay alpha{L} state S{L} norm Gn{L} with {m.hv} heads {m.hk} groups.")
             w(f"Let y{L} be o{L} matmul Wo{L}.")
         w(f"Let hm{L} be {prev} plus y{L}.")
-        w(f"Let xf{L} be rmsnorm of hm{L} with weight fn{L}.")
+        w(f"Let xf{L} be rmsnorm of hm{L} with weight fn{L} {eps}.")
         w(f"Let fg{L} be xf{L} matmul Wg{L}.")
         w(f"Let fu{L} be xf{L} matmul Wu{L}.")
         w(f"Let fs{L} be swiglu of fg{L} and fu{L}.")
@@ -299,7 +308,7 @@ def generate_program(config, ctx=DEFAULT_CTX):
         prev = f"h{L}"
     w()
     w("## Output: the logits, then the next token and position written back")
-    w(f"Let hn be rmsnorm of {prev} with weight on.")
+    w(f"Let hn be rmsnorm of {prev} with weight on {eps}.")
     w("Let logits be hn matmul Wout.")
     w("Let nxt be argmax of logits.")
     w("Set row 0 of Tok to nxt.")

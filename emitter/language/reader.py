@@ -17,6 +17,8 @@ _UINT = re.compile(r"[0-9]{1,15}")  # counts and indices: well past any shape, f
 _INT = re.compile(r"[+-]?[0-9]{1,16}")
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _REAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+# a real literal in a pattern slot (an epsilon): unsigned; a point, if any, has digits on both sides
+_POSITIVE_REAL = re.compile(r"[0-9]{1,20}(\.[0-9]{1,20})?([eE][+-]?[0-9]{1,3})?")
 
 DECL_FORM = "Let V be a R by C tensor of Real."
 FILL_FORM = "Set item N of V to VALUE."
@@ -60,12 +62,22 @@ def _count(line, word, what):
     return int(word)
 
 
+def _positive_real(line, word, what):
+    value = float(word) if _POSITIVE_REAL.fullmatch(word) else 0.0
+    if not 0.0 < value < math.inf:
+        raise line.error(f"{what} must be a positive finite number written like `1e-5`, `0.00001` or "
+                         f"`1.0e-12`, got `{word}`")
+    return value
+
+
 def _bind(line, op, bound):
-    """Check and convert a matched op's placeholder words: integers, indices and safe names."""
+    """Check and convert a matched op's placeholder words: integers, reals, indices and safe names."""
     out = {}
     for p, w in bound.items():
         if p in op.ints:
             out[p] = _count(line, w, f"`{p}` in `{_form(op)}`")
+        elif p in op.reals:
+            out[p] = _positive_real(line, w, f"`{p}` in `{_form(op)}`")
         elif p in op.index:
             out[p] = int(w) if _UINT.fullmatch(w) else _name(line, w, "the row index")
         else:

@@ -1,4 +1,6 @@
-"""Elementwise and per-row activations: sigmoid, silu, gelu (tanh form), softmax, swiglu."""
+"""Elementwise and per-row activations: sigmoid, silu, gelu (tanh form), exact gelu (erf form),
+softmax, swiglu. Both GELUs are here because models are trained with one or the other, and they
+differ by up to about 1e-3."""
 
 import math
 
@@ -34,6 +36,19 @@ def gelu_call(a):
     return f"gelu_tanh({a.name('X')})"
 
 
+_erf = np.frompyfunc(math.erf, 1, 1)  # NumPy has no erf; the C library's, element by element
+
+
+def exact_gelu_vm(a):
+    """The erf GELU: x/2 · (1 + erf(x / sqrt(2)))."""
+    x = a["X"]
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64))
+
+
+def exact_gelu_call(a):
+    return f"F.gelu({a.name('X')})"
+
+
 def softmax_vm(a):
     return np_softmax(a["X"], axis=1)
 
@@ -59,8 +74,9 @@ OPS = (
     Op("sigmoid", "sigmoid of X", shape=shape_of_x, vm=sigmoid_vm, call=sigmoid_call,
        spelling="torch.sigmoid(x)"),
     Op("silu", "silu of X", shape=shape_of_x, vm=silu_vm, call=silu_call, spelling="F.silu(x)"),
-    Op("gelu", "gelu of X", shape=shape_of_x, vm=gelu_vm, call=gelu_call, spelling="gelu_tanh(x)",
-      ),
+    Op("gelu", "gelu of X", shape=shape_of_x, vm=gelu_vm, call=gelu_call, spelling="gelu_tanh(x)"),
+    Op("exact gelu", "exact gelu of X", shape=shape_of_x, vm=exact_gelu_vm, call=exact_gelu_call,
+       spelling="F.gelu(x)"),
     Op("softmax", "softmax of X", shape=shape_of_x, vm=softmax_vm, call=softmax_call,
        spelling="softmax_rows(x)",),
     Op("swiglu", "swiglu of G and U", shape=swiglu_shape, vm=swiglu_vm, call=swiglu_call,

@@ -5,7 +5,8 @@ An op is its sentence pattern, a shape rule, a VM meaning (NumPy, float64) and a
 a renderer of the call model.py makes, whose functions are those of `emitter.sambaflow.runtime`
 (copied into model.py where a call names them). Patterns: lowercase words are literal; a word that
 starts with a capital is a placeholder (a tensor name; an integer literal when listed in `ints`;
-either when listed in `index`); `[...]` is an optional group. `params` names the placeholders that take a parameter (a
+either when listed in `index`; a positive real literal such as `1e-5` when listed in `reals`);
+`[...]` is an optional group. `params` names the placeholders that take a parameter (a
 weight, a bias, a table) rather than data: a leaf read only there is a weight of the program.
 """
 
@@ -38,6 +39,10 @@ class Args:
     def int(self, p):
         return self.bound[p]
 
+    def real(self, p, default):
+        """The real literal bound to `p`, or `default` where the sentence leaves it out."""
+        return self.bound.get(p, default)
+
     def shape(self, p):
         return self.shapes[self.bound[p]]
 
@@ -65,6 +70,7 @@ class Op:
     spelling: Optional[str]                 # the torch expression the manifest names
     ints: tuple = ()
     index: tuple = ()
+    reals: tuple = ()
     params: tuple = ()
     writes: Optional[str] = None
     inputs_order: tuple = ()

@@ -1,4 +1,7 @@
-"""Normalisations: rmsnorm (optionally fused with a residual add, across heads), l2norm, layernorm."""
+"""Normalisations: rmsnorm (optionally fused with a residual add, across heads), l2norm, layernorm.
+
+rmsnorm and layernorm take their epsilon from the sentence (`with epsilon 1e-5`; EPS, 1e-6, where it
+is left out), since models differ there and the difference shows in their outputs; l2norm's is EPS."""
 
 import numpy as np
 
@@ -26,12 +29,17 @@ def rmsnorm_shape(a):
     return a.shape("X")
 
 
+def epsilon(a):
+    """The sentence's epsilon, or EPS where it gives none."""
+    return a.real("EPS", EPS)
+
+
 def rmsnorm_vm(a):
     """Each row of the view: x / sqrt(mean(x²) + eps) · w."""
     x = a["X"] + a["R"] if a.has("R") else a["X"]
     nr, nc = norm_view(a)
     v = x.reshape(nr, nc)
-    y = v / np.sqrt((v * v).mean(axis=1, keepdims=True) + EPS)
+    y = v / np.sqrt((v * v).mean(axis=1, keepdims=True) + epsilon(a))
     if a.has("W"):
         y = y * a["W"].reshape(1, nc)
     return y.reshape(x.shape)
@@ -44,7 +52,7 @@ def _normed(a):
 def rmsnorm_call(a):
     nr, nc = norm_view(a)
     w = a.name("W") if a.has("W") else "None"
-    return f"rmsnorm({_normed(a)}, {w}, {nr}, {nc})"
+    return f"rmsnorm({_normed(a)}, {w}, {nr}, {nc}, {epsilon(a)!r})"
 
 
 def l2norm_shape(a):
@@ -76,20 +84,20 @@ def layernorm_vm(a):
     x = a["X"]
     mean = x.mean(axis=1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=1, keepdims=True)
-    return (x - mean) / np.sqrt(var + EPS) * a["W"].reshape(1, -1) + a["B"].reshape(1, -1)
+    return (x - mean) / np.sqrt(var + epsilon(a)) * a["W"].reshape(1, -1) + a["B"].reshape(1, -1)
 
 
 def layernorm_call(a):
-    return f"layernorm({a.name('X')}, {a.name('W')}, {a.name('B')})"
+    return f"layernorm({a.name('X')}, {a.name('W')}, {a.name('B')}, {epsilon(a)!r})"
 
 
 OPS = (
-    Op("rmsnorm", "rmsnorm of X [plus R] [with weight W] [across H heads]", shape=rmsnorm_shape,
-       vm=rmsnorm_vm, call=rmsnorm_call, spelling="rmsnorm(x, w, nr, nc)",
-       ints=("H",), params=("W",)),
+    Op("rmsnorm", "rmsnorm of X [plus R] [with weight W] [across H heads] [with epsilon EPS]",
+       shape=rmsnorm_shape, vm=rmsnorm_vm, call=rmsnorm_call, spelling="rmsnorm(x, w, nr, nc, eps)",
+       ints=("H",), reals=("EPS",), params=("W",)),
     Op("l2norm", "l2norm of X [across H heads]", shape=l2norm_shape, vm=l2norm_vm, call=l2norm_call,
        spelling="l2norm(x, nr, nc)", ints=("H",)),
-    Op("layernorm", "layernorm of X with weight W and bias B", shape=layernorm_shape,
-       vm=layernorm_vm, call=layernorm_call, spelling="layernorm(x, w, b)",
-       params=("W", "B")),
+    Op("layernorm", "layernorm of X with weight W and bias B [with epsilon EPS]", shape=layernorm_shape,
+       vm=layernorm_vm, call=layernorm_call, spelling="layernorm(x, w, b, eps)",
+       reals=("EPS",), params=("W", "B")),
 )

@@ -4,6 +4,7 @@ import json
 
 from ..language.names import gguf_name
 from ..language.program import Program
+from ..ops.norms import epsilon
 from .marks import VENDOR_HEADER
 
 SCHEMA, VERSION = "logos.sambaflow.manifest", 1
@@ -21,9 +22,7 @@ def render_manifest(p: Program, name, calls):
             tensors.append({"var": st.out, "shape": list(p.shapes[st.out]),
                             "dtype": "Real" if p.real[st.out] else "Int", "role": "computed",
                             "gguf": None, "file": None, "line": st.line})
-    ops = [{"index": st.index, "line": st.line, "out": st.out, "op": st.op.name, "inputs": st.inputs,
-            "writes": st.writes, "torch": st.op.spelling, "call": call}
-           for st, call in zip(p.stages, calls)]
+    ops = [_op(p, st, call) for st, call in zip(p.stages, calls)]
     manifest = {
         "schema": SCHEMA,
         "version": VERSION,
@@ -37,6 +36,15 @@ def render_manifest(p: Program, name, calls):
         "ops": ops,
     }
     return _layout(manifest)
+
+
+def _op(p: Program, st, call):
+    """One op's entry; a norm's carries its epsilon (the sentence's, else the default)."""
+    entry = {"index": st.index, "line": st.line, "out": st.out, "op": st.op.name, "inputs": st.inputs,
+             "writes": st.writes, "torch": st.op.spelling, "call": call}
+    if "EPS" in st.op.reals:
+        entry["eps"] = epsilon(st.args(p.shapes))
+    return entry
 
 
 def _layout(manifest):

@@ -26,10 +26,10 @@ REQUIRED = ()   # leaves read with no declared value: each needs a value from th
 OUTPUT = None
 
 
-def rmsnorm(x, w, nr, nc):
-    """RMSNorm of x viewed as nr rows of nc: x / sqrt(mean(x^2) + EPS), then times w (nc values)."""
+def rmsnorm(x, w, nr, nc, eps):
+    """RMSNorm of x viewed as nr rows of nc: x / sqrt(mean(x^2) + eps), then times w (nc values)."""
     v = x.reshape(nr, nc)
-    y = v / torch.sqrt((v * v).mean(dim=1, keepdim=True) + EPS)
+    y = v / torch.sqrt((v * v).mean(dim=1, keepdim=True) + eps)
     if w is not None:
         y = y * w.reshape(1, nc)
     return y.reshape(x.shape)
@@ -41,11 +41,11 @@ def l2norm(x, nr, nc):
     return (v / torch.sqrt((v * v).sum(dim=1, keepdim=True) + EPS)).reshape(x.shape)
 
 
-def layernorm(x, w, b):
-    """Per row: (x - mean) / sqrt(biased variance + EPS) * w + b."""
+def layernorm(x, w, b, eps):
+    """Per row: (x - mean) / sqrt(biased variance + eps) * w + b."""
     mean = x.mean(dim=1, keepdim=True)
     var = ((x - mean) ** 2).mean(dim=1, keepdim=True)
-    return (x - mean) / torch.sqrt(var + EPS) * w.reshape(1, -1) + b.reshape(1, -1)
+    return (x - mean) / torch.sqrt(var + eps) * w.reshape(1, -1) + b.reshape(1, -1)
 
 
 def rope(q, rc, rs, heads, hd, half):

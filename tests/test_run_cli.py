@@ -1,0 +1,133 @@
+"""`python -m emitter run` beyond its output: `--stage NAME=PATH` and `--state-out DIR`, through the
+command line, on a toy greedy decode loop (token and position written back, a cache written at
+row pos). A decode resumed from a state directory is the decode run in one go, and a token fed
+by replacing the state's file is what the VM computes from that token (a teacher-forced step)."""
+
+import os
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+from emitter.language.reader import read_program
+from emitter.verify import vm
+
+LOOP = """# a toy decode loop
+Let tok be a 1 by 1 tensor of Int.
+Let pos be a 1 by 1 tensor of Int.
+Let one be a 1 by 1 tensor of Int.
+Set item 1 of one to 1.
+Let emb be a 4 by 3 tensor of Real.
+Let W be a 3 by 4 tensor of Real.
+Let K be a 6 by 3 tensor of Real.
+Let pn be pos plus one.
+Let x be row tok of emb.
+Set row pos of K to x.
+Let kt be transpose of K.
+Let s be x matmul kt.
+Let logits be x matmul W.
+Let nxt be argmax of logits.
+Set row 0 of tok to nxt.
+Set row 0 of pos to pn.
+"""
+
+
+@pytest.fixture
+def loop(tmp_path):
+    """The program's path, its Program, and a weights directory (emb as .f32, W as .f64)."""
+    path = tmp_path / "loop.logos"
+    path.write_text(LOOP)
+    weights = tmp_path / "w"
+    weights.mkdir()
+    rng = np.random.default_rng(3)
+    rng.standard_normal((4, 3)).astype("<f4").tofile(weights / "emb.f32")
+    rng.standard_normal((3, 4)).astype("<f8").tofile(weights / "W.f64")
+    np.array([2.0], dtype="<f4").tofile(weights / "tok.f32")
+    return str(path), read_program(LOOP), str(weights)
+
+
+def run(*args):
+    return run_cli("run", *map(str, args))
+
+
+def f64(path):
+    return np.fromfile(path, dtype="<f8")
+
+
+def vm_steps(program, values, steps):
+    """The VM's traces over `steps` steps, stages kept."""
+    return vm.run(program, values, steps=steps, keep_stages=True)
+
+
+def stage(program, name):
+    return [st.out for st in program.stages].index(name)
+
+
+def test_stage_writes_the_named_stages_at_the_last_step(loop, tmp_path):
+    path, program, weights = loop
+    done = run(path, "--weights", weights, "--steps", 3, "--out", tmp_path / "o.f64",
+               "--stage", f"logits={tmp_path / 'l.f64'}", "--stage", f"s={tmp_path / 's.f64'}")
+    assert done.returncode == 0, done.stderr
+    traces = vm_steps(program, vm.load_leaves(program, weights).values, 3)
+    last = traces[-1].stages
+    assert np.array_equal(f64(tmp_path / "l.f64"), last[stage(program, "logits")].reshape(-1))
+    assert np.array_equal(f64(tmp_path / "s.f64"), last[stage(program, "s")].reshape(-1))
+    assert np.array_equal(f64(tmp_path / "o.f64"), traces[-1].output.reshape(-1))
+    # the steps differ: the stage is the last step's, not the first's
+    assert not np.array_equal(last[stage(program, "s")], traces[0].stages[stage(program, "s")])
+
+
+@pytest.mark.parametrize("request_, needle", [
+    ("nope={}", "has no stage `nope`"),
+    ("K={}", "has no stage `K`"),          # a state written by `Set row` binds no stage
+    ("logits", "expected NAME=PATH"),
+    ("logits=", "expected NAME=PATH"),
+])
+def test_a_bad_stage_request_exits_2_and_writes_nothing(loop, tmp_path, request_, needle):
+    path, _, weights = loop
+    done = run(path, "--weights", weights, "--out", tmp_path / "o.f64",
+               "--stage", request_.format(tmp_path / "x.f64"))
+    assert done.returncode == 2
+    assert needle in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "o.f64").exists() and not (tmp_path / "x.f64").exists()
+
+
+def test_state_out_resumes_the_decode(loop, tmp_path):
+    path, program, weights = loop
+    state = tmp_path / "state"
+    done = run(path, "--weights", weights, "--steps", 2, "--out", tmp_path / "a.f64",
+               "--state-out", state)
+    assert done.returncode == 0, done.stderr
+    # every leaf read from a file, as it was (float32 stays float32), and every state as .f64;
+    # the filled constant keeps its declared value and gets no file
+    assert sorted(os.listdir(state)) == ["K.f64", "W.f64", "emb.f32", "pos.f64", "tok.f64"]
+    assert np.array_equal(np.fromfile(state / "emb.f32", "<f4"), np.fromfile(f"{weights}/emb.f32", "<f4"))
+    assert f64(state / "pos.f64").tolist() == [2.0]
+
+    done = run(path, "--weights", state, "--steps", 3, "--out", tmp_path / "b.f64",
+               "--stage", f"logits={tmp_path / 'l.f64'}")
+    assert done.returncode == 0, done.stderr
+    whole = vm_steps(program, vm.load_leaves(program, weights).values, 5)
+    assert np.array_equal(f64(tmp_path / "b.f64"), whole[-1].output.reshape(-1))
+    assert np.array_equal(f64(tmp_path / "l.f64"), whole[-1].stages[stage(program, "logits")].reshape(-1))
+
+
+def test_a_token_fed_through_the_state_file_is_a_teacher_forced_step(loop, tmp_path):
+    path, program, weights = loop
+    state = tmp_path / "state"
+    assert run(path, "--weights", weights, "--out", tmp_path / "a.f64", "--state-out", state).returncode == 0
+    forced = 3.0
+    np.array([forced]).astype("<f8").tofile(state / "tok.f64")
+    done = run(path, "--weights", state, "--out", tmp_path / "b.f64",
+               "--stage", f"logits={tmp_path / 'l.f64'}", "--state-out", state)   # in place
+    assert done.returncode == 0, done.stderr
+
+    values = vm.load_leaves(program, weights).values
+    first = vm.step(program, values)
+    after = {**values, **first.states, "tok": np.array([[forced]])}
+    second = vm.step(program, after)
+    assert np.array_equal(f64(tmp_path / "l.f64"), second.stages[stage(program, "logits")].reshape(-1))
+    assert sorted(os.listdir(state)) == ["K.f64", "W.f64", "emb.f32", "pos.f64", "tok.f64"]
+    for name, value in second.states.items():
+        assert np.array_equal(f64(state / f"{name}.f64"), value.reshape(-1)), name
+    assert not [f for f in os.listdir(state) if f.startswith(".")], "a temporary file was left behind"
