@@ -9,6 +9,8 @@ importing a submodule such as `emitter.pipeline.config` does not pay for the op 
 
 import importlib
 
+__version__ = "0.2.0"
+
 _EXPORTS = {
     "QWEN38_OPS": "sambaflow.emit", "TorchArtifact": "sambaflow.emit",
     "emit_program": "sambaflow.emit", "emit_torch_module": "sambaflow.emit",

@@ -12,7 +12,7 @@ from emitter.language.reader import read_file
 
 # bottom to top: a module may import its own part and the parts before it, never one after
 LAYERS = ["files", "ops", "language", "sambaflow", "verify", "importers", "pipeline", "cli"]
-TOP = {"__init__": "cli", "__main__": "cli"}
+TOP = {"__init__": "cli", "__main__": "cli", "tasks": "cli"}
 
 
 def _part(rel):

@@ -19,7 +19,7 @@ import sys
 from ..files import BUNDLE_FILES, read_json, write_atomic, write_files
 from .digests import check_digest
 from .files_io import dumps, sha256_text, stamp_targets, write_if_changed
-from .guards import freeze_heap
+from .guards import REPORT_FILES, freeze_heap
 
 RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
 
@@ -144,11 +144,11 @@ def make_report(entries, out_dir, failures=None):
     from doit.exceptions import TaskFailed
     from .report import build_rows, write_reports
     rows = build_rows(entries, os.path.join(out_dir, ".report-cache.json"), out_dir, failures)
-    write_reports(rows, out_dir)
+    write_reports(rows, out_dir, os.path.join(out_dir, ".report-plots.json"))
     bad = [r for r in rows if r["verdict"] != "pass"]
     if bad:
         names = ", ".join(f"{r['name']}[{r['check']}]={r['verdict']}" for r in bad[:10])
         more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
         return TaskFailed(f"{len(bad)} of {len(rows)} checks did not pass: {names}{more} "
                           f"(see {out_dir}/summary.md)")
-    return stamp_targets([os.path.join(out_dir, f) for f in ("report.json", "junit.xml", "summary.md")])
+    return stamp_targets([os.path.join(out_dir, f) for f in REPORT_FILES])

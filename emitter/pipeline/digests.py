@@ -13,19 +13,30 @@ CODE = {
 }
 
 
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the emitter package
+
+
+def package_path(root, rel):
+    """A file of the emitter package as a task dependency: repo-relative when the package lives in
+    the repository (so a restored build/ in a fresh clone names the same files), else absolute (an
+    installed package)."""
+    full = os.path.join(PACKAGE, rel)
+    inside = os.path.relpath(full, root)
+    return full if inside.startswith("..") else inside.replace(os.sep, "/")
+
+
 def code_files(root, kind):
     """The emitter package's .py files that tasks of `kind` ("emit", "lock", "import") depend on,
-    repo-relative and sorted."""
+    sorted (see `package_path`)."""
     out = []
     for part in CODE[kind]:
-        path = os.path.join(root, "emitter", part)
         if part.endswith(".py"):
-            out.append(f"emitter/{part}")
+            out.append(package_path(root, part))
             continue
-        for dirpath, dirnames, filenames in os.walk(path):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(PACKAGE, part)):
             dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-            rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
-            out += [f"{rel_dir}/{f}" for f in sorted(filenames) if f.endswith(".py")]
+            rel = os.path.relpath(dirpath, PACKAGE)
+            out += [package_path(root, os.path.join(rel, f)) for f in sorted(filenames) if f.endswith(".py")]
     return sorted(out)
 
 

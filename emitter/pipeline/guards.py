@@ -104,7 +104,7 @@ def sigterm_to_interrupt(signum, frame):
 
 
 _PREVIOUS_HOOK = sys.excepthook
-REPORT_FILES = ("report.json", "junit.xml", "summary.md")
+REPORT_FILES = ("report.json", "junit.xml", "summary.md", "report.html")
 _BUILD = None
 
 

@@ -153,8 +153,9 @@ def render_json(rows):
 
 def render_junit(rows):
     c = counts(rows)
+    total = sum(r.get("seconds") or 0 for r in rows)
     suite = ET.Element("testsuite", name="logos-lock", tests=str(len(rows)),
-                       failures=str(c["fail"]), errors=str(c["error"]), skipped="0")
+                       failures=str(c["fail"]), errors=str(c["error"]), skipped="0", time=f"{total:.3f}")
     for r in rows:
         case = ET.SubElement(suite, "testcase", classname=short(r["name"]), name=r["check"],
                              time=f"{r.get('seconds') or 0:.3f}")
@@ -214,8 +215,9 @@ def _figures(r):
             f"{number(shown.get('guarded_rel'))} | {number(one_minus_cos(shown) if shown else None)} |")
 
 
-def write_reports(rows, out_dir):
-    """All three files, each whole (staged, then renamed together)."""
+def write_reports(rows, out_dir, plots_cache=None):
+    """All four files, each whole (staged, then renamed together)."""
+    from .report_html import render
     os.makedirs(out_dir, exist_ok=True)
     write_files(out_dir, {"report.json": render_json(rows), "junit.xml": render_junit(rows),
-                          "summary.md": render_summary(rows)})
+                          "summary.md": render_summary(rows), "report.html": render(rows, plots_cache)})

@@ -1,0 +1,225 @@
+"""The zoo's doit tasks, for any repository of programs: `from emitter.tasks import *` in a dodo.py
+(beside tasks of its own), or `logos doit` in a folder with programs/ and no dodo.py.
+
+The current folder is the zoo: `programs/NAME.logos` with an optional `programs/NAME.yaml` (zoo
+defaults in `programs/defaults.yaml`), weights in `weights/NAME`, everything made under `build/`.
+Importing this module takes build/'s lock (one doit run at a time), sweeps what a killed run left
+and reads the zoo: import it only to run doit.
+"""
+
+import os
+import sys
+
+from .pipeline import actions, digests, files_io, guards, weights
+from .pipeline.config import discover
+from .pipeline.progress import ProgressReporter
+
+__all__ = ["DOIT_CONFIG", "task_digest", "task_weights", "task_wmanifest", "task_emit", "task_lock",
+           "task_report"]
+
+ROOT = os.getcwd()   # doit runs a dodo.py from its own folder; `logos doit` from the zoo's
+PACKAGE = os.path.dirname(os.path.abspath(__file__))
+BUILD = "build"
+DIGESTS = f"{BUILD}/digests"
+DB = f"{BUILD}/results.sqlite"
+
+guards.safe_build(ROOT, BUILD)
+guards.exclusive(BUILD)
+guards.sweep(BUILD)
+guards.install_sigterm(BUILD)
+guards.pause_collector()
+
+DOIT_CONFIG = {
+    "dep_file": f"{BUILD}/.doit.db",
+    "backend": "sqlite3",
+    "check_file_uptodate": "md5",
+    "continue": True,          # one program's failure never stops the others
+    "reporter": ProgressReporter,
+}
+
+WARNINGS = []
+PROGRAMS = discover(ROOT, cache_file=f"{BUILD}/.config-cache.json", warnings=WARNINGS)
+for _w in WARNINGS:
+    sys.stderr.write(f"warning: {_w}\n")
+CODE = {kind: digests.code_files(ROOT, kind) for kind in ("emit", "lock", "import")}
+REPORT_CODE = [digests.package_path(ROOT, f) for f in ("pipeline/report.py", "pipeline/report_html.py",
+                                                      "verify/verdict.py")]
+INTACT = [files_io.targets_intact]   # a target edited since its task wrote it reruns the task
+
+
+def _paths(pc):
+    s = pc.name   # a plain name, or `invalid-<hash>` for a file name that is not one
+    return {
+        "bundle": f"{BUILD}/bundles/{s}",
+        "status": f"{BUILD}/status/{s}.emit.json",
+        "manifest": f"{BUILD}/weights-manifests/{s}.json",
+        "results": f"{BUILD}/results/{s}",
+    }
+
+
+DEFAULTS = [f for f in ("programs/defaults.yaml",) if os.path.isfile(f)]
+
+
+def _config_files(pc):
+    return DEFAULTS + ([pc.config] if pc.config else [])
+
+
+def _checks(pc, p):
+    return [(dt, *pc.tolerance(dt), f"{p['results']}/{dt}.json") for dt in pc.dtypes]
+
+
+# each program's paths and checks, worked out once for all its tasks (a zoo has thousands)
+PATHS = {pc.name: _paths(pc) for pc in PROGRAMS}
+CHECKS = {pc.name: _checks(pc, PATHS[pc.name]) for pc in PROGRAMS}
+
+
+def task_digest():
+    """Digests of the emitter's code and of the environment: what every emit, lock and import
+    depends on beyond its own files (a torch or numpy upgrade reruns every lock)."""
+    for kind, files in CODE.items():
+        target = f"{DIGESTS}/{kind}.json"
+        yield {
+            "name": kind,
+            "doc": f"keep {target} the sha256 of the {kind} code ({len(files)} files)",
+            "actions": [(digests.write_digest, [target, files])],
+            "targets": [target],
+            "uptodate": [(digests.digest_current, [target, files])],
+            "clean": True,
+        }
+    target = f"{DIGESTS}/env.json"
+    yield {
+        "name": "env",
+        "doc": f"keep {target} the fingerprint of python, numpy, torch and the CPU",
+        "actions": [(digests.write_env, [target])],
+        "targets": [target],
+        "uptodate": [(digests.env_current, [target])],
+        "clean": True,
+    }
+
+
+def task_weights():
+    """Derived weights: a program's `derive:` checkpoint through its importer."""
+    for pc in PROGRAMS:
+        if pc.error or not pc.derive:
+            continue
+        d = pc.derive
+        deps = [pc.source, f"{DIGESTS}/import.json", f"{DIGESTS}/emit.json"] + _config_files(pc)
+        task = {
+            "name": pc.name,
+            "doc": f"import {d.checkpoint} with import-{d.importer} into {pc.weights}",
+            "file_dep": deps,
+            "targets": [pc.weights],
+            "clean": [(files_io.remove_dir, [pc.weights])],
+        }
+        if d.checkpoint.startswith("package:"):
+            # a package file's absolute path differs per install: depend on its identity instead
+            identity = weights.checkpoint_identity(d.checkpoint, d.checkpoint_path)
+            task["uptodate"] = [(weights.checkpoint_same, [identity])]
+        else:
+            identity = None
+            task["file_dep"] = [d.checkpoint_path] + deps
+        task["actions"] = [(weights.import_weights, [d.importer, d.checkpoint_path, pc.source,
+                                                     pc.weights, identity, pc.limits["seconds"],
+                                                     f"{BUILD}/tmp"])]
+        yield task
+
+
+def task_wmanifest():
+    """Per-directory weights manifests (names, sizes, sha256): a lock's one weights dependency."""
+    for pc in PROGRAMS:
+        if pc.error or not pc.weights or not pc.lock:
+            continue
+        p = PATHS[pc.name]
+        task = {
+            "name": pc.name,
+            "doc": f"keep {p['manifest']} current with {pc.weights}/",
+            "actions": [(weights.write_weights_manifest, [pc.weights, p["manifest"]])],
+            "targets": [p["manifest"]],
+            "uptodate": INTACT,
+            "clean": [(files_io.remove_files, [[p["manifest"], p["manifest"] + ".stat"]])],
+        }
+        if pc.derive:
+            # made by weights:NAME during the run: listed when this task runs, not at load
+            task["task_dep"] = [f"weights:{pc.name}"]
+            task["uptodate"] = INTACT + [(weights.weights_current, [pc.weights, p["manifest"]])]
+        else:
+            # the directory's files as listed now: doit's md5 checker sees edits, touches cost a
+            # hash and no rerun, and an added or removed file changes the set and reruns it
+            task["file_dep"] = weights.weight_files(pc.weights)
+        yield task
+
+
+def task_emit():
+    """Bundles: model.py, manifest.json, compile.py per program (and its emit status)."""
+    for pc in PROGRAMS:
+        p = PATHS[pc.name]
+        yield {
+            "name": pc.name,
+            "doc": f"emit {pc.source} to {p['bundle']}/",
+            "actions": [(actions.emit_bundle, [pc.name, pc.source, p["bundle"], p["status"],
+                                               pc.error, pc.limits])],
+            # a refused config is refused whatever the program holds: its text is no dependency
+            "file_dep": ([] if pc.error else [pc.source]) + _config_files(pc) + [f"{DIGESTS}/emit.json"],
+            # the bundle's files are stamped by the action (a refused program has none, and a
+            # missing target would rerun it on every run); the status records them
+            "targets": [p["status"]],
+            "uptodate": INTACT,
+            "clean": [(files_io.remove_files, [[p["status"]] + [f"{p['bundle']}/{f}" for f in
+                                                                ("model.py", "manifest.json", "compile.py")]])],
+        }
+
+
+def task_lock():
+    """Lock checks: each program's bundle against the VM, one RESULT.json per dtype."""
+    for pc in PROGRAMS:
+        if not pc.lock and not pc.error:
+            continue
+        p = PATHS[pc.name]
+        checks = CHECKS[pc.name]
+        deps = [p["status"], f"{DIGESTS}/lock.json", f"{DIGESTS}/env.json"] + _config_files(pc)
+        manifest = None
+        if pc.weights and not pc.error:
+            manifest = p["manifest"]
+            deps.append(manifest)
+        yield {
+            "name": pc.name,
+            "doc": f"lock {pc.name} ({', '.join(pc.dtypes)}, {pc.steps} step(s))",
+            "actions": [(actions.lock_program, [pc.name, pc.source, p["bundle"], p["status"],
+                                                pc.weights, checks, pc.steps, DB, manifest,
+                                                pc.allow_nonfinite, DIGESTS, pc.limits])],
+            "file_dep": deps,
+            "targets": [c[3] for c in checks],
+            "uptodate": INTACT,
+            "clean": True,   # the history in results.sqlite stays: `python -m emitter results --prune`
+        }
+
+
+def report_entries():
+    """What the report covers: every program, its checks and the files their digests are read from
+    (also what the progress reporter writes the report from when a task fails)."""
+    entries = []
+    for pc in PROGRAMS:
+        p = PATHS[pc.name]
+        checks = [(dt, path, atol, rtol) for dt, atol, rtol, path in CHECKS[pc.name]] \
+            if (pc.lock or pc.error) else []
+        entries.append({"name": pc.name, "source": pc.source, "status": p["status"],
+                        "manifest": p["manifest"] if pc.weights and not pc.error else None,
+                        "steps": pc.steps, "weights": pc.weights,
+                        "allow_nonfinite": pc.allow_nonfinite, "checks": checks})
+    return entries
+
+
+def task_report():
+    """build/report.json, junit.xml, summary.md; fails the run when any check did not pass."""
+    entries = report_entries()
+    # a locked program's results already follow its emit status (the lock depends on it)
+    deps = [path for e in entries for path in ([c[1] for c in e["checks"]] or [e["status"]])]
+    return {
+        "doc": f"report {len(PROGRAMS)} programs into {BUILD}/report.json, junit.xml, summary.md",
+        "actions": [(actions.make_report, [entries, BUILD])],
+        # the entries follow from these paths: a program or check added or removed changes the set
+        "file_dep": deps + [f"{DIGESTS}/lock.json", f"{DIGESTS}/env.json"] + REPORT_CODE,
+        "targets": [f"{BUILD}/{f}" for f in guards.REPORT_FILES],
+        "uptodate": INTACT,
+        "clean": True,
+    }
