@@ -15,15 +15,19 @@ os.chdir(ROOT)
 
 from emitter.tasks import *  # noqa: E402,F401,F403
 
+SMALL = "weights/make_small.py"
+if os.path.isfile(SMALL):   # (a copy of the zoo without it has no such task)
+    DOIT_CONFIG = {**DOIT_CONFIG, "default_tasks": DOIT_CONFIG["default_tasks"] + ["small_weights"]}  # noqa: F405
+
 
 def task_small_weights():
     """weights/*: the small programs' committed weights are what weights/make_small.py makes."""
-    if not os.path.isfile("weights/make_small.py"):   # a copy of the zoo without it
+    if not os.path.isfile(SMALL):
         return
     files = sorted(f"weights/{d}/{f}" for d in os.listdir("weights") if os.path.isdir(f"weights/{d}")
                    for f in os.listdir(f"weights/{d}"))
     return {
-        "actions": [f"{sys.executable} weights/make_small.py --check"],
-        "file_dep": ["weights/make_small.py"] + files,
+        "actions": [f"{sys.executable} {SMALL} --check"],
+        "file_dep": [SMALL] + files,
         "verbosity": 0,
     }

@@ -35,6 +35,9 @@ DOIT_CONFIG = {
     "check_file_uptodate": "md5",
     "continue": True,          # one program's failure never stops the others
     "reporter": ProgressReporter,
+    # `doit` alone walks the report's dependencies program by program (emit, lock, then the next),
+    # so the progress line's ETA knows what each kind of task costs early in the run
+    "default_tasks": ["report"],
 }
 
 WARNINGS = []

@@ -247,3 +247,12 @@ def test_warm_parse_cache_never_loads_pyyaml(tmp_path):
                                  cwd=ROOT, check=True).stdout.split()
     assert run() == ["2", "True"]     # cold: parsed
     assert run() == ["2", "False"]    # warm: from the cache, PyYAML never imported
+
+
+def test_yaml_numbers_as_yaml_1_2_reads_them(tmp_path):
+    got = zoo(tmp_path, {"programs/p.logos": SRC,
+                         "programs/p.yaml": "tolerances: {float32: {abs: 1e-5, rel: 2E-3}}\n"})
+    assert got["p"].error is None
+    assert got["p"].tolerances["float32"] == {"abs": 1e-5, "rel": 2e-3}
+    got = zoo(tmp_path, {"programs/q.logos": SRC, "programs/q.yaml": "tolerances: {float32: {abs: '1e-5'}}\n"})
+    assert "`abs` must be a finite number >= 0, got '1e-5'" in got["q"].error   # quoted: a string

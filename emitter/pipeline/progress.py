@@ -1,9 +1,12 @@
-"""A doit reporter that, on long runs, replaces the task-name stream with one progress line:
-done/total, failures so far, ETA. Short runs keep doit's usual `.  task` / `-- task` lines.
+"""A doit reporter that, on a run longer than a few seconds (or of many tasks), replaces the
+task-name stream with one live progress line: done/total, failures so far and an ETA. Short runs
+keep doit's usual `.  task` / `-- task` lines.
 
-`LOGOS_PROGRESS=line|names|auto` (default auto: the line above PROGRESS_THRESHOLD tasks). On a
-terminal the line is rewritten in place (at most ten times a second); elsewhere (CI logs) it is
-printed every 10% or 15 s.
+`LOGOS_PROGRESS=line|names|auto` (default auto: the line once a run has taken LINE_AFTER seconds
+or holds over PROGRESS_THRESHOLD tasks). On a terminal the line is tqdm's, rewritten in place;
+elsewhere (CI logs) it is printed every 10% or 15 s; either way one final line. The ETA weighs the
+work left by what each kind of task (emit, lock, …) has cost so far and how many of its kind were
+up to date, so a no-op's thousand skips do not make a lock look instant.
 """
 
 import os
@@ -12,6 +15,47 @@ import time
 from doit.reporter import ConsoleReporter
 
 PROGRESS_THRESHOLD = 40
+LINE_AFTER = 3.0
+
+
+class Work:
+    """Per kind of task (the part before `:`): how many there are, were checked, ran, and the
+    seconds the ones that ran took."""
+
+    def __init__(self, names):
+        self.kinds = {}
+        for n in names:
+            self._kind(n)["total"] += 1
+        self.started = {}
+
+    def _kind(self, name):
+        return self.kinds.setdefault(name.split(":")[0], {"total": 0, "checked": 0, "ran": 0, "s": 0.0})
+
+    def start(self, name, now):
+        self.started[name] = now
+
+    def finish(self, name, now):
+        k = self._kind(name)
+        k["checked"] += 1
+        if name in self.started:
+            k["ran"] += 1
+            k["s"] += now - self.started.pop(name)
+
+    def eta(self, elapsed):
+        """Seconds left: the work left, in the seconds its kinds have cost per task, scaled by
+        the wall time the work done took (so parallel workers count)."""
+        done = sum(k["s"] for k in self.kinds.values())
+        if done <= 0:
+            return None
+        ran = sum(k["ran"] for k in self.kinds.values())
+        mean_s = done / ran
+        left = 0.0
+        for k in self.kinds.values():
+            remaining = k["total"] - k["checked"]
+            share = k["ran"] / k["checked"] if k["checked"] else 1.0
+            cost = k["s"] / k["ran"] if k["ran"] else mean_s
+            left += remaining * share * cost
+        return elapsed * left / done
 
 
 def _counted(task):
@@ -53,48 +97,65 @@ class ProgressReporter(ConsoleReporter):
         self.last_counts = None
         self.tty = hasattr(outstream, "isatty") and outstream.isatty()
         self.tasks, self.reachable, self.failed_tasks = {}, [], {}
+        self.work, self.bar = Work([]), None
 
     def initialize(self, tasks, selected_tasks):
         self.tasks = tasks
         self.reachable = _reachable(tasks, selected_tasks)
         self.total = len(self.reachable)
+        self.work = Work(self.reachable)
         self.line = self.mode == "line" or (self.mode == "auto" and self.total > PROGRESS_THRESHOLD)
         self.start = time.monotonic()
 
+    def _maybe_line(self):
+        """In auto mode, a run that has taken a few seconds gets the line from then on."""
+        if not self.line and self.mode == "auto" and time.monotonic() - self.start > LINE_AFTER:
+            self.line = True
+
     def _tick(self, final=False):
+        self._maybe_line()
         if not self.line:
             return
         now = time.monotonic()
-        frac = int(10 * self.done / self.total) if self.total else 10
-        if self.tty:   # rewritten in place, ten times a second at most
-            due = final or now - self.last_print >= 0.1
-        else:
-            due = final or frac != self.last_frac or now - self.last_print > 15
-        if not due:
-            return
         elapsed = now - self.start
-        left = max(self.total - self.done, 0)
-        # tasks still to check cost about what the finished ones did on average
-        eta = elapsed / self.done * left if self.done else 0.0
-        counts = (self.done, self.total, self.ran, self.failed)
-        text = (f"[{self.done}/{self.total}] ran {self.ran}, failures {self.failed}, "
-                f"elapsed {elapsed:.0f}s, ETA {eta:.0f}s")
+        eta = 0.0 if final else self.work.eta(elapsed)
+        eta_text = "?" if eta is None else f"{eta:.0f}s"
         if self.tty:
-            self.write("\r" + text.ljust(79) + ("\n" if final else ""))
-            self.outstream.flush()
-        elif not (final and counts == self.last_counts):   # the last task's line, not twice
-            self.write(text + "\n")
+            self._bar(final, f"ran {self.ran}, failures {self.failed}, ETA {eta_text}")
+            return
+        frac = int(10 * self.done / self.total) if self.total else 10
+        if not (final or frac != self.last_frac or now - self.last_print > 15):
+            return
+        counts = (self.done, self.total, self.ran, self.failed)
+        if not (final and counts == self.last_counts):   # the last task's line, not twice
+            self.write(f"[{self.done}/{self.total}] ran {self.ran}, failures {self.failed}, "
+                       f"elapsed {elapsed:.0f}s, ETA {eta_text}\n")
         self.last_frac, self.last_print, self.last_counts = frac, now, counts
 
+    def _bar(self, final, postfix):
+        """tqdm's line on a terminal, rewritten in place."""
+        if self.bar is None:
+            from tqdm import tqdm
+            self.bar = tqdm(total=self.total, file=self.outstream, dynamic_ncols=True, mininterval=0.1,
+                            bar_format="{n_fmt}/{total_fmt} |{bar}| {elapsed} {postfix}")
+        self.bar.n = self.done
+        self.bar.set_postfix_str(postfix, refresh=False)
+        self.bar.refresh()
+        if final:
+            self.bar.close()
+
     def execute_task(self, task):
+        if _counted(task):
+            self.work.start(task.name, time.monotonic())
+            self.ran += 1
+        self._maybe_line()
         if not self.line:
             return super().execute_task(task)
-        if _counted(task):
-            self.ran += 1
 
     def add_success(self, task):
         if _counted(task):
             self.done += 1
+            self.work.finish(task.name, time.monotonic())
         self._tick()
 
     def add_failure(self, task, fail):
@@ -102,14 +163,16 @@ class ProgressReporter(ConsoleReporter):
             self.failed_tasks[task.name] = _message(fail)
             self.done += 1
             self.failed += 1
-        if self.line and self.tty:
-            self.write("\n")
+            self.work.finish(task.name, time.monotonic())
+        if self.line and self.tty and self.bar is not None:
+            self.bar.clear()
         super().add_failure(task, fail)
         self._tick()
 
     def skip_uptodate(self, task):
         if _counted(task):
             self.done += 1
+            self.work.finish(task.name, time.monotonic())
         if not self.line:
             return super().skip_uptodate(task)
         self._tick()

@@ -41,7 +41,11 @@ def _yaml():
     """(yaml, loader class), imported on first use: a no-op run whose configs all come from the
     parse cache never loads PyYAML. libyaml's safe loader where PyYAML was built with it (the same
     safe constructors, in C), else the pure-Python one; either refuses a key written twice in one
-    mapping (YAML would keep the last silently, so `steps: 1` above `steps: 3` would pass)."""
+    mapping (YAML would keep the last silently, so `steps: 1` above `steps: 3` would pass), and
+    reads numbers as YAML 1.2 does: `1e-5` is a float (YAML 1.1, PyYAML's, wants `1.0e-5` and
+    would read `1e-5` as a string)."""
+    import re
+
     import yaml
 
     base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -57,6 +61,9 @@ def _yaml():
                     keys.add(key.value)
             return super().construct_mapping(node, deep)
 
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
     return yaml, Loader
 
 
@@ -83,7 +90,7 @@ class ParseCache(StampedCache):
     that JSON gives back exactly, key order included, is kept (a date or an integer key is parsed
     every time), so a hit is what parsing would give, errors and their order too."""
 
-    VERSION = 3   # a cache another version wrote (v1 sorted the keys) is not read
+    VERSION = 4   # a cache another version wrote (v1 sorted keys, v3 read `1e-5` as text) is not read
 
     def __init__(self, path):
         super().__init__(path, self.VERSION)
