@@ -103,6 +103,8 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     state = read_json(status) or {"status": "error", "reason": f"{status}: missing or unreadable"}
     man = read_json(manifest) if manifest else None
     code = (read_json(os.path.join(digests_dir, "lock.json")) or {}).get("digest")
+    from ..verify.tolerances import tolerance
+    golden = {dtype: tolerance(dtype, atol, rtol) for dtype, atol, rtol, _ in checks}
     for dtype, atol, rtol, out in checks:
         if state.get("status") != "ok":
             r = error_result(name, source, dtype, steps, state.get("reason"))
@@ -115,7 +117,8 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
                 with deadline(limits["seconds"], f"the {dtype} lock check"):
                     r = lock_bundle(bundle_dir, source, weights, dtype=dtype, steps=steps, atol=atol,
                                     rtol=rtol, allow_nonfinite=tuple(allow_nonfinite),
-                                    max_tensor_bytes=limits["tensor_bytes"])
+                                    max_tensor_bytes=limits["tensor_bytes"], golden=golden)
+                golden = None   # the VM's outputs are the same for every dtype: written once
             except TimeLimit as e:
                 r = error_result(name, source, dtype, steps, str(e))
             except Exception as e:   # a lock that crashes is this program's error, not the run's

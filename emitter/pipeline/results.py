@@ -167,6 +167,8 @@ def add_arguments(p):
     p.add_argument("--programs", default="programs",
                    help="the zoo's programs folder: the latest verdicts cover the programs it holds "
                         "(default programs)")
+    p.add_argument("--json", action="store_true",
+                   help="the latest verdicts as JSON (one object: programs, checks, runs), for scripts")
     p.add_argument("--prune", action="store_true",
                    help="drop the history of programs that are no longer in --programs")
     p.add_argument("--history", metavar="NAME", help="every run of program NAME, oldest first")
@@ -225,8 +227,16 @@ def _main(args):
             print(f"{args.db}: no runs of {', '.join(f'`{n}`' for n in missing)}", file=sys.stderr)
             return 2
         rows = [x for x in rows if x["name"] in wanted]
+    bad = sum(1 for x in rows if x["verdict"] != "pass")
+    if args.json:
+        keep = ("id", "at", "name", "dtype", "steps", "verdict", "reason", "max_abs", "guarded_rel",
+                "worst_stage", "worst_op", "worst_ratio", "first_stage", "first_out", "first_op",
+                "first_line", "source_sha", "weights_sha", "code_sha", "env_sha")
+        print(json.dumps({"programs": len({x["name"] for x in rows}), "checks": len(rows),
+                          "not_passing": bad, "runs": [{k: x.get(k) for k in keep} for x in rows]},
+                         indent=1, allow_nan=True))
+        return 1 if bad else 0
     for x in rows:
         print(_row_line(x))
-    bad = sum(1 for x in rows if x["verdict"] != "pass")
     print(f"{len({x['name'] for x in rows})} programs, {len(rows)} checks, {bad} not passing")
     return 1 if bad else 0

@@ -144,9 +144,6 @@ def render_compile(name):
         "are fixed-shape SDK tensors. Every line that touches the vendor SDK carries the TEMPLATE mark:",
         "nobody here has run it.",
         '"""',
-        "import os",
-        "import sys",
-        "",
         *app.imports,
         "",
         "sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))",
@@ -154,7 +151,7 @@ def render_compile(name):
     ]
     for n in app.closure(app.defs):
         out += ["", "", app.defs[n]]
-    out += ["", "", 'if __name__ == "__main__":', "    main()", ""]
+    out += ["", "", 'if __name__ == "__main__":', "    sys.exit(main())", ""]
     return "\n".join(out)
 
 

@@ -174,8 +174,9 @@ def _feeding(program):
     return next((bound[n] for n in out.inputs if n in bound and program.real.get(n)), None)
 
 
-def _run(torch, model, dtype, program, leaves, steps, tol, timings):
-    """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures)."""
+def _run(torch, model, dtype, program, leaves, steps, tol, timings, golden=None):
+    """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures);
+    each step of the VM also goes to `golden` (a Golden) when given."""
     current = dict(leaves)
     details, stages_worst, first, output_worst, argmax_all = [], {}, None, None, True
     out_stage = next(st for st in reversed(program.stages) if st.binds)
@@ -184,6 +185,8 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings):
         t = time.perf_counter()
         trace = vm.step(program, current, keep_stages=True)
         timings["vm_s"] += time.perf_counter() - t
+        if golden is not None:
+            golden.add(step, trace)
 
         own = {s: getattr(model, "leaf_" + s).clone() for s in program.states}
         probe = _Probe(torch, dtype, trace.stages, tol)
@@ -255,10 +258,11 @@ def _worst(stages, load):
 
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
-                rtol=None, allow_nonfinite=(), max_tensor_bytes=None):
+                rtol=None, allow_nonfinite=(), max_tensor_bytes=None, golden=None):
     """Lock one bundle, as it stands on disk, against its program; the RESULT.json dict (verdict
     pass, fail or error). A program whose tensors take more than `max_tensor_bytes` (float64) is
-    refused before anything is allocated."""
+    refused before anything is allocated. With `golden` ({dtype: tolerance}), the VM's outputs
+    and stage summaries are written into the bundle's golden/ for `compile.py test`."""
     start = time.perf_counter()
     tol = tolerance(dtype, atol, rtol)
     result = {
@@ -303,8 +307,14 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["load"] = load = _load_stage(torch, model, program, leaves.values,
                                             np.dtype(dtype), tol)
         result["timings"]["setup_s"] = time.perf_counter() - start
+        keep = None
+        if golden is not None:
+            from .golden import Golden
+            keep = Golden(os.path.join(bundle_dir, "golden"), program, weights_dir, golden)
         details, stages, first, output = _run(torch, model, torch_dtype, program, leaves.values,
-                                              steps, tol, result["timings"])
+                                              steps, tol, result["timings"], keep)
+        if keep is not None:
+            keep.write()
         if load["failed"]:
             f = load["failed"][0]
             first = {"step": 0, "stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],

@@ -1,0 +1,54 @@
+"""The VM's golden outputs, written into a bundle by the lock so that the bundle checks itself:
+`python compile.py test` runs model.py on the weights the lock used and compares with them. Small
+on purpose: per step the output (raw float64) and a few stage summaries (shape, mean, rms, first
+values), with the tolerances the lock applied."""
+
+import json
+import os
+
+import numpy as np
+
+from ..files import write_atomic, write_files
+
+SCHEMA, VERSION = "logos.golden", 1
+STAGES = 8   # stage summaries per step, spread over the program, and always the output's
+
+
+def summary(value):
+    v = np.asarray(value[0] if isinstance(value, tuple) else value, dtype=np.float64)
+    flat = v.reshape(-1)
+    return {"shape": list(v.shape), "mean": float(flat.mean()) if flat.size else 0.0,
+            "rms": float(np.sqrt(np.mean(flat * flat))) if flat.size else 0.0,
+            "head": [float(x) for x in flat[:4]]}
+
+
+def picked(program):
+    """The stages summarised: up to STAGES spread evenly over those that bind a value, the output's last."""
+    binding = [st.index for st in program.stages if st.binds]
+    step = max(1, len(binding) // STAGES)
+    chosen = sorted(set(binding[::step][:STAGES - 1]) | {binding[-1]})
+    return chosen
+
+
+class Golden:
+    """Collects each step of the VM's run, then writes `golden/` into the bundle (files whole)."""
+
+    def __init__(self, directory, program, weights_dir, tolerances):
+        self.directory, self.program, self.tolerances = directory, program, tolerances
+        self.weights = None if weights_dir is None else os.path.relpath(
+            os.path.abspath(weights_dir), os.path.abspath(os.path.dirname(directory)))
+        self.files, self.stages, self.indices = {}, [], picked(program)
+
+    def add(self, step, trace):
+        self.files[f"output.{step}.f64"] = np.ascontiguousarray(trace.output, dtype="<f8")
+        self.stages.append([{"stage": i, "out": self.program.stages[i].out,
+                             "op": self.program.stages[i].op.name, **summary(trace.stages[i])}
+                            for i in self.indices])
+
+    def write(self):
+        steps = len(self.stages)
+        body = {"schema": SCHEMA, "version": VERSION, "weights": self.weights, "steps": steps,
+                "tolerances": self.tolerances, "output": self.program.output,
+                "outputs": [f"output.{s}.f64" for s in range(1, steps + 1)], "stages": self.stages}
+        write_files(self.directory, self.files)
+        write_atomic(os.path.join(self.directory, "golden.json"), json.dumps(body, indent=1) + "\n")
