@@ -47,7 +47,8 @@ def _positive(text):
 def add_run_arguments(p):
     p.add_argument("program", help="PROGRAM.logos")
     p.add_argument("--weights", help="directory of <var>.f64 / <var>.f32 files")
-    p.add_argument("--steps", type=_positive, default=1)
+    p.add_argument("--steps", type=_positive, default=1,
+                   help="steps to run, each from the states the last one wrote (default 1)")
     p.add_argument("--out", required=True, help="the output as raw little-endian float64")
     p.add_argument("--stage", action="append", default=[], metavar="NAME=PATH",
                    help="also write the stage NAME's value at the last step to PATH, as raw "
@@ -59,9 +60,9 @@ def add_run_arguments(p):
 
 
 def _stage_requests(program, requests):
-    """{stage index: path} for `--stage NAME=PATH`s, or a message naming what is wrong."""
+    """[(stage index, path)] for `--stage NAME=PATH`s, or a message naming what is wrong."""
     named = {st.out: st.index for st in program.stages if st.binds}
-    out = {}
+    out = []
     for request in requests:
         name, eq, path = request.partition("=")
         if not eq or not path:
@@ -69,7 +70,7 @@ def _stage_requests(program, requests):
         if name not in named:
             return None, (f"--stage `{request}`: {program.path} has no stage `{name}` (a stage is "
                           "the name an op's `Let` binds)")
-        out[named[name]] = path
+        out.append((named[name], path))
     return out, None
 
 
@@ -105,7 +106,7 @@ def run_main(args):
         trace = vm.step(program, current, keep_stages=bool(stages) and i == args.steps - 1)
         current.update(trace.states)
     write_atomic(args.out, trace.output.astype("<f8").tobytes())
-    for index, path in stages.items():
+    for index, path in stages:
         value = trace.stages[index]
         value = value[0] if program.stages[index].writes else value   # (out, the state written)
         write_atomic(path, value.astype("<f8").tobytes())

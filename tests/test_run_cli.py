@@ -4,6 +4,8 @@ row pos). A decode resumed from a state directory is the decode run in one go, a
 by replacing the state's file is what the VM computes from that token (a teacher-forced step)."""
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -131,3 +133,16 @@ def test_a_token_fed_through_the_state_file_is_a_teacher_forced_step(loop, tmp_p
     for name, value in second.states.items():
         assert np.array_equal(f64(state / f"{name}.f64"), value.reshape(-1)), name
     assert not [f for f in os.listdir(state) if f.startswith(".")], "a temporary file was left behind"
+
+
+def test_the_logos_script_takes_them_too(loop, tmp_path):
+    script = os.path.join(os.path.dirname(sys.executable), "logos")
+    if not os.path.exists(script):
+        pytest.skip("the `logos` console script is not installed (pip install -e .)")
+    path, program, weights = loop
+    done = subprocess.run([script, "run", path, "--weights", weights, "--steps", "2", "--out",
+                           str(tmp_path / "o.f64"), "--stage", f"logits={tmp_path / 'l.f64'}"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    traces = vm_steps(program, vm.load_leaves(program, weights).values, 2)
+    assert np.array_equal(f64(tmp_path / "l.f64"), traces[-1].stages[stage(program, "logits")].reshape(-1))

@@ -12,7 +12,8 @@
   the program uses it, then written as OUT_DIR/<var>.f32 (raw little-endian, row-major, by temporary
   file and rename). The leaves the decode step derives rather than reads (the first token and
   position, the rope tables COS and SIN as float64, the K caches' initial mask column) are written
-  too (`derived_leaves`); every other leaf keeps its declared value. OUT_DIR/.import.json lists what was written (name, bytes, sha256).
+  too (`derived_leaves`); every other leaf keeps its declared value. OUT_DIR/.import.json lists
+  what was written (name, bytes, sha256).
 - Tied embeddings (no `output.weight`): `Wout` (gguf name `output.weight`) is written from
   `token_embd.weight`, transposed, like any linear map.
 - CHECKPOINT is a path, or `package:DIST_MODULE/relative/path` for a file inside an installed package
@@ -247,7 +248,7 @@ def llama_decode_program(meta, context=DEFAULT_CONTEXT, source=""):
     if meta["tied"]:
         out += ["# Tied embeddings: Wout is the token embedding transposed, written by the importer as a",
                 "# leaf of its own: `transpose of emb` would cost the VM a float64 transposed copy of the",
-                "# table in every step (the float32 lock's peak RSS: 2.46 GB that way, 1.18 GB this way)."]
+                f"# table in every step ({V * d * 8 / 1e6:.0f} MB)."]
     out += [f"Let on be a 1 by {d} tensor of Real.", f"Let Wout be a {d} by {V} tensor of Real.",
             f"Let xf be rmsnorm of x{L} with weight on {eps}.", "Let logits be xf matmul Wout.",
             "Let nxt be argmax of logits.", "Set row 0 of tok to nxt.", "Set row 0 of pos to pn."]
