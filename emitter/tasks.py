@@ -193,7 +193,9 @@ def task_lock():
             "file_dep": deps,
             "targets": [c[3] for c in checks],
             "uptodate": INTACT,
-            "clean": True,   # the history in results.sqlite stays: `python -m emitter results --prune`
+            # the history in results.sqlite stays: `logos results --prune` drops a program's
+            "clean": [(files_io.remove_files, [[c[3] for c in checks]]),
+                      (files_io.remove_dir, [f"{p['bundle']}/golden"])],
         }
 
 
