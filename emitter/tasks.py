@@ -160,7 +160,7 @@ def task_emit():
             "name": pc.name,
             "doc": f"emit {pc.source} to {p['bundle']}/",
             "actions": [(actions.emit_bundle, [pc.name, pc.source, p["bundle"], p["status"],
-                                               pc.error, pc.limits])],
+                                               pc.error, pc.limits, pc.precision])],
             # a refused config is refused whatever the program holds: its text is no dependency
             "file_dep": ([] if pc.error else [pc.source]) + _config_files(pc) + [f"{DIGESTS}/emit.json"],
             # the bundle's files are stamped by the action (a refused program has none, and a
@@ -189,7 +189,7 @@ def task_lock():
             "doc": f"lock {pc.name} ({', '.join(pc.dtypes)}, {pc.steps} step(s))",
             "actions": [(actions.lock_program, [pc.name, pc.source, p["bundle"], p["status"],
                                                 pc.weights, checks, pc.steps, DB, manifest,
-                                                pc.allow_nonfinite, DIGESTS, pc.limits])],
+                                                pc.allow_nonfinite, DIGESTS, pc.limits, pc.bf16])],
             "file_dep": deps,
             "targets": [c[3] for c in checks],
             "uptodate": INTACT,
@@ -210,7 +210,7 @@ def report_entries():
         entries.append({"name": pc.name, "source": pc.source, "status": p["status"],
                         "manifest": p["manifest"] if pc.weights and not pc.error else None,
                         "steps": pc.steps, "weights": pc.weights,
-                        "allow_nonfinite": pc.allow_nonfinite, "checks": checks})
+                        "allow_nonfinite": pc.allow_nonfinite, "bf16": pc.bf16, "checks": checks})
     return entries
 
 

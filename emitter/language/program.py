@@ -54,8 +54,8 @@ class Stage:
     inputs: list
     writes: Optional[str]
 
-    def args(self, shapes, values=None):
-        return Args(self.bound, shapes, values)
+    def args(self, shapes, values=None, wrap=None):
+        return Args(self.bound, shapes, values, wrap)
 
     @property
     def binds(self):

@@ -25,16 +25,17 @@ class ShapeError(Exception):
 class Args:
     """One op's bound placeholders, as a shape rule, a VM meaning or a torch renderer sees them."""
 
-    def __init__(self, bound, shapes, values=None):
+    def __init__(self, bound, shapes, values=None, wrap=None):
         self.bound = bound
         self.shapes = shapes
         self.values = values
+        self.wrap = wrap   # how a renderer spells a tensor operand (its precision cast), or None
 
     def has(self, p):
         return p in self.bound
 
     def name(self, p):
-        return self.bound[p]
+        return self.bound[p] if self.wrap is None else self.wrap(self.bound[p])
 
     def int(self, p):
         return self.bound[p]

@@ -33,12 +33,13 @@ def _too_big(program, limits):
             f"{have / 2**30:.1f} GiB (limits.tensor_bytes; the default is half this machine's memory)")
 
 
-def emit_bundle(name, source, bundle_dir, status, config_error=None, limits=None):
+def emit_bundle(name, source, bundle_dir, status, config_error=None, limits=None, policy=None):
     """Write NAME's bundle and its status (ok + the source's and bundle's hashes, or the refusal).
 
     A refused program or config leaves no bundle (a stale one is removed, so nothing locks it) and
     succeeds as a task: its lock records the error, and the report fails the run. So does any
-    other failure to emit: whatever the file holds, no traceback stops the zoo."""
+    other failure to emit: whatever the file holds, no traceback stops the zoo. `policy` is the
+    bf16 precision policy (None: the program is not locked in bfloat16)."""
     freeze_heap()
     from ..language.errors import ProgramError
     from .config import LIMITS
@@ -53,7 +54,7 @@ def emit_bundle(name, source, bundle_dir, status, config_error=None, limits=None
             program = read_file(source, limits["program_bytes"])
             state["source_sha"] = sha256_text(program.source)
             error = _too_big(program, limits)
-            artifact = None if error else emit_program(program)
+            artifact = None if error else emit_program(program, policy)
         except ProgramError as e:
             error = str(e)
         except OSError as e:
@@ -89,7 +90,7 @@ def error_result(name, source, dtype, steps, reason):
 
 
 def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, manifest=None,
-                 allow_nonfinite=(), digests_dir="build/digests", limits=None):
+                 allow_nonfinite=(), digests_dir="build/digests", limits=None, bf16=None):
     """Lock NAME's bundle once per dtype: each RESULT.json written whole, with the digests of what
     it is about, and each run appended to the history DB. `checks` is [(dtype, atol, rtol,
     result_path)]. Verdicts are recorded, not raised; a check running past limits.seconds is an
@@ -117,7 +118,8 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
                 with deadline(limits["seconds"], f"the {dtype} lock check"):
                     r = lock_bundle(bundle_dir, source, weights, dtype=dtype, steps=steps, atol=atol,
                                     rtol=rtol, allow_nonfinite=tuple(allow_nonfinite),
-                                    max_tensor_bytes=limits["tensor_bytes"], golden=golden)
+                                    max_tensor_bytes=limits["tensor_bytes"], golden=golden,
+                                    bf16_bounds=bf16)
                 golden = None   # the VM's outputs are the same for every dtype: written once
             except TimeLimit as e:
                 r = error_result(name, source, dtype, steps, str(e))
@@ -126,7 +128,7 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
                                  f"the lock check raised {type(e).__name__}: {e}")
         r["name"] = name
         r["hashes"].update(weights_manifest=man.get("digest") if man else None, code=code,
-                           config=check_digest(dtype, steps, atol, rtol, weights, allow_nonfinite),
+                           config=check_digest(dtype, steps, atol, rtol, weights, allow_nonfinite, bf16),
                            environment=(r.get("environment") or {}).get("digest"))
         os.makedirs(os.path.dirname(out), exist_ok=True)
         write_atomic(out, json.dumps(r, indent=2, sort_keys=True, allow_nan=True) + "\n")

@@ -14,6 +14,7 @@ from typing import Optional
 
 from ..importers import IMPORTERS, resolve_package_file
 from ..language.errors import excerpt
+from ..ops.precision import check_policy
 from ..verify.tolerances import DEFAULT_TOLERANCES, DTYPES
 from .paths import Tree, inside
 from .yamlfile import ConfigError, ParseCache, load_yaml
@@ -41,7 +42,8 @@ BUILTIN = {
     "limits": LIMITS,
 }
 PROGRAM_KEYS = ("weights", "lock", "dtypes", "steps", "tolerances", "derive", "allow_nonfinite",
-                "limits")
+                "limits", "precision", "bf16")
+BF16_KEYS = ("excess", "excess_other", "z", "cosine", "margin_noise")
 LEAF_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_KEYS = ("lock", "dtypes", "steps", "tolerances", "limits")
 DERIVE_KEYS = ("importer", "checkpoint")
@@ -72,6 +74,8 @@ class ProgramConfig:
     derive: Optional[Derive] = None
     allow_nonfinite: list = field(default_factory=list)   # leaves whose files may hold NaN/Inf
     limits: dict = field(default_factory=lambda: dict(LIMITS))
+    precision: Optional[dict] = None      # the bf16 precision policy's overrides (a bf16 lock: {})
+    bf16: dict = field(default_factory=dict)   # the bf16 gate's bound overrides
     error: Optional[str] = None           # a config error: this program's tasks fail with it
 
     def tolerance(self, dtype):
@@ -193,6 +197,21 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
                    f"{pc.limits['steps']} (raise `limits: {{steps: N}}` if this program needs more)")
     for dt, v in given.get("tolerances", {}).items():
         pc.tolerances[dt] = {**pc.tolerances.get(dt, {}), **v}
+    if "precision" in data:
+        problems = check_policy(data["precision"])
+        if problems:
+            raise _err(cfg_rel, lines, "precision", "; ".join(problems))
+        pc.precision = {k: tuple(v) for k, v in data["precision"].items()}
+    elif "bfloat16" in pc.dtypes:
+        pc.precision = {}
+    if "bf16" in data:
+        b = data["bf16"]
+        if not isinstance(b, dict) or any(k not in BF16_KEYS for k in b) or not all(
+                _is_num(v) or (k == "excess" and isinstance(v, dict) and all(_is_num(x) for x in v.values()))
+                for k, v in b.items()):
+            raise _err(cfg_rel, lines, "bf16", f"must map some of {', '.join(BF16_KEYS)} to numbers "
+                       "(`excess` to {op: number})")
+        pc.bf16 = dict(b)
     if "allow_nonfinite" in data:
         names = data["allow_nonfinite"]
         if not isinstance(names, list) or not all(isinstance(n, str) and LEAF_RE.fullmatch(n)

@@ -78,7 +78,9 @@ def write_env(target):
     write_if_changed(target, _env_text())
 
 
-def check_digest(dtype, steps, atol, rtol, weights, allow_nonfinite=()):
-    """The digest of what a check's verdict depends on from the merged config."""
+def check_digest(dtype, steps, atol, rtol, weights, allow_nonfinite=(), bf16=None):
+    """The digest of what a check's verdict depends on from the merged config (the bf16 gate's
+    bounds for a bfloat16 check)."""
     return sha256_text(dumps({"dtype": dtype, "steps": steps, "tolerance": tolerance(dtype, atol, rtol),
-                              "weights": weights, "allow_nonfinite": sorted(allow_nonfinite)}))
+                              "weights": weights, "allow_nonfinite": sorted(allow_nonfinite),
+                              "bf16": (bf16 or {}) if dtype == "bfloat16" else None}))

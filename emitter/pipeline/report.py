@@ -109,7 +109,7 @@ def build_rows(entries, cache_path=None, build_dir="build", failures=None):
                 now = {"source": status.get("source_sha"), "bundle": status.get("bundle"),
                        "weights_manifest": man_digest, "code": code, "environment": env,
                        "config": check_digest(dtype, e["steps"], atol, rtol, e["weights"],
-                                              e.get("allow_nonfinite", ()))}
+                                              e.get("allow_nonfinite", ()), e.get("bf16"))}
                 stale = _stale(r, now) if r["verdict"] in ("pass", "fail") else []
                 if stale:
                     r.update(verdict="error", reason=f"{path}: refused: its {', '.join(stale)} "

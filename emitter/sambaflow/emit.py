@@ -13,6 +13,7 @@ from ..language.errors import ProgramError
 from ..language.program import Program
 from ..language.reader import read_program
 from ..ops import EPS, torch_spelling
+from ..ops.precision import stage_precisions
 from .manifest import render_manifest
 from .marks import TEMPLATE_MARK, VENDOR_HEADER, program_name
 from .runtime_source import source
@@ -34,11 +35,13 @@ class TorchArtifact:
         return dict(zip(BUNDLE_FILES, (self.model_py, self.manifest_json, self.compile_py)))
 
 
-def stage_call(p: Program, stage):
-    """The torch expression of one stage (a ProgramError naming an op that has no spelling)."""
+def stage_call(p: Program, stage, cast=False):
+    """The torch expression of one stage (a ProgramError naming an op that has no spelling); with
+    `cast`, each tensor operand goes through `self.cast` (the stage's precision in bfloat16)."""
     if stage.op.call is None:
         raise ProgramError(f"`{stage.text}`: {_no_spelling(stage.op.name)}", stage.line, p.path)
-    return stage.op.call(stage.args(p.shapes))
+    wrap = (lambda name: f"self.cast({stage.index}, {name})") if cast else None
+    return stage.op.call(stage.args(p.shapes, wrap=wrap))
 
 
 def _no_spelling(name):
@@ -94,7 +97,7 @@ def _forward(p: Program, calls):
     ] + ["        " + line for line in body]
 
 
-def render_model(p: Program, name, calls):
+def render_model(p: Program, name, calls, precisions=None):
     runtime = source("runtime")
     used = {n for call in calls for n in runtime.called(call)}
     defs = runtime.closure(used | set(_FIXED))
@@ -123,7 +126,13 @@ def render_model(p: Program, name, calls):
     inputs = [v for v in leaves if p.roles[v] == "input"]
     out += ["}", f"INPUTS = {_tuple([_q(v) for v in inputs])}",
             f"STATES = {_tuple([_q(v) for v in p.states])}",
-            f"REQUIRED = {_tuple([_q(v) for v in p.required])}", f"OUTPUT = {_q(p.output)}", "", ""]
+            f"REQUIRED = {_tuple([_q(v) for v in p.required])}", f"OUTPUT = {_q(p.output)}"]
+    if precisions:
+        out.append("# each stage's (compute, output) precision when the module runs in bfloat16")
+        out.append("PRECISION = {")
+        out += [f'    {i}: ("{c}", "{o}"),' for i, (c, o) in sorted(precisions.items())]
+        out.append("}")
+    out += ["", ""]
     out += [runtime.defs["ProgramModule"], "", ""]
     out += _forward(p, calls)
     for n in ("load_weights", "main"):
@@ -155,12 +164,15 @@ def render_compile(name):
     return "\n".join(out)
 
 
-def emit_program(p: Program):
-    """The bundle of a read Program (a ProgramError if an op has no spelling: nothing is made)."""
+def emit_program(p: Program, policy=None):
+    """The bundle of a read Program (a ProgramError if an op has no spelling: nothing is made).
+    With a precision `policy` ({} for the default; see emitter.ops.precision), model.py follows it
+    when it runs in bfloat16, and the manifest says which op runs in which precision."""
     name = program_name(p.source)
-    calls = [stage_call(p, st) for st in p.stages]
-    return TorchArtifact(render_model(p, name, calls), render_compile(name),
-                         render_manifest(p, name, calls))
+    precisions = None if policy is None else stage_precisions(p, policy)
+    calls = [stage_call(p, st, precisions is not None) for st in p.stages]
+    return TorchArtifact(render_model(p, name, calls, precisions), render_compile(name),
+                         render_manifest(p, name, calls, precisions))
 
 
 def emit_torch_module(source_text, path=None):

@@ -10,7 +10,7 @@ from .marks import VENDOR_HEADER
 SCHEMA, VERSION = "logos.sambaflow.manifest", 1
 
 
-def render_manifest(p: Program, name, calls):
+def render_manifest(p: Program, name, calls, precisions=None):
     tensors = []
     for v in p.leaves:
         d = p.decls[v]
@@ -22,7 +22,7 @@ def render_manifest(p: Program, name, calls):
             tensors.append({"var": st.out, "shape": list(p.shapes[st.out]),
                             "dtype": "Real" if p.real[st.out] else "Int", "role": "computed",
                             "gguf": None, "file": None, "line": st.line})
-    ops = [_op(p, st, call) for st, call in zip(p.stages, calls)]
+    ops = [_op(p, st, call, (precisions or {}).get(st.index)) for st, call in zip(p.stages, calls)]
     manifest = {
         "schema": SCHEMA,
         "version": VERSION,
@@ -38,10 +38,13 @@ def render_manifest(p: Program, name, calls):
     return _layout(manifest)
 
 
-def _op(p: Program, st, call):
-    """One op's entry; a norm's carries its epsilon (the sentence's, else the default)."""
+def _op(p: Program, st, call, precision=None):
+    """One op's entry; a norm's carries its epsilon (the sentence's, else the default), and under a
+    precision policy each op its [compute, output] precision in bfloat16."""
     entry = {"index": st.index, "line": st.line, "out": st.out, "op": st.op.name, "inputs": st.inputs,
              "writes": st.writes, "torch": st.op.spelling, "call": call}
+    if precision is not None:
+        entry["bf16"] = list(precision)
     if "EPS" in st.op.reals:
         entry["eps"] = epsilon(st.args(p.shapes))
     return entry

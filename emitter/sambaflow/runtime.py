@@ -23,6 +23,7 @@ FILLS = {}      # name -> ((flat index, value), ...)
 INPUTS = ()
 STATES = ()
 REQUIRED = ()   # leaves read with no declared value: each needs a value from the weights
+PRECISION = {}  # stage -> (compute, output), "fp32" or "bf16": followed when the module runs in bfloat16
 OUTPUT = None
 
 
@@ -140,31 +141,43 @@ class ProgramModule(nn.Module):
     def __init__(self, weights=None, dtype=torch.float32):
         super().__init__()
         weights = weights or {}
+        self.low = dtype == torch.bfloat16   # then each stage follows PRECISION
         missing = [name for name in REQUIRED if name not in weights]
         if missing:
             raise ValueError(f"no value for {', '.join(missing)}: read by the program with no "
                              "declared value, so the weights must hold them")
         for name, (shape, role, kind) in LEAVES.items():
+            held = torch.float32 if self.low and kind == "int" else dtype   # ids exact in fp32
             if name in weights:
-                value = torch.as_tensor(weights[name]).to(dtype).reshape(shape)
+                value = torch.as_tensor(weights[name]).to(held).reshape(shape)
                 if name in STATES:  # written back in place: never into the caller's tensor
                     value = value.clone()
             else:
-                value = torch.zeros(shape, dtype=dtype)
+                value = torch.zeros(shape, dtype=held)
                 for index, item in FILLS.get(name, ()):
                     value.view(-1)[index] = item
             self.register_buffer("leaf_" + name, value)
 
+    def cast(self, stage, x):
+        """An operand in its stage's compute precision when the module runs in bfloat16."""
+        if self.low and x.is_floating_point():
+            return x.to(torch.float32 if PRECISION[stage][0] == "fp32" else torch.bfloat16)
+        return x
+
     def tap(self, stage, value):
-        """Each stage's value passes here: unchanged, unless the lock check's probe is set."""
+        """Each stage's value passes here: rounded to its output precision when the module runs in
+        bfloat16, and handed to the lock check's probe when one is set."""
+        if self.low:
+            out = torch.float32 if PRECISION[stage][1] == "fp32" else torch.bfloat16
+            value = tuple(v.to(out) for v in value) if isinstance(value, tuple) else value.to(out)
         return value if self.probe is None else self.probe(stage, value)
 
 
 def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
-    """Every leaf's `<name>.f64` or `<name>.f32` file in `directory`, as a tensor of `dtype` (the
-    file's own memory when it is of `dtype`). A leaf in REQUIRED with no file, a file of the wrong
-    size, one that is not a regular file, and NaN or Inf (outside `allow_nonfinite`) are errors
-    naming the file."""
+    """Every leaf's `<name>.f64` or `<name>.f32` file in `directory`, as a tensor of `dtype` (a
+    copy-on-write map of the file when it is of `dtype`: no copy in memory). A leaf in REQUIRED
+    with no file, a file of the wrong size, one that is not a regular file, and NaN or Inf (outside
+    `allow_nonfinite`) are errors naming the file."""
     weights = {}
     for name, (shape, role, kind) in LEAVES.items():
         found = [ext for ext in (".f64", ".f32") if os.path.lexists(os.path.join(directory, name + ext))]
@@ -178,7 +191,9 @@ def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
         path = os.path.join(directory, name + found[0])
         if not os.path.isfile(path):
             raise ValueError(f"{path}: not a regular file")
-        data = np.fromfile(path, dtype="<f8" if found[0] == ".f64" else "<f4")
+        data = np.fromfile(path, dtype="<f8" if found[0] == ".f64" else "<f4") \
+            if os.path.getsize(path) == 0 else \
+            np.memmap(path, dtype="<f8" if found[0] == ".f64" else "<f4", mode="c")   # pages shared
         if data.size != shape[0] * shape[1]:
             raise ValueError(f"{path}: {data.nbytes} bytes, expected "
                              f"{shape[0] * shape[1] * data.itemsize} for {shape[0]} by {shape[1]}")

@@ -93,23 +93,33 @@ def _build(torch, module, program, weights_dir, dtype, allow_nonfinite):
         raise CouldNotRun(f"the bundle's load_weights / LogosModule raised: {type(e).__name__}: {e}") from None
 
 
-def _load_stage(torch, model, program, leaves, np_dtype, tol):
-    """Every leaf buffer against the VM's leaf rounded to the lock's dtype: equal, bit for bit.
-    Returns {"pass", "leaves", "failed": [{leaf, line, figures}]} (rows in blocks: a 1 GB table
-    costs no copy)."""
+def _held(torch, program, name, dtype):
+    """The dtype the module holds a leaf in: the lock's, but an Int leaf in fp32 under bfloat16."""
+    if dtype == torch.bfloat16 and not program.decls[name].real:
+        return torch.float32
+    return dtype
+
+
+def _load_stage(torch, model, program, leaves, dtype, tol):
+    """Every leaf buffer against the VM's leaf rounded to the dtype the module holds it in: equal,
+    bit for bit. Returns {"pass", "leaves", "failed": [{leaf, line, figures}]} (rows in blocks: a
+    1 GB table costs no copy)."""
     failed = []
     for name in program.leaves:
         want = leaves[name]
+        held = _held(torch, program, name, dtype)
         buf = getattr(model, "leaf_" + name, None)
-        got = None if buf is None else buf.detach().numpy()
-        ok = got is not None and got.shape == want.shape and got.dtype == np_dtype
+        got = None if buf is None else buf.detach()
+        ok = got is not None and tuple(got.shape) == want.shape and got.dtype == held
         rows = 1 + (1 << 22) // max(1, want.shape[1])
         for r in range(0, want.shape[0], rows) if ok else ():
-            if not np.array_equal(got[r:r + rows], want[r:r + rows].astype(np_dtype), equal_nan=True):
+            a, b = got[r:r + rows], torch.from_numpy(np.array(want[r:r + rows])).to(held)
+            if not (torch.equal(a, b) or (torch.equal(torch.isnan(a), torch.isnan(b)) and
+                                          torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))):
                 ok = False
                 break
         if not ok:
-            m = compare(got if got is not None else np.zeros(0), want, tol)
+            m = compare(got.double().numpy() if got is not None else np.zeros(0), want, tol)
             m["pass"] = False
             failed.append({"leaf": name, "line": program.decls[name].line, **figures(m),
                            "dtype": None if got is None else str(got.dtype)})
@@ -119,14 +129,18 @@ def _load_stage(torch, model, program, leaves, np_dtype, tol):
 class _Probe:
     """The module's `tap` hook in the probe pass: compare each stage with the VM, hand back the VM's."""
 
-    def __init__(self, torch, dtype, vm_stages, tol):
+    def __init__(self, torch, dtype, vm_stages, tol, precisions=None):
         self.torch, self.dtype, self.vm_stages, self.tol = torch, dtype, vm_stages, tol
-        self.results = {}
+        self.precisions = precisions   # bf16: each stage's (compute, output); its values are kept
+        self.results, self.values = {}, {}
         self.last = -1
         self.seconds = 0.0  # spent comparing and converting: the lock's, not the module's
 
-    def to_torch(self, value):
-        return self.torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64)).to(self.dtype)
+    def to_torch(self, value, index):
+        dtype = self.dtype
+        if self.precisions is not None:   # handed back in the stage's output precision
+            dtype = self.torch.float32 if self.precisions[index][1] == "fp32" else self.torch.bfloat16
+        return self.torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64)).to(dtype)
 
     def __call__(self, index, value):
         start = time.perf_counter()
@@ -144,12 +158,16 @@ class _Probe:
             m = None
             for g, w in zip(got, want):
                 m = worse(m, compare(g.detach().double().numpy(), w, self.tol))
-            back = tuple(self.to_torch(w) for w in want)
+            back = tuple(self.to_torch(w, index) for w in want)
+            kept = got[0]
         else:
             if isinstance(value, (tuple, list)):
                 raise CouldNotRun(f"stage {index} returned {len(value)} values, expected one")
             m = compare(value.detach().double().numpy(), want, self.tol)
-            back = self.to_torch(want)
+            back = self.to_torch(want, index)
+            kept = value
+        if self.precisions is not None:
+            self.values[index] = kept.detach().double().numpy()
         self.results[index] = m
         self.last = index
         return back
@@ -174,13 +192,17 @@ def _feeding(program):
     return next((bound[n] for n in out.inputs if n in bound and program.real.get(n)), None)
 
 
-def _run(torch, model, dtype, program, leaves, steps, tol, timings, golden=None):
-    """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures);
-    each step of the VM also goes to `golden` (a Golden) when given."""
+def _run(torch, model, dtype, program, leaves, steps, tol, timings, golden=None, gate=None):
+    """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures).
+    Each step has a probe pass (every op on the VM's inputs) and a teacher-forced pass (the module
+    alone from the VM's states, so each step's error is its own); its VM step also goes to `golden`
+    (a Golden) when given. With `gate` (bfloat16: precisions and bounds), each op is judged
+    against its rounding floor (emitter.verify.bf16) instead of the flat tolerance."""
     current = dict(leaves)
     details, stages_worst, first, output_worst, argmax_all = [], {}, None, None, True
     out_stage = next(st for st in reversed(program.stages) if st.binds)
     integer = out_stage.op.integer or not program.real[program.output]
+    feed = _feeding(program) if integer else None
     for step in range(1, steps + 1):
         t = time.perf_counter()
         trace = vm.step(program, current, keep_stages=True)
@@ -188,11 +210,9 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, golden=None)
         if golden is not None:
             golden.add(step, trace)
 
-        own = {s: getattr(model, "leaf_" + s).clone() for s in program.states}
-        probe = _Probe(torch, dtype, trace.stages, tol)
+        probe = _Probe(torch, dtype, trace.stages, tol, gate and gate["precisions"])
         with torch.no_grad():
-            for s in program.states:
-                getattr(model, "leaf_" + s).copy_(torch.from_numpy(np.asarray(current[s], np.float64)))
+            _set_states(torch, model, program, current)
             model.probe = probe
             t = time.perf_counter()
             try:
@@ -200,8 +220,7 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, golden=None)
             finally:
                 timings["probe_s"] += time.perf_counter() - t - probe.seconds
                 model.probe = None
-            for s in program.states:
-                getattr(model, "leaf_" + s).copy_(own[s])
+            _set_states(torch, model, program, current)     # teacher-forced
             t = time.perf_counter()
             out = _call(model, program, f"step {step}")
             timings["module_s"] += time.perf_counter() - t
@@ -209,6 +228,9 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, golden=None)
             missing = [i for i in range(len(program.stages)) if i not in probe.results]
             raise CouldNotRun(f"the module's forward never tapped stage {missing[0]}: "
                               "the bundle does not match the program")
+        if gate is not None:
+            from .bf16 import gate_step
+            gate_step(torch, program, current, trace, probe, gate, step, _label)
 
         out_m = compare(out.double().numpy(), trace.output, tol)
         out_m["argmax_agree"] = bool(out.numel() == trace.output.size and
@@ -216,9 +238,16 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, golden=None)
         if integer:
             got_i = np.rint(out.double().numpy()).astype(np.int64)
             out_m["integer_mismatches"] = int(np.count_nonzero(got_i != np.rint(trace.output)))
-            out_m["pass"] = out_m["pass"] and out_m["integer_mismatches"] == 0
+            out_m["pass"] = out_m["integer_mismatches"] == 0
+            if gate is not None and out_m["integer_mismatches"] and feed is not None:
+                _excuse(torch, out_m, probe, trace, feed, gate)
+        elif gate is not None:
+            out_m["pass"] = out_m["nonfinite_mismatch"] == 0 and out_m["cosine"] >= gate["bounds"]["cosine"]
         state_m = {s: compare(getattr(model, "leaf_" + s).double().numpy(), trace.states[s], tol)
                    for s in program.states}
+        if gate is not None:
+            for s, m in state_m.items():
+                m["pass"] = m["nonfinite_mismatch"] == 0 and m["cosine"] >= gate["bounds"]["cosine"]
         for i, m in sorted(probe.results.items()):
             stages_worst[i] = worse(stages_worst.get(i), m)
             if first is None and not m["pass"]:
@@ -238,14 +267,37 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, golden=None)
     stages = [{**_label(program, i), **figures(m), "pass": m["pass"]}
               for i, m in sorted(stages_worst.items())]
     output = {**output_worst, "argmax_agree": argmax_all, "integer": integer}
-    feed = _feeding(program) if integer else None
     if feed is not None:
         output["feeding"] = stages[feed]
     return details, stages, first, output
 
 
-def _worst(stages, load):
-    """The stage furthest from its tolerance (load failures first)."""
+def _set_states(torch, model, program, values):
+    for s in program.states:
+        getattr(model, "leaf_" + s).copy_(torch.from_numpy(np.array(values[s], np.float64)))
+
+
+def _excuse(torch, out_m, probe, trace, feed, gate):
+    """A flipped token passes only where the VM's top-2 margin lies inside the logits' noise."""
+    from . import bf16
+    logits_vm = trace.stages[feed]
+    noise = float(np.sqrt(np.mean((probe.values[feed].reshape(-1) - np.asarray(logits_vm).reshape(-1)) ** 2)))
+    top = np.sort(np.asarray(logits_vm, dtype=np.float64).reshape(-1))[-2:]
+    margin = float(top[1] - top[0])
+    excused = margin <= gate["bounds"]["margin_noise"] * noise
+    out_m.update(flip_margin=margin, flip_noise=noise, flip_excused=excused)
+    out_m["pass"] = excused
+    gate["flips"] += 1
+    gate["excused"] += int(excused)
+
+
+def _worst(stages, load, gate=None):
+    """The stage furthest from its tolerance (load failures first); under the bf16 gate, the op
+    furthest from its excess bound."""
+    if gate is not None and not load["failed"] and gate["worst_excess"]:
+        w = gate["worst_excess"]
+        return {**{k: w[k] for k in ("stage", "out", "op", "line")}, "ratio": w["excess"] / w["limit"],
+                "max_abs": None, "guarded_rel": None}
     if load["failed"]:
         f = load["failed"][0]
         return {"stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],
@@ -258,7 +310,7 @@ def _worst(stages, load):
 
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
-                rtol=None, allow_nonfinite=(), max_tensor_bytes=None, golden=None):
+                rtol=None, allow_nonfinite=(), max_tensor_bytes=None, golden=None, bf16_bounds=None):
     """Lock one bundle, as it stands on disk, against its program; the RESULT.json dict (verdict
     pass, fail or error). A program whose tensors take more than `max_tensor_bytes` (float64) is
     refused before anything is allocated. With `golden` ({dtype: tolerance}), the VM's outputs
@@ -304,15 +356,22 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                               f"is {result['program']!r}: emit it again")
         torch_dtype = getattr(torch, dtype)
         model = _build(torch, module, program, weights_dir, torch_dtype, allow_nonfinite)
-        result["load"] = load = _load_stage(torch, model, program, leaves.values,
-                                            np.dtype(dtype), tol)
+        result["load"] = load = _load_stage(torch, model, program, leaves.values, torch_dtype, tol)
         result["timings"]["setup_s"] = time.perf_counter() - start
+        gate = None
+        if dtype == "bfloat16":
+            from . import bf16
+            if not getattr(module, "PRECISION", None):
+                raise CouldNotRun("the bundle has no precision policy (PRECISION): emit it for bfloat16 "
+                                  "(a program whose dtypes include bfloat16 is, in the pipeline)")
+            gate = {"precisions": {int(k): tuple(v) for k, v in module.PRECISION.items()},
+                    "bounds": bf16.bounds(bf16_bounds), "seen": [], "flips": 0, "excused": 0}
         keep = None
         if golden is not None:
             from .golden import Golden
             keep = Golden(os.path.join(bundle_dir, "golden"), program, weights_dir, golden)
         details, stages, first, output = _run(torch, model, torch_dtype, program, leaves.values,
-                                              steps, tol, result["timings"], keep)
+                                              steps, tol, result["timings"], keep, gate)
         if keep is not None:
             keep.write()
         if load["failed"]:
@@ -321,6 +380,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                      **{k: f[k] for k in figures(f)}}
         result.update(steps_detail=details, stages=stages, first_divergence=first, output=output,
                       worst=_worst(stages, load))
+        if gate is not None:
+            result["bf16"] = bf16.summary(gate)
+            result["worst"] = _worst(stages, load, result["bf16"])
         result["verdict"] = "pass" if load["pass"] and all(d["pass"] for d in details) else "fail"
     except (ProgramError, CouldNotRun) as e:
         result["reason"] = str(e)

@@ -36,8 +36,10 @@ def _read_leaf(program, name, path, dtype, nonfinite_ok=False):
     if size != d.rows * d.cols * itemsize:
         raise ProgramError(f"`{name}` is {d.rows} by {d.cols}: expected {d.rows * d.cols * itemsize} "
                            f"bytes of {dtype[1:]}, the file has {size}", path=path)
-    value = np.fromfile(path, dtype=dtype).reshape(d.rows, d.cols)
-    bad = np.empty(0, dtype=int) if nonfinite_ok else np.flatnonzero(~np.isfinite(value))
+    # mapped, not read: the file's pages are shared with the module's own load of the same file
+    value = np.memmap(path, dtype=dtype, mode="r", shape=(d.rows, d.cols))
+    bad = np.empty(0, dtype=int) if nonfinite_ok or np.isfinite(value).all() \
+        else np.flatnonzero(~np.isfinite(value))
     if bad.size:
         raise ProgramError(f"`{name}` holds a non-finite value ({value.reshape(-1)[bad[0]]}) at "
                            f"flat index {bad[0]}", path=path)

@@ -1,0 +1,67 @@
+"""Precision policies: in which precision each op of a program runs when its module runs in
+bfloat16, as SambaNova's RDU runs models. Each op kind gets (compute, output), each "fp32" or
+"bf16": its inputs are cast to `compute` before the op, its result rounded to `output` after.
+
+The default is how SambaNova's model zoo runs: weights and activations stored in bf16; matmul and
+attention accumulate in fp32; residual adds, the softmax, the norms' statistics and the logits in
+fp32 (residual adds and the logits stage, the one that feeds an argmax or is named `logits`, keep
+an fp32 output); the elementwise ops take bf16 in and give bf16 out, computing in fp32 between (as
+bf16 hardware's vector units do: a bf16 silu rounded twice has a measurable bias that no RDU kernel
+has). Int tensors (token ids, positions) stay fp32 (exact to 2^24)."""
+
+FP32, BF16 = "fp32", "bf16"
+
+DEFAULT = {
+    "matmul": (FP32, BF16),
+    "attention": (FP32, BF16),
+    "full attention": (FP32, BF16),
+    "plus": (FP32, FP32),
+    "softmax": (FP32, BF16),
+    "rmsnorm": (FP32, BF16),
+    "layernorm": (FP32, BF16),
+    "l2norm": (FP32, BF16),
+    "causal conv": (FP32, BF16),
+    "decay": (FP32, BF16),
+    "gated delta": (FP32, BF16),
+    "argmax": (FP32, FP32),
+    "logits": (FP32, FP32),
+}
+OTHERWISE = (FP32, BF16)
+
+
+def logits_stage(program):
+    """The stage whose value is the logits: named `logits`, else the input of an argmax output."""
+    for st in program.stages:
+        if st.binds and st.out == "logits":
+            return st.index
+    bound = {st.out: st.index for st in program.stages if st.binds}
+    out = next(st for st in reversed(program.stages) if st.binds)
+    if out.op.integer:
+        return next((bound[n] for n in out.inputs if n in bound), None)
+    return None
+
+
+def stage_precisions(program, policy=None):
+    """{stage index: (compute, output)} of every stage under `policy` (op kind or "logits" ->
+    (compute, output)) over DEFAULT."""
+    table = {**DEFAULT, **(policy or {})}
+    logits = logits_stage(program)
+    out = {}
+    for st in program.stages:
+        key = "logits" if st.index == logits else st.op.name
+        out[st.index] = tuple(table.get(key, table.get(st.op.name, OTHERWISE)))
+    return out
+
+
+def check_policy(policy):
+    """A config's `precision` mapping, validated: a list of problems (empty when it is fine)."""
+    from . import BY_NAME
+    problems = []
+    if not isinstance(policy, dict):
+        return ["must map an op (or `logits`) to [compute, output], each fp32 or bf16"]
+    for k, v in policy.items():
+        if k not in BY_NAME and k != "logits":
+            problems.append(f"`{k}` is not an op")
+        elif not (isinstance(v, list) and len(v) == 2 and all(x in (FP32, BF16) for x in v)):
+            problems.append(f"`{k}` must be [compute, output], each fp32 or bf16, got {v!r}")
+    return problems
