@@ -90,55 +90,102 @@ def error_result(name, source, dtype, steps, reason):
 
 
 def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, manifest=None,
-                 allow_nonfinite=(), digests_dir="build/digests", limits=None, bf16=None):
+                 allow_nonfinite=(), digests_dir="build/digests", limits=None, bf16=None,
+                 precision=None, run=None):
     """Lock NAME's bundle once per dtype: each RESULT.json written whole, with the digests of what
     it is about, and each run appended to the history DB. `checks` is [(dtype, atol, rtol,
     result_path)]. Verdicts are recorded, not raised; a check running past limits.seconds is an
-    error verdict."""
+    error verdict.
+
+    `run` (from doit's command-line variables, see emitter.tasks): "executor" (inline, or a Dask
+    cluster the checks are handed to: see executors.py), "threads" per check, and "cache" (a
+    shared verdict cache's URL) with "keys" ({dtype: the key's static parts}): a valid entry is
+    the verdict (`from_cache`), and a verdict computed here is published. The driver alone writes
+    results, golden/ and the history. A cluster that lost a check (a dead worker, no scheduler)
+    still records it as an error, and the task fails so that the next run tries again."""
     freeze_heap()
+    from doit.exceptions import TaskFailed
     from ..verify import verdict
-    from . import results as history
+    from . import cache, executors, results as history
     from .config import LIMITS
-    from .guards import TimeLimit, deadline
     limits = {**LIMITS, **(limits or {})}
+    run = run or {}
     state = read_json(status) or {"status": "error", "reason": f"{status}: missing or unreadable"}
     man = read_json(manifest) if manifest else None
     code = (read_json(os.path.join(digests_dir, "lock.json")) or {}).get("digest")
     from ..verify.tolerances import tolerance
     golden = {dtype: tolerance(dtype, atol, rtol) for dtype, atol, rtol, _ in checks}
+    threads = run.get("threads") or executors.DEFAULT_THREADS
+    store = cache.store(run.get("cache"))
+    done, keys, jobs = {}, {}, []
     for dtype, atol, rtol, out in checks:
         if state.get("status") != "ok":
-            r = error_result(name, source, dtype, steps, state.get("reason"))
-        elif weights and not os.path.isdir(weights):
-            r = error_result(name, source, dtype, steps,
-                             f"{weights}: the weights directory does not exist")
-        else:
-            try:
-                from ..verify.lock import lock_bundle
-                with deadline(limits["seconds"], f"the {dtype} lock check"):
-                    r = lock_bundle(bundle_dir, source, weights, dtype=dtype, steps=steps, atol=atol,
-                                    rtol=rtol, allow_nonfinite=tuple(allow_nonfinite),
-                                    max_tensor_bytes=limits["tensor_bytes"], golden=golden,
-                                    bf16_bounds=bf16)
-                golden = None   # the VM's outputs are the same for every dtype: written once
-            except TimeLimit as e:
-                r = error_result(name, source, dtype, steps, str(e))
-            except Exception as e:   # a lock that crashes is this program's error, not the run's
-                r = error_result(name, source, dtype, steps,
-                                 f"the lock check raised {type(e).__name__}: {e}")
+            done[dtype] = error_result(name, source, dtype, steps, state.get("reason"))
+            continue
+        if store is not None and dtype in (run.get("keys") or {}):
+            parts = cache.key_parts(run["keys"][dtype], status, manifest, digests_dir, threads)
+            keys[dtype] = parts and cache.check_key(parts)
+            hit = store.get(keys[dtype]) if keys[dtype] else None
+            if hit is not None:
+                done[dtype] = hit
+                continue
+        if weights and not os.path.isdir(weights):
+            done[dtype] = error_result(name, source, dtype, steps,
+                                       f"{weights}: the weights directory does not exist")
+            continue
+        kwargs = dict(dtype=dtype, steps=steps, atol=atol, rtol=rtol,
+                      allow_nonfinite=tuple(allow_nonfinite), max_tensor_bytes=limits["tensor_bytes"],
+                      bf16_bounds=bf16, precision=precision)
+        # the VM's outputs are the same for every dtype: golden/ is written once
+        jobs.append({"name": name, "root": os.getcwd(), "bundle": bundle_dir, "source": source,
+                     "weights": weights, "kwargs": kwargs, "golden": golden, "threads": threads,
+                     "thread_env": {k: os.environ[k] for k in executors.POOL_VARS if k in os.environ},
+                     "memory": executors.memory_need(os.path.join(bundle_dir, "manifest.json"))})
+        golden = golden if (run.get("executor") or "inline") != "inline" else None
+    lost = None
+    try:
+        ex = executors.executor(run.get("executor"), run.get("workers"))
+        outcomes = ex.run(jobs, limits["seconds"]) if jobs else []
+    except executors.ExecutorError as e:
+        outcomes = [{"error": str(e), "infrastructure": True}] * len(jobs)
+    wrote_golden = False
+    for job, o in zip(jobs, outcomes):
+        dtype = job["kwargs"]["dtype"]
+        if "error" in o:
+            done[dtype] = error_result(name, source, dtype, steps, o["error"])
+            lost = lost or (o["error"] if o.get("infrastructure") else None)
+            continue
+        done[dtype] = r = o["result"]
+        r["execution"] = o["execution"]
+        if o.get("golden") and not wrote_golden:
+            write_files(os.path.join(bundle_dir, "golden"), o["golden"])
+            wrote_golden = True
+    for dtype, atol, rtol, out in checks:
+        r = done[dtype]
         r["name"] = name
         r["hashes"].update(weights_manifest=man.get("digest") if man else None, code=code,
                            config=check_digest(dtype, steps, atol, rtol, weights, allow_nonfinite, bf16),
                            environment=(r.get("environment") or {}).get("digest"))
+        if keys.get(dtype) and not r.get("from_cache"):
+            r.update(from_cache=False, cache={"url": store.url, "key": keys[dtype]})
         os.makedirs(os.path.dirname(out), exist_ok=True)
         write_atomic(out, json.dumps(r, indent=2, sort_keys=True, allow_nan=True) + "\n")
         try:
             history.record(db, r)
         except history.HistoryError as e:   # the verdict stands in its RESULT.json all the same
             sys.stderr.write(f"lock:{name}: the history was not appended to: {e}\n")
-        line = verdict.line(r)
+        if keys.get(dtype) and not r.get("from_cache") and r["verdict"] in cache.CACHEABLE:
+            try:
+                store.put(keys[dtype], r)
+            except Exception as e:   # the verdict stands; the cache is best effort
+                sys.stderr.write(f"lock:{name}: [{dtype}] not published to {store.url}: "
+                                 f"{type(e).__name__}: {str(e)[:200]}\n")
+        line = verdict.line(r) + (" (from the cache)" if r.get("from_cache") else "")
         (sys.stdout if r["verdict"] == "pass" else sys.stderr).write(f"lock:{name} {line}\n")
-    return stamp_targets([c[3] for c in checks])
+    stamps = stamp_targets([c[3] for c in checks])
+    if lost:
+        return TaskFailed(f"lock:{name}: {lost} (recorded as an error; the next run tries again)")
+    return {**stamps, **(run.get("values") or {})}
 
 
 def make_report(entries, out_dir, failures=None):

@@ -132,6 +132,8 @@ def render_model(p: Program, name, calls, precisions=None):
         out.append("PRECISION = {")
         out += [f'    {i}: ("{c}", "{o}"),' for i, (c, o) in sorted(precisions.items())]
         out.append("}")
+    else:
+        out.append("PRECISION = {}  # no precision policy: in bfloat16 every stage runs in bf16")
     out += ["", ""]
     out += [runtime.defs["ProgramModule"], "", ""]
     out += _forward(p, calls)

@@ -161,14 +161,14 @@ class ProgramModule(nn.Module):
     def cast(self, stage, x):
         """An operand in its stage's compute precision when the module runs in bfloat16."""
         if self.low and x.is_floating_point():
-            return x.to(torch.float32 if PRECISION[stage][0] == "fp32" else torch.bfloat16)
+            return x.to(torch.float32 if PRECISION.get(stage, "b")[0] == "fp32" else torch.bfloat16)
         return x
 
     def tap(self, stage, value):
         """Each stage's value passes here: rounded to its output precision when the module runs in
         bfloat16, and handed to the lock check's probe when one is set."""
         if self.low:
-            out = torch.float32 if PRECISION[stage][1] == "fp32" else torch.bfloat16
+            out = torch.float32 if PRECISION.get(stage, "bb")[1] == "fp32" else torch.bfloat16
             value = tuple(v.to(out) for v in value) if isinstance(value, tuple) else value.to(out)
         return value if self.probe is None else self.probe(stage, value)
 

@@ -26,7 +26,7 @@ EXCESS_OTHER = 8.0          # elementwise ops and the rest
 Z_LIMIT = 6.0
 COSINE_MIN = 0.999
 MARGIN_NOISE = 3.0
-MIN_VALUES = 64             # fewer values than this give no gain or cosine test (too few to judge)
+MIN_VALUES = 16             # fewer values than this give no gain or cosine test (too few to judge)
 
 
 def bounds(overrides=None):

@@ -272,6 +272,25 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, golden=None,
     return details, stages, first, output
 
 
+def _gate(module, program, policy, bounds):
+    """The bf16 gate's state: the program's precision under its policy (the config's, else the
+    default), which the bundle's PRECISION table must be, and the gate's bounds."""
+    from ..ops.precision import stage_precisions
+    from . import bf16
+    want = stage_precisions(program, policy or {})
+    have = {int(k): tuple(v) for k, v in (getattr(module, "PRECISION", None) or {}).items()}
+    if not have:
+        raise CouldNotRun("the bundle has no precision policy (PRECISION): emit it for bfloat16 "
+                          "(a program whose dtypes include bfloat16 is, in the pipeline)")
+    wrong = [i for i in sorted(want) if have.get(i) != want[i]]
+    if wrong:
+        st = program.stages[wrong[0]]
+        raise CouldNotRun(f"the bundle's PRECISION says stage {st.index} `{st.out} = {st.op.name}` (line "
+                          f"{st.line}) runs in {have.get(st.index)}, the policy says {want[st.index]}: "
+                          "emit it again with the program's policy")
+    return {"precisions": want, "bounds": bf16.bounds(bounds), "seen": [], "flips": 0, "excused": 0}
+
+
 def _set_states(torch, model, program, values):
     for s in program.states:
         getattr(model, "leaf_" + s).copy_(torch.from_numpy(np.array(values[s], np.float64)))
@@ -310,7 +329,8 @@ def _worst(stages, load, gate=None):
 
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
-                rtol=None, allow_nonfinite=(), max_tensor_bytes=None, golden=None, bf16_bounds=None):
+                rtol=None, allow_nonfinite=(), max_tensor_bytes=None, golden=None, bf16_bounds=None,
+                precision=None):
     """Lock one bundle, as it stands on disk, against its program; the RESULT.json dict (verdict
     pass, fail or error). A program whose tensors take more than `max_tensor_bytes` (float64) is
     refused before anything is allocated. With `golden` ({dtype: tolerance}), the VM's outputs
@@ -360,12 +380,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["timings"]["setup_s"] = time.perf_counter() - start
         gate = None
         if dtype == "bfloat16":
-            from . import bf16
-            if not getattr(module, "PRECISION", None):
-                raise CouldNotRun("the bundle has no precision policy (PRECISION): emit it for bfloat16 "
-                                  "(a program whose dtypes include bfloat16 is, in the pipeline)")
-            gate = {"precisions": {int(k): tuple(v) for k, v in module.PRECISION.items()},
-                    "bounds": bf16.bounds(bf16_bounds), "seen": [], "flips": 0, "excused": 0}
+            gate = _gate(module, program, precision, bf16_bounds)
         keep = None
         if golden is not None:
             from .golden import Golden
@@ -381,7 +396,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result.update(steps_detail=details, stages=stages, first_divergence=first, output=output,
                       worst=_worst(stages, load))
         if gate is not None:
-            result["bf16"] = bf16.summary(gate)
+            from .bf16 import summary
+            result["bf16"] = summary(gate)
             result["worst"] = _worst(stages, load, result["bf16"])
         result["verdict"] = "pass" if load["pass"] and all(d["pass"] for d in details) else "fail"
     except (ProgramError, CouldNotRun) as e:
