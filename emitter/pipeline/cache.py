@@ -1,0 +1,348 @@
+"""The shared verdict cache (`doit cache=URL`, any fsspec URL: file://, s3://, gs://, memory://).
+
+CI has already locked exactly this bundle on exactly these weights with exactly this code: a fresh
+clone takes that verdict instead of recomputing it. One object per check under its key, the sha256
+of a canonical JSON of everything the verdict depends on (`check_key`): the program's text, the
+bundle's files, the weights (the manifest's digest; for derived weights the checkpoint's sha256 and
+the importer's code instead, so a hit needs no import), the lock code, the environment, the merged
+config, the dtype, the precision policy, the tolerance, the steps and the thread count.
+
+Entries are JSON and nothing else (deserialising a poisoned pickle runs code): an envelope holding
+the entry as a string and its HMAC-SHA256 under the key in LOGOS_CACHE_KEY. A reader checks the
+HMAC over the exact bytes before it parses the entry, and that the entry is the one asked for; a
+bad, unsigned, truncated or foreign-key entry is a miss, said once, and recomputed (and then
+replaced). Without LOGOS_CACHE_KEY no cache is used at all: readers and writers are those who hold
+the key.
+"""
+
+import datetime
+import hashlib
+import hmac
+import json
+import os
+import socket
+import sys
+import threading
+import uuid
+
+from ..files import read_json, write_atomic
+
+SCHEMA, VERSION = "logos.verdict-cache", 1
+KEY_ENV = "LOGOS_CACHE_KEY"
+MAX_ENTRY = 128 << 20       # a hostile cache cannot make a reader load more than this
+CACHEABLE = ("pass", "fail")   # an error says something about the run, not about the inputs
+
+
+class CacheError(Exception):
+    """A cache URL that cannot be used (no such fsspec protocol, a bad URL): one line."""
+
+
+def canonical(obj):
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True, ensure_ascii=True)
+
+
+def check_key(parts):
+    """The cache key of one check: sha256 of the canonical JSON of what its verdict depends on."""
+    return hashlib.sha256(canonical({"schema": f"{SCHEMA}.key", "version": VERSION,
+                                     **parts}).encode("ascii")).hexdigest()
+
+
+def _digest(digests_dir, kind):
+    return (read_json(os.path.join(digests_dir, f"{kind}.json")) or {}).get("digest")
+
+
+def key_parts(spec, status, manifest, digests_dir, threads):
+    """Everything a check's verdict depends on, from the task's static `spec` (dtype, steps,
+    tolerance, config digest, precision, derive) and the files build/ holds now; None when the
+    program has no bundle (an emit error is not cached)."""
+    st = read_json(status) or {}
+    if st.get("status") != "ok" or not st.get("source_sha") or not st.get("bundle"):
+        return None
+    parts = {k: v for k, v in spec.items() if k != "derive"}
+    if spec.get("derive"):
+        weights = {**spec["derive"], "import_code": _digest(digests_dir, "import")}
+    else:
+        weights = (read_json(manifest) or {}).get("digest") if manifest else None
+    parts.update(source=st["source_sha"], bundle=st["bundle"], weights=weights,
+                 code=_digest(digests_dir, "lock"), environment=_digest(digests_dir, "env"),
+                 threads=threads)
+    return parts
+
+
+def key_specs(pc, checks, memo_path=None):
+    """{dtype: the static parts of its check's key} for a ProgramConfig `pc` and its checks
+    [(dtype, atol, rtol, path)], worked out at load; None when the program cannot be cached (a
+    derived checkpoint whose sha256 is not known)."""
+    from ..verify.tolerances import tolerance
+    from .digests import check_digest
+    derive = None
+    if pc.derive:
+        sha = _checkpoint_sha(pc.derive, memo_path)
+        if not sha:
+            return None
+        derive = {"importer": pc.derive.importer, "checkpoint": pc.derive.checkpoint, "sha256": sha}
+    precision = getattr(pc, "precision", None)
+    return {dtype: {"dtype": dtype, "steps": pc.steps, "tolerance": tolerance(dtype, atol, rtol),
+                    "config": check_digest(dtype, pc.steps, atol, rtol, pc.weights, pc.allow_nonfinite,
+                                           getattr(pc, "bf16", None)),
+                    "precision": precision, "derive": derive}
+            for dtype, atol, rtol, _ in checks}
+
+
+def _checkpoint_sha(derive, memo_path):
+    """A `package:` checkpoint's sha256 from its distribution's RECORD (nothing read but that); a
+    repository file's hashed, remembered under its (mtime, size) in `memo_path`."""
+    if derive.checkpoint.startswith("package:"):
+        from ..importers.packages import package_file
+        try:
+            return package_file(derive.checkpoint[len("package:"):])[1]
+        except ValueError:
+            return None
+    from ..files import StampedCache
+    from .files_io import sha256_file
+    try:
+        st = os.stat(derive.checkpoint_path)
+    except OSError:
+        return None
+    memo = _MEMOS.get(memo_path) or _MEMOS.setdefault(memo_path, StampedCache(memo_path, 1))
+    stamp = [st.st_mtime_ns, st.st_size]
+    sha = memo.get(derive.checkpoint_path, stamp)
+    if sha is None:
+        sha = sha256_file(derive.checkpoint_path)
+        memo.put(derive.checkpoint_path, stamp, sha)
+    memo.save()
+    return sha
+
+
+_MEMOS = {}
+
+
+def lookup_deps(name, checks, status, digests_dir, threads, url, manifest):
+    """`cachelookup:NAME` (doit's calc_dep of `lock:NAME`): no extra dependencies when every check
+    of a derived program is already current here or in the cache (its lock then needs no
+    import); else the weights' manifest, so doit imports the weights first."""
+    cache = store(url)
+    for path, spec in checks:
+        parts = key_parts(spec, status, None, digests_dir, threads)
+        if parts is None:   # no bundle: the lock records the emit's error, no weights needed
+            return {}
+        key = check_key(parts)
+        r = read_json(path)
+        if isinstance(r, dict) and r.get("verdict") in CACHEABLE and (r.get("cache") or {}).get("key") == key:
+            continue
+        if cache is None or not cache.has(key):
+            return {"file_dep": [manifest], "task_dep": [f"wmanifest:{name}"]}
+    return {}
+
+
+_RUN = None
+
+
+def run_info():
+    """This run, as the cache records who wrote an entry: CI's run URL when there is one."""
+    global _RUN
+    if _RUN is None:
+        env = os.environ
+        run = env.get("LOGOS_RUN_ID")
+        if not run and env.get("GITHUB_RUN_ID"):
+            run = (f"{env.get('GITHUB_SERVER_URL', 'https://github.com')}/"
+                   f"{env.get('GITHUB_REPOSITORY', '?')}/actions/runs/{env['GITHUB_RUN_ID']}")
+        _RUN = {"run": run or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+                "host": socket.gethostname(),
+                "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return _RUN
+
+
+class VerdictCache:
+    """Signed JSON entries under `url`, one per key (`<url>/<key[:2]>/<key>.json`)."""
+
+    def __init__(self, url, secret, say=None):
+        try:
+            import fsspec
+            self.fs, self.root = fsspec.core.url_to_fs(url)
+        except (ImportError, ValueError, OSError) as e:
+            raise CacheError(f"cache={url}: cannot be used ({type(e).__name__}: {e})") from None
+        self.url, self.secret = url, secret.encode("utf-8")
+        self.root = self.root.rstrip("/")
+        self._said, self._lock = set(), threading.Lock()
+        self._say = say or (lambda text: sys.stderr.write(text + "\n"))
+
+    def path(self, key):
+        return f"{self.root}/{key[:2]}/{key}.json"
+
+    def _sign(self, body):
+        return hmac.new(self.secret, body.encode("utf-8"), hashlib.sha256).hexdigest()
+
+    def _bad(self, key, why):
+        with self._lock:
+            if key in self._said:
+                return
+            self._said.add(key)
+        self._say(f"cache: {self.url} entry {key[:16]}…: {why}; not used, the check is run here")
+
+    def _read(self, key):
+        """The raw entry, or None when there is none (or it cannot be read)."""
+        p = self.path(key)
+        try:
+            with self.fs.open(p, "rb") as f:
+                data = f.read(MAX_ENTRY + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self._bad(key, f"could not be read ({type(e).__name__}: {str(e)[:200]})")
+            return None
+        if len(data) > MAX_ENTRY:
+            self._bad(key, f"over {MAX_ENTRY >> 20} MiB")
+            return None
+        return data
+
+    def verified(self, key, data):
+        """The entry's `result` when `data` is a whole entry signed with our key for `key`, else
+        the reason it is not (a str)."""
+        try:
+            envelope = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return "not JSON (truncated or not an entry)"
+        if not isinstance(envelope, dict) or envelope.get("schema") != SCHEMA:
+            return "not a verdict-cache entry"
+        body, mac = envelope.get("body"), envelope.get("hmac")
+        if not isinstance(body, str) or not isinstance(mac, str):
+            return "unsigned"
+        if not hmac.compare_digest(self._sign(body), mac):
+            return "its signature does not match (tampered with, or signed with another key)"
+        try:
+            entry = json.loads(body)
+        except (ValueError, RecursionError):
+            return "signed, but its body is not JSON"
+        if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("result"), dict):
+            return "signed for another key"
+        if entry["result"].get("verdict") not in CACHEABLE:
+            return "holds no verdict"
+        return entry
+
+    def get(self, key):
+        """The cached verdict for `key`, marked as such, or None (a miss; a bad entry is said once)."""
+        data = self._read(key)
+        if data is None:
+            return None
+        entry = self.verified(key, data)
+        if isinstance(entry, str):
+            self._bad(key, entry)
+            return None
+        r = entry["result"]
+        r["from_cache"] = True
+        r["cache"] = {"url": self.url, "key": key, "written_by": entry.get("written_by")}
+        return r
+
+    def has(self, key):
+        """A valid entry is there (a bad one is not, and is said once)."""
+        data = self._read(key)
+        if data is None:
+            return False
+        ok = not isinstance(self.verified(key, data), str)
+        if not ok:
+            self._bad(key, self.verified(key, data))
+        return ok
+
+    def put(self, key, result):
+        """Publish `result` under `key` (signed; staged under a temporary name, then moved)."""
+        if result.get("verdict") not in CACHEABLE:
+            return False
+        r = {k: v for k, v in result.items() if k not in ("from_cache", "cache")}
+        body = canonical({"key": key, "written_by": run_info(), "result": r})
+        data = canonical({"schema": SCHEMA, "version": VERSION, "hmac": self._sign(body), "body": body})
+        p = self.path(key)
+        tmp = f"{p}.{uuid.uuid4().hex[:12]}.partial"
+        self.fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
+        self.fs.pipe_file(tmp, data.encode("ascii"))
+        self.fs.mv(tmp, p)
+        return True
+
+
+def open_cache(url, env=None, say=None):
+    """(VerdictCache or None, a warning or None): no URL, no cache; a URL without the key in
+    LOGOS_CACHE_KEY is not used (a reader without the key must not trust entries it cannot check)."""
+    if not url:
+        return None, None
+    secret = (os.environ if env is None else env).get(KEY_ENV)
+    if not secret:
+        return None, (f"cache={url}: {KEY_ENV} is not set, so the cache is not used (neither read "
+                      "nor written); set it to the key CI signs with")
+    return VerdictCache(url, secret, say), None
+
+
+_STORES = {}
+_STORES_LOCK = threading.Lock()
+
+
+def store(url):
+    """The run's cache for `url` (one per process, so a bad entry is said once), or None."""
+    if not url:
+        return None
+    with _STORES_LOCK:
+        if url not in _STORES:
+            _STORES[url] = open_cache(url)[0]
+        return _STORES[url]
+
+
+def result_key(r, spec, status, manifest, digests_dir):
+    """The key a written RESULT.json `r` stands for now, or None when it is not cacheable: not a
+    pass or fail, or not about what build/ holds now (its recorded key differs from the current)."""
+    if not isinstance(r, dict) or r.get("verdict") not in CACHEABLE:
+        return None
+    threads = (r.get("execution") or {}).get("threads")
+    if threads is None:
+        return None
+    parts = key_parts(spec, status, manifest, digests_dir, threads)
+    if parts is None:
+        return None
+    key = check_key(parts)
+    recorded = (r.get("cache") or {}).get("key")
+    if isinstance(parts["weights"], dict):   # derived weights: only a key recorded by the lock vouches
+        return key if recorded == key and _current(r, parts) else None
+    return key if recorded in (None, key) and _current(r, parts) else None
+
+
+def _current(r, parts):
+    """The result's own recorded digests agree with the key's parts (so it is not stale)."""
+    h = r.get("hashes") or {}
+    return (h.get("source") == parts["source"] and h.get("bundle") == parts["bundle"]
+            and h.get("code") == parts["code"] and h.get("environment") == parts["environment"]
+            and h.get("config") == parts.get("config")
+            and (isinstance(parts["weights"], dict) or h.get("weights_manifest") == parts["weights"]))
+
+
+def publish_all(checks, url, digests_dir, memo_path):
+    """The `cache` task: publish every current pass/fail verdict the cache lacks, including those
+    of locks that did not rerun (a no-op over a restored build/ fills a new cache). `checks`:
+    [(result path, key spec, status, manifest)]. What is known to be there is remembered in
+    `memo_path`, so a no-op asks the cache nothing it already answered."""
+    cache = store(url)
+    if cache is None:
+        return True
+    memo = read_json(memo_path) or {}
+    known = set(memo.get(url) or []) if isinstance(memo, dict) else set()
+    now, sent, failed = set(), 0, []
+    for path, spec, status, manifest in checks:
+        r = read_json(path)
+        key = result_key(r, spec, status, manifest, digests_dir)
+        if key is None:
+            continue
+        now.add(key)
+        if key in known:
+            continue
+        try:
+            if not cache.has(key):
+                cache.put(key, r)
+                sent += 1
+        except Exception as e:   # the verdicts stand; the cache is best effort
+            failed.append(f"{path}: {type(e).__name__}: {str(e)[:200]}")
+            now.discard(key)
+    keep = sorted(now)
+    if keep != sorted(known):
+        write_atomic(memo_path, json.dumps({**(memo if isinstance(memo, dict) else {}), url: keep}))
+    if sent:
+        sys.stdout.write(f"cache: published {sent} verdict(s) to {url}\n")
+    for f in failed[:5]:
+        sys.stderr.write(f"cache: not published: {f}\n")
+    return True
