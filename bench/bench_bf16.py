@@ -28,11 +28,12 @@ PROGRAMS = {"smollm2": ("tok", 30, 49152), "qwen38": ("Tok", 4, 128)}
 
 
 def weights_from(src, dst, tok_name, token):
-    """A weights folder of links to `src`'s files, the start token replaced."""
+    """A weights folder of hard links to `src`'s files (a symbolic link leaving the folder is
+    refused), the start token replaced."""
     os.makedirs(dst)
     for f in os.listdir(src):
-        if not f.startswith(f"{tok_name}."):
-            os.symlink(os.path.join(src, f), os.path.join(dst, f))
+        if not f.startswith(f"{tok_name}.") and not f.startswith("."):
+            os.link(os.path.join(src, f), os.path.join(dst, f))
     np.array([[float(token)]]).astype("<f8").tofile(os.path.join(dst, f"{tok_name}.f64"))
     return dst
 
@@ -42,7 +43,8 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=1)
     args = ap.parse_args(argv)
-    tmp = tempfile.mkdtemp(prefix="bench_bf16_")
+    os.makedirs(os.path.join(ROOT, "build", "tmp"), exist_ok=True)   # beside build/weights: hard links
+    tmp = tempfile.mkdtemp(prefix="bench_bf16_", dir=os.path.join(ROOT, "build", "tmp"))
     out = {"seeds": args.seeds, "steps": args.steps, "caught": {}, "false_alarms": {}, "seconds": {}}
     try:
         for name, (tok_name, layers, vocab) in PROGRAMS.items():
@@ -63,6 +65,9 @@ def main(argv=None):
                     times[dtype].append(time.perf_counter() - start)
                     if dtype == "bfloat16":
                         alarms += r["verdict"] != "pass"
+                        if r["verdict"] != "pass":
+                            print(f"false alarm? {name} seed {seed}: {r['verdict']} {r['reason']} "
+                                  f"{r['first_divergence']}", file=sys.stderr)
                 for bug, plant in BUGS.items():
                     bad = os.path.join(tmp, name, f"{bug}-{seed}".replace(" ", "_").replace("%", ""))
                     shutil.copytree(good, bad)

@@ -5,17 +5,23 @@ The current folder is the zoo: `programs/NAME.logos` with an optional `programs/
 defaults in `programs/defaults.yaml`), weights in `weights/NAME`, everything made under `build/`.
 Importing this module takes build/'s lock (one doit run at a time), sweeps what a killed run left
 and reads the zoo: import it only to run doit.
+
+doit's command-line variables choose where locks run and whether verdicts are shared (README,
+"Beyond one machine"): `executor=inline|dask:local|dask:tcp://HOST:PORT`, `workers=N` (a local
+cluster's), `threads=N` (per lock; default 1) and `cache=URL` (a signed verdict cache, with the
+key in LOGOS_CACHE_KEY).
 """
 
 import os
 import sys
 
-from .pipeline import actions, digests, files_io, guards, weights
+from .pipeline import actions, digests, executors, files_io, guards, weights
+from .pipeline import cache as vcache
 from .pipeline.config import discover
 from .pipeline.progress import ProgressReporter
 
 __all__ = ["DOIT_CONFIG", "task_digest", "task_weights", "task_wmanifest", "task_emit", "task_lock",
-           "task_report"]
+           "task_report", "task_cachelookup", "task_cache"]
 
 ROOT = os.getcwd()   # doit runs a dodo.py from its own folder; `logos doit` from the zoo's
 PACKAGE = os.path.dirname(os.path.abspath(__file__))
@@ -39,6 +45,46 @@ DOIT_CONFIG = {
     # so the progress line's ETA knows what each kind of task costs early in the run
     "default_tasks": ["report"],
 }
+
+
+def _var(name, default=None):
+    """A doit command-line variable (`doit executor=dask:local`): doit's once it has read the
+    command line; before that (`logos doit` imports this module first) from sys.argv."""
+    from doit import doit_cmd
+    if doit_cmd._CMDLINE_VARS is not None:
+        return doit_cmd.get_var(name, default)
+    for arg in sys.argv[1:]:
+        k, eq, v = arg.partition("=")
+        if eq and k == name and not k.startswith("-"):
+            return v
+    return default
+
+
+def _run_settings():
+    """executor=, workers=, threads=, cache=, checked before anything runs: a bad one, or a
+    scheduler nobody answers at, is one line and exit 3."""
+    try:
+        ex = executors.parse(_var("executor"), _var("workers"))
+        threads = str(_var("threads") or executors.DEFAULT_THREADS)
+        if not threads.isdigit() or int(threads) < 1:
+            raise executors.ExecutorError(f"threads={threads}: must be a whole number of at least 1")
+        executors.probe(ex)
+        store, warning = vcache.open_cache(_var("cache"))
+    except (executors.ExecutorError, vcache.CacheError) as e:
+        sys.stderr.write(f"doit: refused: {e}\n")
+        raise guards.BuildBusy(3) from None
+    if warning:
+        sys.stderr.write(f"warning: {warning}\n")
+    run = {"executor": ex["spec"], "workers": ex["workers"], "threads": int(threads),
+           "cache": store.url if store else None}
+    return run, ex
+
+
+RUN, _EX = _run_settings()
+if _EX["kind"] != "inline":   # each lock waits on the cluster: doit's threads keep several in flight
+    DOIT_CONFIG.update(par_type="thread", num_process=_EX["workers"] or 4)
+if RUN["cache"]:             # after the report: publish what the cache lacks
+    DOIT_CONFIG["default_tasks"] = DOIT_CONFIG["default_tasks"] + ["cache"]
 
 WARNINGS = []
 PROGRAMS = discover(ROOT, cache_file=f"{BUILD}/.config-cache.json", warnings=WARNINGS)
@@ -74,6 +120,23 @@ def _checks(pc, p):
 # each program's paths and checks, worked out once for all its tasks (a zoo has thousands)
 PATHS = {pc.name: _paths(pc) for pc in PROGRAMS}
 CHECKS = {pc.name: _checks(pc, PATHS[pc.name]) for pc in PROGRAMS}
+# with cache=: each check's cache-key parts known at load ({name: {dtype: spec}}, or None)
+KEYS = {pc.name: vcache.key_specs(pc, CHECKS[pc.name], f"{BUILD}/.cache-checkpoints.json")
+        for pc in PROGRAMS if not pc.error} if RUN["cache"] else {}
+
+
+def _skips_import(pc):
+    """With cache=, a derived program's lock looks its verdicts up before its weights are made."""
+    return bool(RUN["cache"] and pc.derive and not pc.error and KEYS.get(pc.name))
+
+
+def _run(pc):
+    """What the lock action needs of the run's settings (executor, threads, cache and its keys)."""
+    run = {**RUN, "keys": KEYS.get(pc.name) or {}}
+    if _skips_import(pc):
+        run["values"] = {"checkpoint": weights.checkpoint_identity(pc.derive.checkpoint,
+                                                                   pc.derive.checkpoint_path)}
+    return run
 
 
 def task_digest():
@@ -184,20 +247,65 @@ def task_lock():
         if pc.weights and not pc.error:
             manifest = p["manifest"]
             deps.append(manifest)
+        run = _run(pc)
+        more = {}
+        if _skips_import(pc):
+            # the key covers the checkpoint and the importer's code: the weights (and so their
+            # manifest) come in only when `cachelookup:NAME` finds a check the cache lacks
+            deps = [d for d in deps if d != manifest] + [f"{DIGESTS}/import.json"]
+            if not pc.derive.checkpoint.startswith("package:"):
+                deps.append(pc.derive.checkpoint_path)
+            more = {"calc_dep": [f"cachelookup:{pc.name}"],
+                    "uptodate": INTACT + [(weights.checkpoint_same, [run["values"]["checkpoint"]])]}
         yield {
             "name": pc.name,
             "doc": f"lock {pc.name} ({', '.join(pc.dtypes)}, {pc.steps} step(s))",
             "actions": [(actions.lock_program, [pc.name, pc.source, p["bundle"], p["status"],
                                                 pc.weights, checks, pc.steps, DB, manifest,
                                                 pc.allow_nonfinite, DIGESTS, pc.limits, pc.bf16,
-                                                pc.precision])],
+                                                pc.precision], {"run": run})],
             "file_dep": deps,
             "targets": [c[3] for c in checks],
             "uptodate": INTACT,
             # the history in results.sqlite stays: `logos results --prune` drops a program's
             "clean": [(files_io.remove_files, [[c[3] for c in checks]]),
                       (files_io.remove_dir, [f"{p['bundle']}/golden"])],
+            **more,
         }
+
+
+def task_cachelookup():
+    """With cache=URL: whether the cache holds every verdict of a derived program (then its lock
+    needs no import); else its lock waits for the weights and their manifest."""
+    for pc in PROGRAMS:
+        if not _skips_import(pc):
+            continue
+        p = PATHS[pc.name]
+        checks = [(c[3], KEYS[pc.name][c[0]]) for c in CHECKS[pc.name]]
+        yield {
+            "name": pc.name,
+            "doc": f"look {pc.name}'s verdicts up in {RUN['cache']}",
+            "actions": [(vcache.lookup_deps, [pc.name, checks, p["status"], DIGESTS, RUN["threads"],
+                                              RUN["cache"], p["manifest"]])],
+            "task_dep": [f"emit:{pc.name}", "digest:lock", "digest:env", "digest:import"],
+            "verbosity": 0,
+        }
+
+
+def task_cache():
+    """With cache=URL: publish every current verdict the shared cache lacks, including those of
+    locks that did not rerun (a no-op run over a restored build/ fills a new cache)."""
+    if not RUN["cache"]:
+        return None
+    checks = [(c[3], KEYS[pc.name][c[0]], PATHS[pc.name]["status"],
+               PATHS[pc.name]["manifest"] if pc.weights and not pc.derive else None)
+              for pc in PROGRAMS if KEYS.get(pc.name) for c in CHECKS[pc.name]]
+    return {
+        "doc": f"publish the verdicts {RUN['cache']} lacks",
+        "actions": [(vcache.publish_all, [checks, RUN["cache"], DIGESTS,
+                                          f"{BUILD}/.cache-published.json"])],
+        "verbosity": 2,
+    }
 
 
 def report_entries():

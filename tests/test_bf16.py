@@ -99,3 +99,18 @@ def test_the_gate_figures_on_known_values():
     assert bf16.judge("transpose", v, v, v, b)["excess"] == 0
     assert math.isinf(bf16.judge("transpose", v + 1e-9, v, v, b)["excess"])
     assert bf16.bounds({"z": 9, "excess": {"matmul": 2}})["excess"]["matmul"] == 2
+
+
+def test_token_ids_stay_exact_in_bfloat16(tmp_path):
+    """bf16 holds integers exactly only up to 256: a token id is held in fp32 (load stage exact)."""
+    src = ("Let tok be a 1 by 1 tensor of Int.\nLet emb be a 2000 by 4 tensor of Real.\n"
+           "Let x be row tok of emb.\nLet y be silu of x.\n")
+    (tmp_path / "p.logos").write_text(src)
+    program = read_file(str(tmp_path / "p.logos"))
+    w = tmp_path / "w"
+    w.mkdir()
+    np.array([[1999.0]]).astype("<f8").tofile(w / "tok.f64")
+    np.random.default_rng(0).standard_normal((2000, 4)).astype("<f4").tofile(w / "emb.f32")
+    write_bundle(emit_program(program, {}), str(tmp_path / "b"))
+    r = lock_bundle(str(tmp_path / "b"), str(tmp_path / "p.logos"), str(w), "bfloat16", 1)
+    assert r["verdict"] == "pass" and r["load"]["pass"], (r["reason"], r["first_divergence"])

@@ -59,12 +59,12 @@ def test_the_good_bundle_passes(ring):
 
 @pytest.mark.parametrize("old, new, leaf", [
     # a loader that scales one weight: the user's model.py --weights would run with it
-    ("weights[name] = torch.from_numpy(data).reshape(shape).to(dtype)",
-     "weights[name] = torch.from_numpy(data).reshape(shape).to(dtype) * (1.5 if name == 'wc' else 1)",
+    ("weights[name] = torch.from_numpy(data).reshape(shape).to(held)",
+     "weights[name] = torch.from_numpy(data).reshape(shape).to(held) * (1.5 if name == 'wc' else 1)",
      "wc"),
     # a loader that drops a state's file: the state starts from zeros, not from its file
-    ("weights[name] = torch.from_numpy(data).reshape(shape).to(dtype)",
-     "weights[name] = torch.from_numpy(data).reshape(shape).to(dtype)\n"
+    ("weights[name] = torch.from_numpy(data).reshape(shape).to(held)",
+     "weights[name] = torch.from_numpy(data).reshape(shape).to(held)\n"
      "        weights.pop('cs') if name == 'cs' else None", "cs"),
     # a wrong fill
     ('"g": ((1, 0.5),),', '"g": ((1, 0.25),),', "g"),

@@ -120,7 +120,11 @@ _MEMOS = {}
 def lookup_deps(name, checks, status, digests_dir, threads, url, manifest):
     """`cachelookup:NAME` (doit's calc_dep of `lock:NAME`): no extra dependencies when every check
     of a derived program is already current here or in the cache (its lock then needs no
-    import); else the weights' manifest, so doit imports the weights first."""
+    import); else (or where the weights were made before) the weights' manifest, so doit makes
+    the weights first."""
+    need = {"file_dep": [manifest], "task_dep": [f"wmanifest:{name}"]}
+    if os.path.exists(manifest):   # weights made here before: the lock depends on them as usual
+        return need
     cache = store(url)
     for path, spec in checks:
         parts = key_parts(spec, status, None, digests_dir, threads)
@@ -131,7 +135,7 @@ def lookup_deps(name, checks, status, digests_dir, threads, url, manifest):
         if isinstance(r, dict) and r.get("verdict") in CACHEABLE and (r.get("cache") or {}).get("key") == key:
             continue
         if cache is None or not cache.has(key):
-            return {"file_dep": [manifest], "task_dep": [f"wmanifest:{name}"]}
+            return need
     return {}
 
 

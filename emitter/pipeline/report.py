@@ -30,6 +30,8 @@ def _slim(r):
             "worst": r.get("worst"),
             "output": {k: out.get(k) for k in _OUTPUT if k in out} if out else None,
             "hashes": {k: (r.get("hashes") or {}).get(k) for k in _HASHES},
+            "bf16": {k: (r.get("bf16") or {}).get(k) for k in ("worst_excess", "worst_z", "min_cosine",
+                                                               "ops_failing")} if r.get("bf16") else None,
             "seconds": (r.get("timings") or {}).get("total_s"),
             "steps": r.get("steps"), "tolerance": r.get("tolerance"), "program": r.get("program")}
 
@@ -84,7 +86,7 @@ def build_rows(entries, cache_path=None, build_dir="build", failures=None):
     now is refused as an error; so is every check of a program one of whose tasks failed in this
     run (`failures`: {task name: message}), and a failed task of no program is a row of its own.
     `cache_path`, if given, keeps slim copies of the files read between runs."""
-    cache = StampedCache(cache_path, 2)
+    cache = StampedCache(cache_path, 3)   # v3: rows carry the bf16 gate
     failures = dict(failures or {})
     code = (read_json(os.path.join(build_dir, "digests", "lock.json")) or {}).get("digest")
     env = (read_json(os.path.join(build_dir, "digests", "env.json")) or {}).get("digest")
@@ -196,6 +198,17 @@ def render_summary(rows):
             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| `{_md(short(r['name']))}` | {r['check']} | {r['verdict']} | " + _figures(r))
+    gated = [r for r in rows if r.get("bf16")]
+    if gated:
+        out += ["", "### bfloat16 gate (per op, against its own rounding floor)", "",
+                "| program | verdict | worst excess (bound) | its op | worst \\|z\\| | min cosine | ops failing |",
+                "|---|---|---|---|---|---|---|"]
+        for r in gated:
+            g = r["bf16"]
+            we, wz, mc = g.get("worst_excess") or {}, g.get("worst_z") or {}, g.get("min_cosine") or {}
+            out.append(f"| `{_md(short(r['name']))}` | {r['verdict']} | {number(we.get('excess'))} "
+                       f"({number(we.get('limit'))}) | {_md(we.get('out'))} = {_md(we.get('op'))} | "
+                       f"{number(wz.get('z'))} | {number(mc.get('cosine'))} | {g.get('ops_failing')} |")
     return "\n".join(out) + "\n"
 
 

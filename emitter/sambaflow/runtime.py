@@ -199,7 +199,8 @@ def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
                              f"{shape[0] * shape[1] * data.itemsize} for {shape[0]} by {shape[1]}")
         if name not in allow_nonfinite and not np.isfinite(data).all():
             raise ValueError(f"{path}: holds a non-finite value")
-        weights[name] = torch.from_numpy(data).reshape(shape).to(dtype)
+        held = torch.float32 if dtype == torch.bfloat16 and kind == "int" else dtype   # ids exact
+        weights[name] = torch.from_numpy(data).reshape(shape).to(held)
     return weights
 
 

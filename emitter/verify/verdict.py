@@ -41,6 +41,13 @@ def describe(r, limit=240):
     w = r.get("worst")
     if w:
         parts.append(f"worst: {where(w)} at {number(w.get('ratio'))}× its tolerance")
+    g = r.get("bf16")
+    if g:
+        we, wz, mc = g.get("worst_excess") or {}, g.get("worst_z") or {}, g.get("min_cosine") or {}
+        parts.append(f"bf16 gate: worst excess {number(we.get('excess'))} (bound {number(we.get('limit'))}) "
+                     f"at `{we.get('out')} = {we.get('op')}`, worst |z| {number(wz.get('z'))} at "
+                     f"`{wz.get('out')}`, min cosine {number(mc.get('cosine'))}, "
+                     f"{g.get('ops_failing', 0)} op(s) failing")
     o = r.get("output") or {}
     if o.get("integer"):
         text = "integer output " + ("agrees" if not o.get("integer_mismatches") and o.get("pass", True)
