@@ -132,11 +132,7 @@ def _skips_import(pc):
 
 def _run(pc):
     """What the lock action needs of the run's settings (executor, threads, cache and its keys)."""
-    run = {**RUN, "keys": KEYS.get(pc.name) or {}}
-    if _skips_import(pc):
-        run["values"] = {"checkpoint": weights.checkpoint_identity(pc.derive.checkpoint,
-                                                                   pc.derive.checkpoint_path)}
-    return run
+    return {**RUN, "keys": KEYS.get(pc.name) or {}}
 
 
 def task_digest():
@@ -247,23 +243,20 @@ def task_lock():
         if pc.weights and not pc.error:
             manifest = p["manifest"]
             deps.append(manifest)
-        run = _run(pc)
         more = {}
         if _skips_import(pc):
             # the key covers the checkpoint and the importer's code: the weights (and so their
-            # manifest) come in only when `cachelookup:NAME` finds a check the cache lacks
-            deps = [d for d in deps if d != manifest] + [f"{DIGESTS}/import.json"]
-            if not pc.derive.checkpoint.startswith("package:"):
-                deps.append(pc.derive.checkpoint_path)
-            more = {"calc_dep": [f"cachelookup:{pc.name}"],
-                    "uptodate": INTACT + [(weights.checkpoint_same, [run["values"]["checkpoint"]])]}
+            # manifest) come in only when `cachelookup:NAME` finds a check the cache lacks, else
+            # the lock depends on the file of its checks' keys
+            deps = [d for d in deps if d != manifest]
+            more = {"calc_dep": [f"cachelookup:{pc.name}"]}
         yield {
             "name": pc.name,
             "doc": f"lock {pc.name} ({', '.join(pc.dtypes)}, {pc.steps} step(s))",
             "actions": [(actions.lock_program, [pc.name, pc.source, p["bundle"], p["status"],
                                                 pc.weights, checks, pc.steps, DB, manifest,
                                                 pc.allow_nonfinite, DIGESTS, pc.limits, pc.bf16,
-                                                pc.precision], {"run": run})],
+                                                pc.precision], {"run": _run(pc)})],
             "file_dep": deps,
             "targets": [c[3] for c in checks],
             "uptodate": INTACT,
@@ -286,9 +279,10 @@ def task_cachelookup():
             "name": pc.name,
             "doc": f"look {pc.name}'s verdicts up in {RUN['cache']}",
             "actions": [(vcache.lookup_deps, [pc.name, checks, p["status"], DIGESTS, RUN["threads"],
-                                              RUN["cache"], p["manifest"]])],
+                                              RUN["cache"], p["manifest"],
+                                              f"{BUILD}/cache-keys/{pc.name}.json"])],
             "task_dep": [f"emit:{pc.name}", "digest:lock", "digest:env", "digest:import"],
-            "verbosity": 0,
+            "verbosity": 2,   # a bad entry is said here (once)
         }
 
 

@@ -117,26 +117,29 @@ def _checkpoint_sha(derive, memo_path):
 _MEMOS = {}
 
 
-def lookup_deps(name, checks, status, digests_dir, threads, url, manifest):
-    """`cachelookup:NAME` (doit's calc_dep of `lock:NAME`): no extra dependencies when every check
-    of a derived program is already current here or in the cache (its lock then needs no
-    import); else (or where the weights were made before) the weights' manifest, so doit makes
-    the weights first."""
+def lookup_deps(name, checks, status, digests_dir, threads, url, manifest, keys_file):
+    """`cachelookup:NAME` (doit's calc_dep of `lock:NAME`) for a derived program: when every check
+    is current here or in the cache, the lock depends on `keys_file` (its checks' keys, rewritten
+    when one changes) and needs no import; else (or where the weights were made before) on the
+    weights' manifest, so doit makes the weights first."""
     need = {"file_dep": [manifest], "task_dep": [f"wmanifest:{name}"]}
     if os.path.exists(manifest):   # weights made here before: the lock depends on them as usual
         return need
     cache = store(url)
+    keys = {}
     for path, spec in checks:
         parts = key_parts(spec, status, None, digests_dir, threads)
         if parts is None:   # no bundle: the lock records the emit's error, no weights needed
             return {}
-        key = check_key(parts)
+        key = keys[spec["dtype"]] = check_key(parts)
         r = read_json(path)
         if isinstance(r, dict) and r.get("verdict") in CACHEABLE and (r.get("cache") or {}).get("key") == key:
             continue
         if cache is None or not cache.has(key):
             return need
-    return {}
+    from .files_io import dumps, write_if_changed
+    write_if_changed(keys_file, dumps(keys))
+    return {"file_dep": [keys_file]}
 
 
 _RUN = None

@@ -33,7 +33,8 @@ def _slim(r):
             "bf16": {k: (r.get("bf16") or {}).get(k) for k in ("worst_excess", "worst_z", "min_cosine",
                                                                "ops_failing")} if r.get("bf16") else None,
             "seconds": (r.get("timings") or {}).get("total_s"),
-            "steps": r.get("steps"), "tolerance": r.get("tolerance"), "program": r.get("program")}
+            "steps": r.get("steps"), "tolerance": r.get("tolerance"), "program": r.get("program"),
+            **({"from_cache": True, "cache": r.get("cache")} if r.get("from_cache") else {})}
 
 
 def _stamped(cache, path, make):
@@ -197,7 +198,8 @@ def render_summary(rows):
             "| program | check | verdict | worst stage | × tolerance | output | max abs | guarded rel | 1−cos |",
             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| `{_md(short(r['name']))}` | {r['check']} | {r['verdict']} | " + _figures(r))
+        out.append(f"| `{_md(short(r['name']))}` | {r['check']} | {r['verdict']}"
+                   f"{' (cached)' if r.get('from_cache') else ''} | " + _figures(r))
     gated = [r for r in rows if r.get("bf16")]
     if gated:
         out += ["", "### bfloat16 gate (per op, against its own rounding floor)", "",

@@ -1,0 +1,180 @@
+"""The shared verdict cache: signed JSON entries over fsspec (memory:// and file:// here), and doit
+runs with `cache=URL`: CI's verdicts reach a fresh clone (derived weights not even imported), a
+no-op run over a restored build/ fills a new cache, and a tampered, truncated, unsigned or
+foreign-key entry is a miss, said once, then recomputed and replaced."""
+
+import json
+import math
+import os
+import shutil
+import sqlite3
+
+import pytest
+
+from test_pipeline import FAKE_IMPORTER, PROG_A, PROG_B, _weights, doit, make_zoo
+
+pytest.importorskip("fsspec")
+from emitter.pipeline import cache as vc  # noqa: E402
+
+KEY = "a" * 64
+
+
+def _result(verdict="pass", **extra):
+    return {"verdict": verdict, "output": {"max_abs": 1e-17, "nmse": float("nan")}, "stages": [1, 2],
+            "hashes": {"source": "s"}, **extra}
+
+
+@pytest.fixture(params=["memory", "file"])
+def store(request, tmp_path):
+    url = f"memory://logos-test-{os.getpid()}-{id(request)}" if request.param == "memory" \
+        else (tmp_path / "cache").as_uri()
+    said = []
+    c = vc.VerdictCache(url, "sekrit", said.append)
+    c.said = said
+    return c
+
+
+def test_an_entry_comes_back_as_a_cached_verdict(store):
+    assert store.get(KEY) is None and not store.has(KEY)
+    assert store.put(KEY, _result())
+    assert store.has(KEY)
+    r = store.get(KEY)
+    assert r["verdict"] == "pass" and r["stages"] == [1, 2] and math.isnan(r["output"]["nmse"])
+    assert r["from_cache"] is True and r["cache"]["url"] == store.url and r["cache"]["key"] == KEY
+    assert r["cache"]["written_by"] == vc.run_info()
+    # what was cached about a cached verdict is not cached again
+    assert store.put("b" * 64, r) and "cache" not in json.loads(json.loads(
+        store.fs.cat_file(store.path("b" * 64)))["body"])["result"]
+    assert not store.put("c" * 64, _result("error")) and not store.has("c" * 64)
+    assert store.said == []
+
+
+def _rewrite(store, key, fn):
+    p = store.path(key)
+    store.fs.pipe_file(p, fn(store.fs.cat_file(p)))
+
+
+def test_bad_entries_are_misses_said_once(store):
+    def tamper(data):
+        env = json.loads(data)
+        env["body"] = env["body"].replace('"pass"', '"fail"')
+        return json.dumps(env).encode()
+
+    def unsigned(data):
+        env = json.loads(data)
+        del env["hmac"]
+        return json.dumps(env).encode()
+
+    cases = {"tampered": (tamper, "signature does not match"),
+             "truncated": (lambda d: d[: len(d) // 2], "not JSON"),
+             "unsigned": (unsigned, "unsigned"),
+             "pickle": (lambda d: b"\x80\x04\x95 not json", "not JSON")}
+    for i, (name, (fn, why)) in enumerate(cases.items()):
+        key = f"{i}" * 64
+        store.put(key, _result())
+        _rewrite(store, key, fn)
+        assert store.get(key) is None and store.get(key) is None and not store.has(key), name
+        said = [s for s in store.said if key[:16] in s]
+        assert len(said) == 1 and why in said[0], (name, store.said)
+    # signed with another key (a foreign cache), and an entry copied under another key's name
+    other = vc.VerdictCache(store.url, "not-ours", lambda s: None)
+    other.put("f" * 64, _result())
+    assert store.get("f" * 64) is None and "another key" in store.said[-1]
+    store.put("e" * 64, _result())
+    store.fs.makedirs(store.path("d" * 64).rsplit("/", 1)[0], exist_ok=True)
+    store.fs.pipe_file(store.path("d" * 64), store.fs.cat_file(store.path("e" * 64)))
+    assert store.get("d" * 64) is None and "signed for another key" in store.said[-1]
+    # a bad entry is replaced by a good one
+    store.put("f" * 64, _result())
+    assert store.get("f" * 64)["verdict"] == "pass"
+
+
+def test_no_key_no_cache():
+    c, warning = vc.open_cache("memory://x", env={})
+    assert c is None and "LOGOS_CACHE_KEY is not set" in warning
+    assert vc.open_cache(None, env={"LOGOS_CACHE_KEY": "k"}) == (None, None)
+    with pytest.raises(vc.CacheError):
+        vc.VerdictCache("nosuchprotocol://x", "k")
+
+
+def test_the_key_covers_what_the_verdict_depends_on():
+    base = {"dtype": "float32", "steps": 2, "tolerance": {"abs": 1e-4, "rel": 1e-3}, "config": "c",
+            "precision": None, "source": "s", "bundle": {"model.py": "m"}, "weights": "w",
+            "code": "k", "environment": "e", "threads": 1}
+    k = vc.check_key(base)
+    assert k == vc.check_key(dict(reversed(list(base.items()))))
+    for part, other in [("dtype", "bfloat16"), ("steps", 3), ("tolerance", {"abs": 1e-4, "rel": 1e-2}),
+                        ("precision", {"matmul": ["bf16", "fp32"]}), ("weights", {"sha256": "x"}),
+                        ("bundle", {"model.py": "n"}), ("environment", "f"), ("threads", 2)]:
+        assert vc.check_key({**base, part: other}) != k, part
+
+
+DERIVED = "derive:\n  importer: fake\n  checkpoint: ckpt/w.bin\n"
+
+
+def _zoo(tmp_path, name="zoo"):
+    z = make_zoo(tmp_path / name, {"d": (PROG_A, DERIVED), "a": (PROG_A, None), "b": (PROG_B, None)})
+    (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER)
+    with open(z / "emitter/importers/__init__.py", "a") as f:
+        f.write('\nIMPORTERS["fake"] = ("emitter.importers.fake", "test importer")\n')
+    _weights(z / "ckpt" / "w.bin", 5)
+    _weights(str(z / "weights/a/w.f64"), 1)
+    return z
+
+
+def _results(z):
+    return {(n, d): json.loads((z / f"build/results/{n}/{d}.json").read_text())
+            for n in "dab" for d in ("float64", "float32")}
+
+
+def test_ci_fills_the_cache_and_a_fresh_clone_takes_its_verdicts(tmp_path):
+    first, url = (tmp_path / "first").as_uri(), (tmp_path / "cache").as_uri()
+    key = {"LOGOS_CACHE_KEY": "ci-secret"}
+    ci = _zoo(tmp_path, "ci")
+    rc, ran, out = doit(ci, f"cache={first}", env=key)   # CI locks and publishes as it goes
+    assert rc == 0 and {"weights:d", "lock:d", "lock:a", "cache"} <= ran, out
+    assert len(list((tmp_path / "first").rglob("*.json"))) == 6
+    rc, ran, out = doit(ci, f"cache={url}", env=key)   # a no-op over its build/ fills a new cache
+    assert rc == 0 and ran == {"cachelookup:d", "cache"} and "published 6 verdict(s)" in out, out
+    rc, ran, out = doit(ci, f"cache={url}", env=key)   # and then knows it is there
+    assert rc == 0 and "published" not in out, out
+    computed = _results(ci)
+
+    dev = _zoo(tmp_path, "dev")                    # a fresh clone with the cache
+    rc, ran, out = doit(dev, f"cache={url}", env=key)
+    assert rc == 0, out
+    assert {"lock:d", "lock:a", "lock:b"} <= ran and not {"weights:d", "wmanifest:d"} & ran, ran
+    assert not (dev / "build/weights/d").exists()   # a hit needs no import at all
+    for k, r in _results(dev).items():
+        assert r["from_cache"] is True and r["cache"]["url"] == url, k
+        assert r["cache"]["written_by"]["run"] and r["verdict"] == computed[k]["verdict"]
+        assert r["output"] == computed[k]["output"] and r["execution"] == computed[k]["execution"]
+    con = sqlite3.connect(dev / "build/results.sqlite")
+    rows = [json.loads(x) for (x,) in con.execute("SELECT result FROM runs")]
+    assert len(rows) == 6 and all(r["from_cache"] for r in rows)
+    report = json.loads((dev / "build/report.json").read_text())
+    assert report["counts"] == {"pass": 6, "fail": 0, "error": 0}
+    assert all(r.get("from_cache") for r in report["results"])
+    assert "(cached)" in (dev / "build/summary.md").read_text()
+    rc, ran, out = doit(dev, f"cache={url}", env=key)
+    assert rc == 0 and ran <= {"cachelookup:d", "cache"}, ran
+
+    # a tampered entry: a miss said once, the check runs here and its entry is replaced
+    entries = sorted((tmp_path / "cache").rglob("*.json"))
+    assert len(entries) == 6
+    for e in entries:
+        env = json.loads(e.read_text())
+        env["body"] = env["body"].replace('"pass"', '"fail"')
+        e.write_text(json.dumps(env))
+    shutil.rmtree(dev / "build")
+    rc, ran, out = doit(dev, f"cache={url}", env=key)
+    assert rc == 0, out
+    assert out.count("signature does not match") == 6 and "weights:d" in ran, out
+    assert not any(r.get("from_cache") for r in _results(dev).values())
+    assert all(vc.VerdictCache(url, "ci-secret").verified(e.stem, e.read_bytes()) for e in entries)
+
+    # a reader without the key uses no cache at all
+    shutil.rmtree(dev / "build")
+    rc, ran, out = doit(dev, f"cache={url}")
+    assert rc == 0 and "LOGOS_CACHE_KEY is not set" in out and "cache" not in ran, out
+    assert not any("from_cache" in r for r in _results(dev).values())

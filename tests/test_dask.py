@@ -1,0 +1,172 @@
+"""Locks on a Dask cluster: a real LocalCluster of processes, and a scheduler with two workers
+started as separate processes (`dask scheduler` / `dask worker`, on 127.0.0.1 only). Verdicts equal
+the inline ones; the driver alone writes results, golden/ and the history; a worker that dies, a
+check past its time limit, a lock too big for every worker and a scheduler nobody answers at are
+each one clear error, never a hang."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_pipeline import PROG_A, PROG_B, _weights, doit, make_zoo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+pytest.importorskip("distributed")
+
+
+def _zoo(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, "steps: 2\n")})
+    _weights(str(z / "weights/a/w.f64"), 1)
+    return z
+
+
+def _result(z, name, dtype):
+    return json.loads((z / f"build/results/{name}/{dtype}.json").read_text())
+
+
+SAME = ("verdict", "output", "worst", "first_divergence", "stages", "steps_detail", "load", "hashes",
+        "program", "program_path", "bundle", "weights", "tolerance")
+
+
+def test_dask_local_gives_the_inline_verdicts(tmp_path):
+    z = _zoo(tmp_path)
+    rc, ran, out = doit(z)
+    assert rc == 0, out
+    inline = {(n, d): _result(z, n, d) for n in "ab" for d in ("float64", "float32")}
+    shutil.rmtree(z / "build/bundles/a/golden")
+    for n in "ab":
+        shutil.rmtree(z / f"build/results/{n}")
+    rc, ran, out = doit(z, "executor=dask:local", "workers=2")
+    assert rc == 0, out
+    assert {"lock:a", "lock:b", "report"} <= ran and "Traceback" not in out
+    for (n, d), before in inline.items():
+        r = _result(z, n, d)
+        assert {k: r.get(k) for k in SAME} == {k: before.get(k) for k in SAME}, (n, d)
+        ex = r["execution"]
+        assert ex["executor"] == "dask:local" and ex["worker"].startswith("tcp://127.0.0.1:")
+        assert ex["threads"] == ex["torch_threads"] == 1 and ex["pid"] != os.getpid()
+    # the golden outputs came back from a worker and the driver wrote them
+    assert json.loads((z / "build/bundles/a/golden/golden.json").read_text())["steps"] == 1
+    report = json.loads((z / "build/report.json").read_text())
+    assert report["counts"] == {"pass": 4, "fail": 0, "error": 0}
+    # the executor is no dependency: a no-op stays a no-op
+    rc, ran, out = doit(z, "executor=dask:local", "workers=2")
+    assert (rc, ran) == (0, set()), out
+
+
+def _job(tmp_path, name, source, **extra):
+    from conftest import emit_bundle
+    bundle = emit_bundle(source, tmp_path / name)
+    path = tmp_path / f"{name}.logos"
+    path.write_text(source)
+    return {"name": name, "root": str(tmp_path), "bundle": os.path.relpath(bundle, tmp_path),
+            "source": f"{name}.logos", "weights": None, "golden": None, "threads": 1,
+            "thread_env": {}, "memory": None,
+            "kwargs": {"dtype": "float64", "steps": 1, "atol": None, "rtol": None,
+                       "allow_nonfinite": (), "max_tensor_bytes": None}, **extra}
+
+
+def test_a_dead_worker_a_slow_check_and_a_too_big_one_are_errors_not_hangs(tmp_path):
+    from emitter.pipeline import executors
+    ok = _job(tmp_path, "ok", PROG_B)
+    dies = _job(tmp_path, "dies", PROG_B)
+    with open(tmp_path / "dies" / "model.py", "a") as f:
+        f.write("\nimport os\nos._exit(3)   # the worker process dies mid-lock\n")
+    slow = _job(tmp_path, "slow", PROG_B)
+    with open(tmp_path / "slow" / "model.py", "a") as f:
+        f.write("\nimport time\ntime.sleep(60)\n")
+    ex = executors.Dask(executors.parse("dask:local", 2))
+    try:
+        t = time.monotonic()
+        out = ex.run([ok, dies], 120)
+        assert out[0]["result"]["verdict"] == "pass" and out[0]["execution"]["worker"]
+        assert out[1].get("infrastructure") and "died while running it" in out[1]["error"], out[1]
+        assert "worker tcp://127.0.0.1:" in out[1]["error"]
+        out = ex.run([slow], 3)
+        assert "took over 3 s (limits.seconds) and was cancelled" in out[0]["error"]
+        assert time.monotonic() - t < 60
+    finally:
+        ex.close()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_scheduler_is_one_line(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    port = _free_port()
+    rc, ran, out = doit(z, f"executor=dask:tcp://127.0.0.1:{port}")
+    assert rc == 3 and ran == set(), out
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert len(lines) == 1 and "no Dask scheduler can be reached at tcp://127.0.0.1:" in lines[0], out
+    rc, ran, out = doit(z, "executor=ray:local")
+    assert rc == 3 and "must be inline, dask:local or dask:tcp://HOST:PORT" in out
+
+
+def _wait_port(port, proc, seconds=60):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args} exited {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def test_a_scheduler_and_two_workers_started_by_hand(tmp_path):
+    """`dask scheduler` and two `dask worker --resources MEMORY=…` processes: each lock declares
+    its MEMORY, both workers take locks, and a lock bigger than any worker is refused at once."""
+    from distributed import Client
+    from emitter.pipeline import executors
+    z = _zoo(tmp_path)
+    port = _free_port()
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False", "PYTHONPATH": str(z)}
+    logs = open(tmp_path / "dask.log", "w")
+    procs = [subprocess.Popen([f"{BIN}/dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-dashboard"], stdout=logs, stderr=logs, env=env, cwd=z)]
+    try:
+        _wait_port(port, procs[0])
+        for i in range(2):
+            procs.append(subprocess.Popen(
+                [f"{BIN}/dask", "worker", f"tcp://127.0.0.1:{port}", "--host", "127.0.0.1",
+                 "--nthreads", "1", "--nworkers", "1", "--no-dashboard", "--resources",
+                 f"MEMORY={2 << 30}", "--name", f"w{i}"], stdout=logs, stderr=logs, env=env, cwd=z))
+        with Client(f"tcp://127.0.0.1:{port}", timeout=30) as c:
+            c.wait_for_workers(2, timeout=60)
+            assert all(w["resources"] == {"MEMORY": 2 << 30} for w in c.scheduler_info()["workers"].values())
+        rc, ran, out = doit(z, f"executor=dask:tcp://127.0.0.1:{port}", "-n", "4")
+        assert rc == 0, out + (tmp_path / "dask.log").read_text()[-3000:]
+        workers = {_result(z, n, d)["execution"]["worker"] for n in "ab" for d in ("float64", "float32")}
+        assert len(workers) == 2 and all(w.startswith("tcp://127.0.0.1:") for w in workers)
+        ex = executors.Dask(executors.parse(f"dask:tcp://127.0.0.1:{port}"))
+        try:
+            big = _job(tmp_path, "big", PROG_B, memory=3 << 30)
+            t = time.monotonic()
+            out = ex.run([big], 60)
+            assert "needs 3.00 GiB (the Dask resource MEMORY)" in out[0]["error"], out
+            assert "largest worker advertises 2.00 GiB" in out[0]["error"]
+            assert time.monotonic() - t < 10
+        finally:
+            ex.close()
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        logs.close()
