@@ -53,7 +53,7 @@ shape = []
 for k in sorted(vars(dodo)):
     if k.startswith("task_"):
         made = getattr(dodo, k)()
-        for t in ([made] if isinstance(made, dict) else made):
+        for t in ([made] if isinstance(made, dict) else made or []):
             # at least one file_dep: a trivial task with none would run every time
             shape.append([max(1, len(t.get("file_dep", []))), len(t.get("targets", []))])
 print(json.dumps(shape))

@@ -14,7 +14,6 @@ from typing import Optional
 
 from ..importers import IMPORTERS, resolve_package_file
 from ..language.errors import excerpt
-from ..ops.precision import check_policy
 from ..verify.tolerances import DEFAULT_TOLERANCES, DTYPES
 from .paths import Tree, inside
 from .yamlfile import ConfigError, ParseCache, load_yaml
@@ -198,6 +197,7 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
     for dt, v in given.get("tolerances", {}).items():
         pc.tolerances[dt] = {**pc.tolerances.get(dt, {}), **v}
     if "precision" in data:
+        from ..ops.precision import check_policy   # (the op table loads numpy: only when asked)
         problems = check_policy(data["precision"])
         if problems:
             raise _err(cfg_rel, lines, "precision", "; ".join(problems))
