@@ -77,6 +77,9 @@ def make_zoo(base, count):
     shutil.copy(os.path.join(ROOT, "dodo.py"), base)
     shutil.copytree(os.path.join(ROOT, "emitter"), os.path.join(base, "emitter"),
                     ignore=shutil.ignore_patterns("__pycache__"))
+    # compiled once, as an installed package is (bare doit's own modules are): with
+    # PYTHONDONTWRITEBYTECODE set, the zoo's copy would otherwise be compiled on every run
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(base, "emitter")], check=True)
     os.makedirs(os.path.join(base, "programs"))
     rng = np.random.default_rng(0)
     for i in range(count):
