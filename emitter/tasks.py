@@ -120,6 +120,20 @@ def _checks(pc, p):
 # each program's paths and checks, worked out once for all its tasks (a zoo has thousands)
 PATHS = {pc.name: _paths(pc) for pc in PROGRAMS}
 CHECKS = {pc.name: _checks(pc, PATHS[pc.name]) for pc in PROGRAMS}
+BUNDLE_FILES = ("model.py", "manifest.json", "compile.py")
+# the files each task stamps; only the tasks whose files moved since the last run started get the
+# per-task check that they are still what the task wrote (a no-op pays one stat per file)
+STAMPED = {**{f"emit:{n}": [p["status"]] + [f"{p['bundle']}/{f}" for f in BUNDLE_FILES]
+              for n, p in PATHS.items()},
+           **{f"lock:{n}": [c[3] for c in CHECKS[n]] for n in PATHS},
+           "report": [f"{BUILD}/{f}" for f in guards.REPORT_FILES]}
+MOVED = files_io.moved(f"{BUILD}/.stamps.json", STAMPED)
+
+
+def _intact(task_name):
+    return INTACT if task_name in MOVED else []
+
+
 # with cache=: each check's cache-key parts known at load ({name: {dtype: spec}}, or None)
 KEYS = {pc.name: vcache.key_specs(pc, CHECKS[pc.name], f"{BUILD}/.cache-checkpoints.json")
         for pc in PROGRAMS if not pc.error} if RUN["cache"] else {}
@@ -225,7 +239,7 @@ def task_emit():
             # the bundle's files are stamped by the action (a refused program has none, and a
             # missing target would rerun it on every run); the status records them
             "targets": [p["status"]],
-            "uptodate": INTACT,
+            "uptodate": _intact(f"emit:{pc.name}"),
             "clean": [(files_io.remove_files, [[p["status"]] + [f"{p['bundle']}/{f}" for f in
                                                                 ("model.py", "manifest.json", "compile.py")]])],
         }
@@ -259,7 +273,7 @@ def task_lock():
                                                 pc.precision], {"run": _run(pc)})],
             "file_dep": deps,
             "targets": [c[3] for c in checks],
-            "uptodate": INTACT,
+            "uptodate": _intact(f"lock:{pc.name}"),
             # the history in results.sqlite stays: `logos results --prune` drops a program's
             "clean": [(files_io.remove_files, [[c[3] for c in checks]]),
                       (files_io.remove_dir, [f"{p['bundle']}/golden"])],
@@ -328,6 +342,6 @@ def task_report():
         # the entries follow from these paths: a program or check added or removed changes the set
         "file_dep": deps + [f"{DIGESTS}/lock.json", f"{DIGESTS}/env.json"] + REPORT_CODE,
         "targets": [f"{BUILD}/{f}" for f in guards.REPORT_FILES],
-        "uptodate": INTACT,
+        "uptodate": _intact("report"),
         "clean": True,
     }

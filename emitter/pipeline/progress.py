@@ -98,6 +98,7 @@ class ProgressReporter(ConsoleReporter):
         self.tty = hasattr(outstream, "isatty") and outstream.isatty()
         self.tasks, self.reachable, self.failed_tasks = {}, [], {}
         self.work, self.bar = Work([]), None
+        self.settled = []   # tasks found up to date or run with success: their files are as checked
 
     def initialize(self, tasks, selected_tasks):
         self.tasks = tasks
@@ -153,6 +154,7 @@ class ProgressReporter(ConsoleReporter):
             return super().execute_task(task)
 
     def add_success(self, task):
+        self.settled.append(task.name)
         if _counted(task):
             self.done += 1
             self.work.finish(task.name, time.monotonic())
@@ -170,6 +172,7 @@ class ProgressReporter(ConsoleReporter):
         self._tick()
 
     def skip_uptodate(self, task):
+        self.settled.append(task.name)
         if _counted(task):
             self.done += 1
             self.work.finish(task.name, time.monotonic())
@@ -186,6 +189,8 @@ class ProgressReporter(ConsoleReporter):
     def complete_run(self):
         self._tick(final=True)
         self._report_failures()
+        from .files_io import settle
+        settle(self.settled)
         super().complete_run()
 
     def _report_failures(self):
