@@ -2,7 +2,6 @@
 report.html as one self-contained page that headless Chromium (Debian's `chromium`, installed by
 `setup.sh --tests`) renders, built by real doit over a zoo with a passing and a failing program."""
 
-import json
 import re
 import shutil
 import subprocess

@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+from .vm import bind_result, run_stage
+
 EXCESS = {"matmul": 4.0, "attention": 4.0, "full attention": 4.0, "plus": 4.0,
           "rmsnorm": 32.0, "layernorm": 32.0, "l2norm": 32.0}
 EXCESS_OTHER = 8.0          # elementwise ops and the rest
@@ -49,7 +51,6 @@ def rounded(torch, x, precision):
 
 def floors(torch, program, leaves, vm_stages, precisions):
     """Each stage's rounding floor on the VM's inputs (see the module docstring), as float64."""
-    from .vm import bind_result, run_stage
     env = dict(leaves)
     held = {v: ("fp32" if not program.decls[v].real else "bf16") for v in program.leaves}
     out = []

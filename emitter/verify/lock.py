@@ -298,7 +298,6 @@ def _set_states(torch, model, program, values):
 
 def _excuse(torch, out_m, probe, trace, feed, gate):
     """A flipped token passes only where the VM's top-2 margin lies inside the logits' noise."""
-    from . import bf16
     logits_vm = trace.stages[feed]
     noise = float(np.sqrt(np.mean((probe.values[feed].reshape(-1) - np.asarray(logits_vm).reshape(-1)) ** 2)))
     top = np.sort(np.asarray(logits_vm, dtype=np.float64).reshape(-1))[-2:]
