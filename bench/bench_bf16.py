@@ -1,12 +1,19 @@
 """The bfloat16 gate against planted bugs: each bug of tests/bf16_bugs.py planted into the real
 bundles of smollm2 and qwen38 (in a layer and from a start token chosen by the seed), and the good
-bundles from the same seeds; prints the catch rate per bug and program, the false-alarm rate, and
-the bf16 lock's time beside the float32 lock's.
+bundles from the same seeds; prints, per bug and program, how many seeds the gate caught it on and
+on how many the bug moved any bf16 value the module computes at all (a bug that changes no bit of
+what bf16 computes is beyond any bf16 gate: the float64 lock, the semantic gate, is its catcher),
+the false-alarm rate, and the bf16 lock's time beside the float32 lock's (wall and CPU seconds,
+medians over the seeds, measured in the same run).
 
-    python bench/bench_bf16.py [--seeds 3] [--steps 1]     (after `doit lock:smollm2 lock:qwen38`)
+    python bench/bench_bf16.py [--seeds 3] [--steps 3] [--programs smollm2,qwen38] [--bugs ...]
+
+(after `doit lock:smollm2 lock:qwen38`, which derive build/weights/). More than one step matters:
+the first step of a decode attends to one key, where softmax's precision and scale change nothing.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +29,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 from bf16_bugs import BUGS  # noqa: E402
 from emitter.language.reader import read_file  # noqa: E402
 from emitter.sambaflow.emit import emit_program, write_bundle  # noqa: E402
+from emitter.verify import bf16  # noqa: E402
 from emitter.verify.lock import lock_bundle  # noqa: E402
 
 PROGRAMS = {"smollm2": ("tok", 30, 49152), "qwen38": ("Tok", 4, 128)}
@@ -38,54 +46,93 @@ def weights_from(src, dst, tok_name, token):
     return dst
 
 
+class Prints:
+    """A digest of every value the module computed in the probe passes (each op on the VM's
+    inputs), by step and stage: two bundles whose prints agree computed the same bits."""
+
+    def __init__(self):
+        self.digests, self._gate_step = {}, bf16.gate_step
+
+    def __enter__(self):
+        def spy(torch, program, current, trace, probe, gate, step, label):
+            for i, v in probe.values.items():
+                self.digests[(step, i)] = hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()
+            return self._gate_step(torch, program, current, trace, probe, gate, step, label)
+        bf16.gate_step = spy
+        return self
+
+    def __exit__(self, *exc):
+        bf16.gate_step = self._gate_step
+
+
+def timed_lock(bundle, path, weights, dtype, steps):
+    wall, cpu = time.perf_counter(), time.process_time()
+    r = lock_bundle(bundle, path, weights, dtype, steps)
+    return r, time.perf_counter() - wall, time.process_time() - cpu
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--programs", default=",".join(PROGRAMS))
+    ap.add_argument("--bugs", default=",".join(BUGS), help="comma-separated names of tests/bf16_bugs.py")
     args = ap.parse_args(argv)
+    bugs = {b: BUGS[b] for b in args.bugs.split(",")}
     os.makedirs(os.path.join(ROOT, "build", "tmp"), exist_ok=True)   # beside build/weights: hard links
     tmp = tempfile.mkdtemp(prefix="bench_bf16_", dir=os.path.join(ROOT, "build", "tmp"))
     out = {"seeds": args.seeds, "steps": args.steps, "caught": {}, "false_alarms": {}, "seconds": {}}
     try:
-        for name, (tok_name, layers, vocab) in PROGRAMS.items():
+        for name in args.programs.split(","):
+            tok_name, layers, vocab = PROGRAMS[name]
             path = os.path.join(ROOT, "programs", f"{name}.logos")
-            program = read_file(path)
             good = os.path.join(tmp, name, "good")
-            write_bundle(emit_program(program, {}), good)
+            write_bundle(emit_program(read_file(path), {}), good)
             text = open(os.path.join(good, "model.py")).read()
-            alarms, times = 0, {"bfloat16": [], "float32": []}
+            alarms, times = 0, {"bfloat16": [], "float32": [], "bfloat16 cpu": [], "float32 cpu": []}
             for seed in range(args.seeds):
                 rng = np.random.default_rng(seed)
                 token, layer = int(rng.integers(0, vocab)), int(rng.integers(0, layers))
                 w = weights_from(os.path.join(ROOT, "build", "weights", name),
                                  os.path.join(tmp, name, f"w{seed}"), tok_name, token)
-                for dtype in ("bfloat16", "float32"):
-                    start = time.perf_counter()
-                    r = lock_bundle(good, path, w, dtype, args.steps)
-                    times[dtype].append(time.perf_counter() - start)
-                    if dtype == "bfloat16":
-                        alarms += r["verdict"] != "pass"
-                        if r["verdict"] != "pass":
-                            print(f"false alarm? {name} seed {seed}: {r['verdict']} {r['reason']} "
-                                  f"{r['first_divergence']}", file=sys.stderr)
-                for bug, plant in BUGS.items():
-                    bad = os.path.join(tmp, name, f"{bug}-{seed}".replace(" ", "_").replace("%", ""))
-                    shutil.copytree(good, bad)
+                r, wall, cpu = timed_lock(good, path, w, "float32", args.steps)
+                times["float32"].append(wall)
+                times["float32 cpu"].append(cpu)
+                with Prints() as clean:
+                    r, wall, cpu = timed_lock(good, path, w, "bfloat16", args.steps)
+                times["bfloat16"].append(wall)
+                times["bfloat16 cpu"].append(cpu)
+                alarms += r["verdict"] != "pass"
+                if r["verdict"] != "pass":
+                    print(f"false alarm: {name} seed {seed}: {r['verdict']} {r['reason']} "
+                          f"{r['first_divergence']}", file=sys.stderr)
+                for bug, plant in bugs.items():
                     try:
                         mutated = plant(text, layer)
                     except ValueError:
                         continue
+                    bad = os.path.join(tmp, name, "bad")
+                    shutil.rmtree(bad, ignore_errors=True)
+                    shutil.copytree(good, bad)
                     with open(os.path.join(bad, "model.py"), "w") as f:
                         f.write(mutated)
-                    r = lock_bundle(bad, path, w, "bfloat16", args.steps)
-                    key = f"{name}: {bug}"
-                    got = out["caught"].setdefault(key, [0, 0])
-                    got[0] += r["verdict"] == "fail"
-                    got[1] += 1
+                    with Prints() as prints:
+                        r = lock_bundle(bad, path, w, "bfloat16", args.steps)
+                    got = out["caught"].setdefault(f"{name}: {bug}", {"caught": 0, "visible": 0, "planted": 0})
+                    visible = prints.digests != clean.digests
+                    got["caught"] += r["verdict"] == "fail"
+                    got["visible"] += visible
+                    got["planted"] += 1
+                    if visible and r["verdict"] != "fail":
+                        print(f"missed: {name} {bug} seed {seed} (layer {layer}, token {token}): "
+                              f"{r['verdict']} {r['reason']} {r.get('bf16')}", file=sys.stderr)
             out["false_alarms"][name] = f"{alarms}/{args.seeds}"
-            out["seconds"][name] = {d: round(float(np.median(t)), 2) for d, t in times.items()}
-            out["seconds"][name]["ratio"] = round(out["seconds"][name]["bfloat16"] / out["seconds"][name]["float32"], 2)
-        out["caught"] = {k: f"{a}/{b}" for k, (a, b) in out["caught"].items()}
+            sec = {d: round(float(np.median(t)), 2) for d, t in times.items()}
+            sec["ratio"] = round(sec["bfloat16"] / sec["float32"], 2)
+            sec["cpu ratio"] = round(sec["bfloat16 cpu"] / sec["float32 cpu"], 2)
+            out["seconds"][name] = sec
+        out["caught"] = {k: f"{v['caught']}/{v['planted']} caught, {v['visible']}/{v['planted']} visible in bf16"
+                         for k, v in out["caught"].items()}
         print(json.dumps(out, indent=1))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

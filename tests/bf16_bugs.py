@@ -1,12 +1,21 @@
 """Bugs below bf16's rounding noise but systematic, planted into a bundle's model.py, for the
 bfloat16 gate's tests and bench/bench_bf16.py. Each takes the model.py text and a layer number and
-returns the mutated text (a ValueError when the program has no such place)."""
+returns the mutated text (a ValueError when the program has no such place). Some are planted in
+one layer (the seed's), some everywhere their cause would act (a config's epsilon, a runtime
+function, the logits' precision)."""
 
 import re
 
 
 def _once(text, pattern, replace):
     new, n = re.subn(pattern, replace, text, count=1)
+    if not n:
+        raise ValueError(f"no place for the bug: {pattern}")
+    return new
+
+
+def _all(text, pattern, replace):
+    new, n = re.subn(pattern, replace, text)
     if not n:
         raise ValueError(f"no place for the bug: {pattern}")
     return new
@@ -19,12 +28,13 @@ def mlp_gain(text, layer):
 
 
 def eps_tenfold(text, layer):
-    """One layer's first rmsnorm with ten times its epsilon (1e-5 where 1e-6 was meant)."""
-    m = re.search(rf"(rmsnorm\(self\.cast\((\d+), \w+\), self\.cast\(\2, \w*{layer}\), \d+, \d+, )([0-9.e+-]+)\)",
-                  text)
-    if m is None:
-        raise ValueError(f"no rmsnorm with a layer-{layer} weight")
-    return text[:m.start(3)] + repr(float(m.group(3)) * 10) + text[m.end(3):]
+    """Every rmsnorm with ten times its epsilon (1e-5 where 1e-6 was meant: a config's epsilon
+    misread acts in every norm). Its effect is eps·9/(2·mean(x²)) relative, so it shows where the
+    activations are small (SmolLM2's first layer); where they are not it moves no bf16 value."""
+    def tenfold(m):
+        return m.group(1) + repr(float(m.group(2)) * 10) + ")"
+    return _all(text, r"(rmsnorm\(self\.cast\(\d+, \w+\), self\.cast\(\d+, \w+\), \d+, \d+, )([0-9.e+-]+)\)",
+                tenfold)
 
 
 def softmax_bf16(text, layer):
@@ -33,14 +43,51 @@ def softmax_bf16(text, layer):
                  "torch.softmax(scores.to(torch.bfloat16), dim=1).to(scores.dtype)")
 
 
+def _leaves(text):
+    return set(re.findall(r"^\s+(\w+) = self\.leaf_\w+$", text, flags=re.M))
+
+
 def residual_bf16(text, layer):
-    """One layer's residual add rounded through bf16 (the policy keeps the residual stream fp32)."""
-    adds = re.findall(r"= self\.tap\((\d+), (self\.cast\(\1, \w+\) \+ self\.cast\(\1, \w+\))\)", text)
-    if len(adds) <= layer + 1:
+    """One layer's MLP residual add (its second add of two activations) rounded through bf16: the
+    policy keeps the residual stream fp32."""
+    leaves = _leaves(text)
+    adds = [(i, expr) for i, expr, a, b in re.findall(
+        r"= self\.tap\((\d+), (self\.cast\(\1, (\w+)\) \+ self\.cast\(\1, (\w+)\))\)", text)
+        if a not in leaves and b not in leaves]
+    if len(adds) < 2 * layer + 2:
         raise ValueError("not enough residual adds")
-    i, expr = adds[layer + 1]          # (the first add of a decode step is its position's)
+    i, expr = adds[2 * layer + 1]
     return text.replace(f"self.tap({i}, {expr})", f"self.tap({i}, ({expr}).to(torch.bfloat16))", 1)
 
 
+def swiglu_bf16(text, layer):
+    """One layer's swiglu computed in bf16 (silu rounded before the product; the policy computes
+    it in fp32 and rounds once)."""
+    found = re.findall(r"swiglu\(self\.cast\((\d+), (\w+)\), self\.cast\(\1, (\w+)\)\)", text)
+    if len(found) <= layer:
+        raise ValueError("no swiglu in that layer")
+    i, g, u = found[layer]
+    return text.replace(f"swiglu(self.cast({i}, {g}), self.cast({i}, {u}))",
+                        f"swiglu(self.cast({i}, {g}).to(torch.bfloat16), self.cast({i}, {u}).to(torch.bfloat16))", 1)
+
+
+def logits_bf16(text, layer):
+    """The logits rounded to bf16 (the policy keeps them fp32)."""
+    return _once(text, r"(logits = self\.tap\((\d+), )(self\.cast\(\2, \w+\) @ self\.cast\(\2, \w+\))\)",
+                 r"\1(\3).to(torch.bfloat16))")
+
+
+def attention_scale(text, layer):
+    """Attention scaled by 1/sqrt(hd - 1) (a head width counted without its padding column)."""
+    return _once(text, r"/ math\.sqrt\(hd\)", "/ math.sqrt(hd - 1)")
+
+
+def norm_n_minus_1(text, layer):
+    """rmsnorm's mean square over n - 1 values (a variance's habit): a gain of 1 - 1/(2n)."""
+    return _once(text, r"\(v \* v\)\.mean\(dim=1, keepdim=True\)", "(v * v).sum(dim=1, keepdim=True) / (nc - 1)")
+
+
 BUGS = {"mlp gain 0.4%": mlp_gain, "norm eps x10": eps_tenfold, "softmax in bf16": softmax_bf16,
-        "residual add in bf16": residual_bf16}
+        "residual add in bf16": residual_bf16, "swiglu in bf16": swiglu_bf16,
+        "logits in bf16": logits_bf16, "attention scale": attention_scale,
+        "rmsnorm over n-1": norm_n_minus_1}

@@ -66,10 +66,15 @@ def test_a_good_bundle_passes_from_any_token(qwen, token):
     assert g["ops_failing"] == 0 and g["worst_excess"]["excess"] <= 4 and g["min_cosine"]["cosine"] > 0.999
 
 
-# On this tiny model (hidden 32, activations of unit size) a tenfold norm epsilon moves values by
-# 1e-5, and a bf16 softmax by less than the attention output's own rounding: bench/bench_bf16.py
-# measures every bug on SmolLM2 and qwen38.
-@pytest.mark.parametrize("bug", ["mlp gain 0.4%"])
+# "norm eps x10" is left out here: on this tiny model a tenfold epsilon moves a norm's value by
+# about 1e-5 relative, under a bf16 step, so it changes at most one bf16 value of a whole lock
+# (bench/bench_bf16.py counts where a bug moves any bf16 value at all; SmolLM2's first layer is
+# where this one shows, and is caught).
+CAUGHT = [b for b in BUGS if b != "norm eps x10"]
+FLAT_PASSES = ["mlp gain 0.4%", "residual add in bf16"]
+
+
+@pytest.mark.parametrize("bug", CAUGHT)
 @pytest.mark.parametrize("token", [3, 57, 107])
 def test_each_planted_bug_is_caught_and_named(qwen, bug, token):
     bad = qwen["tmp"] / f"bad-{bug.replace(' ', '_').replace('%', '')}-{token}"
@@ -77,28 +82,73 @@ def test_each_planted_bug_is_caught_and_named(qwen, bug, token):
         shutil.copytree(qwen["tmp"] / "good", bad)
         text = (bad / "model.py").read_text()
         (bad / "model.py").write_text(BUGS[bug](text, 1))
-    r = _lock(bad, _with_token(qwen, token))
-    assert r["verdict"] == "fail", (bug, r["bf16"])
+    r = _lock(bad, _with_token(qwen, token), steps=3)
+    assert r["verdict"] == "fail", (bug, r["bf16"]["worst_deviation"], r["bf16"]["worst_z"])
     assert r["first_divergence"]["stage"] != "load"
-    flat = lock_bundle(str(bad), PROGRAM, _with_token(qwen, token), "float32", 2, 1e-2, 2e-2)
-    assert flat["verdict"] == "pass", bug    # a flat bf16-level tolerance lets each of them through
+    if bug in FLAT_PASSES:    # a flat bf16-level tolerance lets these through
+        flat = lock_bundle(str(bad), PROGRAM, _with_token(qwen, token), "float32", 3, 1e-2, 2e-2)
+        assert flat["verdict"] == "pass", bug
+
+
+def _bf16(x):
+    """Round to bfloat16 (nearest, ties to even) by bit arithmetic on float32, as float64: an
+    independent reading of what torch's conversion does."""
+    b = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
 def test_the_gate_figures_on_known_values():
+    """A matmul in the default policy (bf16 operands, fp32 accumulation, bf16 result) on known
+    values: its floor computed here by hand, a correct module (torch's fp32 matmul), a 0.4% gain,
+    an extra rounding, an error of the floor's own size but not the floor's."""
+    import torch
     b = bf16.bounds()
     rng = np.random.default_rng(0)
-    v = rng.standard_normal(4096)
-    floor = v + rng.standard_normal(4096) * 1e-3          # the op's own rounding floor
-    good = v + rng.standard_normal(4096) * 1e-3
+    x, w = _bf16(rng.standard_normal((1, 512))), _bf16(rng.standard_normal((512, 1024)) / 20)
+    v = x @ w * (1 + rng.standard_normal((1, 1024)) * 2e-3)     # the VM: inputs bf16 takes inexactly
+    floor = _bf16(x @ w)
+    fp32 = (torch.from_numpy(x).float() @ torch.from_numpy(w).float()).double().numpy()
+    good = _bf16(fp32)
     j = bf16.judge("matmul", good, v, floor, b)
-    assert j["pass"] and 0.8 < j["excess"] < 1.25 and j["z"] < 6
-    j = bf16.judge("matmul", v * 1.004 + rng.standard_normal(4096) * 1e-3, v, floor, b)
-    assert not j["pass"] and j["z"] > 6 and j["excess"] < 6    # a gain the excess alone would pass
-    j = bf16.judge("matmul", v + rng.standard_normal(4096) * 5e-3, v, floor, b)
-    assert not j["pass"] and j["excess"] > 4
+    assert j["pass"] and j["deviation"] < 0.2 and 0.9 < j["excess"] < 1.1 and j["z"] < 6, j
+    j = bf16.judge("matmul", _bf16(fp32 * 1.004), v, floor, b)
+    assert not j["pass"] and j["z"] > 6 and j["deviation"] > b["deviation"] and j["excess"] < 4, j
+    j = bf16.judge("matmul", _bf16(_bf16(fp32 * 1.001) / 1.001), v, floor, b)   # rounded twice
+    assert not j["pass"] and j["deviation"] > b["deviation"] and j["excess"] < 4, j
+    j = bf16.judge("matmul", floor + (floor - v) * 5, v, floor, b)
+    assert not j["pass"] and 5.5 < j["excess"] < 6.5 and 4.5 < j["deviation"] < 5.5
+    assert bf16.judge("rmsnorm", good * 1.01, v, floor, b)["z"] == 0      # norms: no gain test
     assert bf16.judge("transpose", v, v, v, b)["excess"] == 0
-    assert math.isinf(bf16.judge("transpose", v + 1e-9, v, v, b)["excess"])
+    # an exact floor: the noise is the fp32 grain, 2^-14 of the values' rms
+    grain = 2.0 ** -14 * math.sqrt(float(np.mean(v * v)))
+    j = bf16.judge("transpose", v + 1e-3, v, v, b)
+    assert j["excess"] == pytest.approx(1e-3 / grain) and not j["pass"]
+    assert bf16.judge("transpose", v + grain / 2, v, v, b)["excess"] == pytest.approx(0.5)
     assert bf16.bounds({"z": 9, "excess": {"matmul": 2}})["excess"]["matmul"] == 2
+    assert bf16.bounds({"deviation": 1})["deviation"] == 1 and bf16.bounds()["excess"]["plus"] == 4
+
+
+def test_the_floors_are_the_policy_computed_in_float64(tmp_path):
+    """floors() against a hand computation: a matmul (bf16 in, bf16 out) feeding an add whose
+    policy is fp32 out, and a row gather."""
+    import torch
+    src = ("Let tok be a 1 by 1 tensor of Int.\nLet emb be a 40 by 64 tensor of Real.\n"
+           "Let W be a 64 by 64 tensor of Real.\nLet x be row tok of emb.\n"
+           "Let y be x matmul W.\nLet z be y plus x.\n")
+    (tmp_path / "p.logos").write_text(src)
+    program = read_file(str(tmp_path / "p.logos"))
+    rng = np.random.default_rng(1)
+    emb, W = rng.standard_normal((40, 64)), rng.standard_normal((64, 64)) / 8
+    leaves = {"tok": np.array([[7.0]]), "emb": emb, "W": W}
+    x = emb[7:8]
+    y = x @ W
+    stages = [x, y, y + x]
+    got = bf16.floors(torch, program, leaves, stages, stage_precisions(program, {}))
+    assert np.array_equal(got[0], _bf16(x))
+    assert np.array_equal(got[1], _bf16(_bf16(x) @ _bf16(W)))
+    want = (_bf16(y) + _bf16(x)).astype(np.float32).astype(np.float64)     # fp32 out
+    assert np.array_equal(got[2], want)
 
 
 def test_token_ids_stay_exact_in_bfloat16(tmp_path):

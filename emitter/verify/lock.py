@@ -380,6 +380,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         gate = None
         if dtype == "bfloat16":
             gate = _gate(module, program, precision, bf16_bounds)
+            gate["model"] = model if load["pass"] else None   # its leaves: the floors' weights
         keep = None
         if golden is not None:
             from .golden import Golden
