@@ -40,8 +40,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from conftest import run_cli  # noqa: E402
+from decoding import hf_decode, vm_forced  # noqa: E402
 from emitter.verify import vm  # noqa: E402
-from emitter.importers import gguf as gi  # noqa: E402
+from emitter.importers import gguf as gi, gguf_file  # noqa: E402
 from emitter.ops import BY_NAME, Args  # noqa: E402
 from emitter.ops.rope import rope_tables  # noqa: E402
 from emitter.language.reader import read_file, read_program  # noqa: E402
@@ -86,35 +87,6 @@ def hf_from_gguf(path):
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float64,
         attn_implementation="sdpa", quantization_config=GgufConfig(dequantize=True)).eval()
     return float64_inside(model)
-
-
-def hf_decode(model, tokens, greedy=0):
-    """transformers' logits (float64 numpy) at each of `tokens`, one decode step each, with its
-    cache; then `greedy` more steps, each reading the last step's argmax. Returns (tokens, logits)."""
-    import torch
-    tokens, cache, out = list(tokens), None, []
-    steps = len(tokens) + greedy
-    with torch.no_grad():
-        for step in range(steps):
-            o = model(input_ids=torch.tensor([[tokens[step]]]), cache=cache, use_cache=True)
-            cache = o.cache
-            out.append(o.logits[0, -1].numpy().copy())
-            if step + 1 == len(tokens) < steps:
-                tokens.append(int(np.argmax(out[-1])))
-    return tokens, out
-
-
-def vm_forced(program, values, tokens):
-    """The program's steps with `tokens` fed through its `tok` state (its position and caches are
-    its own): per step the logits stage, the output, and `pos` after the step; and the states."""
-    li = [st.out for st in program.stages].index("logits")
-    current, out = dict(values), []
-    for tok in tokens:
-        current["tok"] = np.array([[float(tok)]])
-        trace = vm.step(program, current)
-        current.update(trace.states)
-        out.append((trace.stages[li].reshape(-1), int(trace.output[0, 0]), current["pos"][0, 0]))
-    return out, current
 
 
 # ── the real checkpoint ───────────────────────────────────────────────────────────────────────────
@@ -349,9 +321,9 @@ def test_tiny_llama_through_the_command_line(tmp_path, tied):
     # the un-permuted query of layer 0 is the GGUF's rows put back (llama.cpp's permute inverted)
     r = gi.open_gguf(ckpt)
     tensor = {t.name: t for t in r.tensors}
-    q_gguf = gi.tensor_array(tensor["blk.0.attn_q.weight"])
+    q_gguf = gguf_file.tensor_array(tensor["blk.0.attn_q.weight"])
     assert np.array_equal(llama_cpp_permute(leaves.values["Wq0"].T, TINY["n_head"]), q_gguf)
-    out_gguf = gi.tensor_array(tensor["token_embd.weight" if tied else "output.weight"])
+    out_gguf = gguf_file.tensor_array(tensor["token_embd.weight" if tied else "output.weight"])
     assert np.array_equal(leaves.values["Wout"], out_gguf.T)
 
     model = hf_from_gguf(ckpt)

@@ -7,8 +7,9 @@ IMPORTERS = {
     "gguf": ("emitter.importers.gguf", "a GGUF checkpoint to a weights directory"),
     "safetensors": ("emitter.importers.safetensors", "a safetensors checkpoint to a weights directory"),
     "qwen35": ("emitter.importers.qwen35", "a Qwen3_5 HF checkpoint to a qwen35 decode step's weights"),
+    "gemma3": ("emitter.importers.gemma3", "a Gemma 3 GGUF to a gemma3 decode step's weights"),
 }
 
-from .packages import resolve_checkpoint, resolve_package_file  # noqa: E402  (standard library only)
+from .packages import chunked_spec, chunks, resolve_checkpoint, resolve_package_file  # noqa: E402
 
-__all__ = ["IMPORTERS", "resolve_checkpoint", "resolve_package_file"]
+__all__ = ["IMPORTERS", "chunked_spec", "chunks", "resolve_checkpoint", "resolve_package_file"]

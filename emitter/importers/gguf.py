@@ -19,9 +19,7 @@
 - CHECKPOINT is a path, or `package:DIST_MODULE/relative/path` for a file inside an installed package
   (found without importing the package).
 
-Layout: GGUF lists dims in reverse of numpy, so a linear map stored as GGUF dims (in, out) reads as a
-numpy (out, in) array, torch's layout; the sugar computes `x matmul W` with W (in, out), so it gets
-the transpose. A table read by `row TOK of TABLE` (the token embedding) keeps numpy's (rows, cols).
+Reading, dequantising, laying out and writing are `gguf_file`'s, shared with the Gemma 3 importer.
 
 Why the decode step pads heads: the sugar's `attention` softmaxes over *all* L rows of the cache,
 while a decode step at position P must see rows 0..P only. Each head gets one extra column (hd + 1):
@@ -33,8 +31,7 @@ extra columns before the output projection) are fills of the program; the GGUF w
 written unpadded, as their gguf names say.
 """
 
-import hashlib
-import json
+import itertools
 import math
 import os
 import re
@@ -43,9 +40,8 @@ import numpy as np
 
 from ..files import write_atomic
 from ..language.errors import ProgramError
-from ..language.names import gguf_name
 from ..ops.rope import rope_tables
-from .leaves import write_leaf
+from .gguf_file import field_value, gguf_leaves, open_gguf, shortest_f32, write_weights
 from .packages import resolve_checkpoint
 
 MASK = -1e5            # a not-yet-written cache row's key in the mask column
@@ -58,23 +54,6 @@ ALIASES = {"llama": {"post_attention_norm.weight": "ffn_norm.weight",
 
 
 # ── the checkpoint ────────────────────────────────────────────────────────────────────────────────
-
-def open_gguf(path):
-    from gguf import GGUFReader
-    try:
-        return GGUFReader(path)
-    except (OSError, ValueError) as e:
-        raise ProgramError(f"cannot read the GGUF file: {e}", path=str(path)) from None
-
-
-def field_value(reader, key, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        if default is None:
-            raise ProgramError(f"the GGUF metadata has no `{key}`")
-        return default
-    return f.contents()
-
 
 def llama_meta(reader):
     """The decode step's hyperparameters from a llama-architecture GGUF's own metadata."""
@@ -111,12 +90,6 @@ def llama_meta(reader):
     return meta
 
 
-def shortest_f32(x):
-    """A float32 metadata value as the shortest decimal that rounds to it: GGUF stores the rms
-    epsilon as float32, so 1e-5 reads back as 9.999999747378752e-06; the model's config said 1e-5."""
-    return float(str(np.float32(x)))
-
-
 def unpermute(w, n_head):
     """Undo llama.cpp's Q/K row permutation of a numpy (out, in) weight: GPT-J pairs back to NEOX."""
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
@@ -125,18 +98,6 @@ def unpermute(w, n_head):
 def permute(w, n_head):
     """llama.cpp's permutation (convert_hf_to_gguf `LlamaModel.permute`), for tests."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(w.shape)
-
-
-def tensor_array(tensor):
-    """A GGUF tensor as float32 in numpy's layout (dims reversed from the GGUF's)."""
-    from gguf import GGMLQuantizationType as Q
-    from gguf.quants import dequantize
-    shape = tuple(int(d) for d in reversed(tensor.shape))
-    if tensor.tensor_type in (Q.F32, Q.F16):
-        data = np.asarray(tensor.data, dtype=np.float32)
-    else:
-        data = dequantize(tensor.data, tensor.tensor_type)
-    return np.ascontiguousarray(data, dtype=np.float32).reshape(shape)
 
 
 # ── the program ───────────────────────────────────────────────────────────────────────────────────
@@ -148,6 +109,33 @@ def _lit(x):
 def _printable(text):
     """Checkpoint metadata made safe for a `#` comment: no line breaks or control characters."""
     return "".join(c for c in str(text or "") if c.isprintable())[:120]
+
+
+def decode_head(V, d):
+    """A decode step's first lines: its token and position states, the constant 1, the embedding."""
+    return ["", "## The token and its position, tables and the head padding",
+            "Let tok be a 1 by 1 tensor of Int.", "Let pos be a 1 by 1 tensor of Int.",
+            "Let one be a 1 by 1 tensor of Int.", "Set item 1 of one to 1.",
+            f"Let emb be a {V} by {d} tensor of Real."]
+
+
+def head_padding(H, KV, hd, scale):
+    """The declarations and fills of the head padding (see the module's docstring): `Pq` (query
+    heads widened to hd + 1 columns, times `scale`), `Pkv` (key and value heads), `Po` (back to hd)
+    and `qmask` (the query's extra column, 1)."""
+    hp = hd + 1
+    out = [f"Let Pq be a {H * hd} by {H * hp} tensor of Real."]
+    out += [f"Set item {(h * hd + j) * H * hp + h * hp + j + 1} of Pq to {scale!r}."
+            for h in range(H) for j in range(hd)]
+    out.append(f"Let Pkv be a {KV * hd} by {KV * hp} tensor of Real.")
+    out += [f"Set item {(g * hd + j) * KV * hp + g * hp + j + 1} of Pkv to 1."
+            for g in range(KV) for j in range(hd)]
+    out.append(f"Let Po be a {H * hp} by {H * hd} tensor of Real.")
+    out += [f"Set item {(h * hp + j) * H * hd + h * hd + j + 1} of Po to 1."
+            for h in range(H) for j in range(hd)]
+    out.append(f"Let qmask be a 1 by {H * hp} tensor of Real.")
+    out += [f"Set item {h * hp + hd + 1} of qmask to 1." for h in range(H)]
+    return out
 
 
 def llama_decode_program(meta, context=DEFAULT_CONTEXT, source=""):
@@ -179,27 +167,11 @@ def llama_decode_program(meta, context=DEFAULT_CONTEXT, source=""):
         " (the initial K cache).",
         f"# Pq also scales the query by sqrt({hp}/{hd}), so that attention's 1/sqrt({hp}) is the "
         f"model's 1/sqrt({hd}).",
-        "",
-        "## The token and its position, tables and the head padding",
-        "Let tok be a 1 by 1 tensor of Int.",
-        "Let pos be a 1 by 1 tensor of Int.",
-        "Let one be a 1 by 1 tensor of Int.",
-        "Set item 1 of one to 1.",
-        f"Let emb be a {V} by {d} tensor of Real.",
+        *decode_head(V, d),
         f"Let COS be a {context} by {half} tensor of Real.",
         f"Let SIN be a {context} by {half} tensor of Real.",
-        f"Let Pq be a {H * hd} by {H * hp} tensor of Real.",
     ]
-    out += [f"Set item {(h * hd + j) * H * hp + h * hp + j + 1} of Pq to {scale!r}."
-            for h in range(H) for j in range(hd)]
-    out.append(f"Let Pkv be a {KV * hd} by {KV * hp} tensor of Real.")
-    out += [f"Set item {(g * hd + j) * KV * hp + g * hp + j + 1} of Pkv to 1."
-            for g in range(KV) for j in range(hd)]
-    out.append(f"Let Po be a {H * hp} by {H * hd} tensor of Real.")
-    out += [f"Set item {(h * hp + j) * H * hd + h * hd + j + 1} of Po to 1."
-            for h in range(H) for j in range(hd)]
-    out.append(f"Let qmask be a 1 by {H * hp} tensor of Real.")
-    out += [f"Set item {h * hp + hd + 1} of qmask to 1." for h in range(H)]
+    out += head_padding(H, KV, hd, scale)
     out += [
         "Let pn be pos plus one.",
         "Let x0 be row tok of emb.",
@@ -260,14 +232,21 @@ def derived_leaves(program, meta):
     first step's token is the tokenizer's BOS and its position 0 (a caller feeds another by
     replacing `tok.f32` / `pos.f32`). The rope tables are float64: they are computed here, and
     float32 would round them."""
+    out = decode_start(program, meta)
+    if "COS" in program.decls and "SIN" in program.decls:
+        rows = program.decls["COS"].rows
+        out["COS"], out["SIN"] = rope_tables(rows, meta["head_dim"], meta["rope_theta"])
+    return out
+
+
+def decode_start(program, meta):
+    """What a padded decode step starts from: the token (BOS) and position (0), and every K cache
+    `Kc<i>` with its mask column at the not-yet-written value."""
     out = {}
     hd = meta["head_dim"]
     for name, value in (("tok", meta.get("bos", 0)), ("pos", 0)):
         if name in program.decls:
             out[name] = np.array([[value]], dtype=np.float32)
-    if "COS" in program.decls and "SIN" in program.decls:
-        rows = program.decls["COS"].rows
-        out["COS"], out["SIN"] = rope_tables(rows, hd, meta["rope_theta"])
     for name, d in program.decls.items():
         if re.fullmatch(r"Kc[0-9]+", name):
             if d.cols != meta["n_head_kv"] * (hd + 1):
@@ -281,69 +260,28 @@ def derived_leaves(program, meta):
 
 # ── the import ────────────────────────────────────────────────────────────────────────────────────
 
-def _tables(program):
-    return {st.bound["TABLE"] for st in program.stages if st.op.name == "embedding"}
-
-
-def gguf_leaves(program, reader, meta=None):
-    """Yield (var, float32 array in the program's shape) for every leaf the GGUF provides."""
-    meta = meta or llama_meta(reader)
-    tensors = {t.name: t for t in reader.tensors}
-    aliases = ALIASES.get(meta["arch"], {})
-    tables = _tables(program)
-    for var, decl in program.decls.items():
-        name = gguf_name(var, program.attention_layers)
-        if name is None:
-            continue
-        rows, cols, line = decl.rows, decl.cols, decl.line
-        if name not in tensors:
-            stem = name.split(".", 2)[-1] if name.startswith("blk.") else name
-            alt = aliases.get(stem)
-            alt = None if alt is None else name[: len(name) - len(stem)] + alt
-            if alt not in tensors:
-                raise ProgramError(f"`{var}`: the GGUF has no tensor `{name}`"
-                                   + (f" (nor `{alt}`)" if alt else ""), line, program.path)
-            name = alt
-        w = tensor_array(tensors[name])
+def _unpermuter(meta):
+    """llama.cpp permutes the Q and K rows of llama models: undo it as each tensor is read."""
+    def fix(name, w):
         if name.endswith("attn_q.weight"):
-            w = unpermute(w, meta["n_head"])
-        elif name.endswith("attn_k.weight"):
-            w = unpermute(w, meta["n_head_kv"])
-        if w.ndim == 2 and var not in tables:
-            w = w.T       # a linear map: numpy (out, in) -> the sugar's (in, out)
-        if w.size != rows * cols or (w.ndim == 2 and w.shape != (rows, cols)):
-            raise ProgramError(f"`{var}` is {rows} by {cols} but `{name}` is "
-                               f"{' by '.join(map(str, w.shape))} as the program uses it",
-                               line, program.path)
-        yield var, w.reshape(rows, cols)
+            return unpermute(w, meta["n_head"])
+        if name.endswith("attn_k.weight"):
+            return unpermute(w, meta["n_head_kv"])
+        return w
+    return fix
 
 
 def import_gguf(checkpoint, program, out_dir):
     """Write `out_dir/<var>.f32` for every leaf of `program` the GGUF or the decode step provides;
-    returns the list of (file, bytes) written."""
+    returns the list of files written."""
     path = resolve_checkpoint(checkpoint)
     reader = open_gguf(path)
     meta = llama_meta(reader)
-    os.makedirs(out_dir, exist_ok=True)
-    written = []
-
-    def put(var, array):
-        written.append(write_leaf(out_dir, var, array, "<f8" if array.dtype == np.float64 else "<f4"))
-
-    for var, w in gguf_leaves(program, reader, meta):
-        put(var, w)
-        del w
-    for var, w in derived_leaves(program, meta).items():
-        put(var, w)
+    leaves = gguf_leaves(program, reader, ALIASES.get(meta["arch"]), _unpermuter(meta))
+    derived = derived_leaves(program, meta).items()
     record = {"checkpoint": checkpoint, "path": os.path.abspath(path), "meta": meta,
-              "program": program.path, "files": []}
-    for f in written:
-        with open(os.path.join(out_dir, f), "rb") as fh:
-            digest = hashlib.file_digest(fh, "sha256").hexdigest()
-        record["files"].append({"file": f, "bytes": os.path.getsize(os.path.join(out_dir, f)),
-                                "sha256": digest})
-    write_atomic(os.path.join(out_dir, ".import.json"), json.dumps(record, indent=1) + "\n")
-    return written
+              "program": program.path}
+    return write_weights(out_dir, itertools.chain(leaves, derived), record)
 
 
 def write_program(checkpoint, program_path, context=DEFAULT_CONTEXT):
@@ -367,13 +305,20 @@ def add_arguments(p):
 
 
 def main(args):
+    return run_import(args, lambda: write_program(args.checkpoint, args.program, args.context),
+                      import_gguf)
+
+
+def run_import(args, write, do_import):
+    """An import command's body: `write()` the program when asked, then `do_import(checkpoint,
+    program, out)` into `-o`; exit 2 when asked for neither."""
     from ..language.reader import read_file
     if args.write_program:
-        write_program(args.checkpoint, args.program, args.context)
+        write()
         print(f"wrote {args.program}")
     if args.out:
         program = read_file(args.program)
-        written = import_gguf(args.checkpoint, program, args.out)
+        written = do_import(args.checkpoint, program, args.out)
         total = sum(os.path.getsize(os.path.join(args.out, f)) for f in written)
         print(f"wrote {len(written)} files ({total / 1e6:.1f} MB) to {args.out}")
     elif not args.write_program:

@@ -2,10 +2,15 @@
 distribution ships, found through its metadata (the dist-info folders on sys.path: `top_level.txt`
 names its modules, `RECORD` lists every file with its sha256 and size). Nothing is imported, so a
 config can name a package but never run its code; a module no distribution ships (the standard
-library, a stray folder) holds no checkpoint. Standard library only."""
+library, a stray folder) holds no checkpoint. Standard library only.
+
+A checkpoint too big for one package ships in chunks, one package each: `PART+PART+…#sha256=HEX`
+(each PART a `package:` file, in order) names the file they make joined, whose sha256 is HEX (the
+published one). `resolve_checkpoint` joins it where it is told (under build/), verifying that."""
 
 import base64
 import functools
+import hashlib
 import os
 import re
 import sys
@@ -88,12 +93,70 @@ def resolve_package_file(spec):
     return package_file(spec)[0]
 
 
-def resolve_checkpoint(spec):
-    """A checkpoint path as given, or the file a `package:MODULE/path` spec names (a ProgramError
-    naming the spec when there is none)."""
-    if not spec.startswith(PREFIX):
-        return spec
+SHA_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def chunks(spec):
+    """(part specs, sha256) of a chunked checkpoint spec `PART+PART+…#sha256=HEX`, or None for any
+    other spec; a ValueError saying why when it is malformed."""
+    if "+" not in spec and "#sha256=" not in spec:
+        return None
+    parts, _, sha = spec.partition("#sha256=")
+    parts = [p.strip() for p in parts.split("+")]
+    if not SHA_RE.fullmatch(sha):
+        raise ValueError("a chunked checkpoint `PART+PART+…#sha256=HEX` needs the joined file's sha256 "
+                         "as 64 lowercase hex digits")
+    if not all(p.startswith(PREFIX) for p in parts):
+        raise ValueError("each part of a chunked checkpoint must be a `package:MODULE/path` file")
+    return parts, sha
+
+
+def chunked_spec(parts, sha):
+    return "+".join(parts) + f"#sha256={sha}"
+
+
+def join_chunks(spec, out_path):
+    """Join a chunked checkpoint's parts, in order, into `out_path` (a temporary file, then renamed;
+    a file already there is replaced); returns `out_path`. Each part must match its
+    distribution's RECORD (size and sha256) and the whole the declared sha256, else a ValueError."""
+    parts, sha = chunks(spec)
+    files = [package_file(p[len(PREFIX):]) for p in parts]
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    tmp = f"{out_path}.{os.getpid()}.partial"
+    whole = hashlib.sha256()
     try:
+        with open(tmp, "wb") as out:
+            for (path, part_sha, size), part in zip(files, parts):
+                h, n = hashlib.sha256(), 0
+                with open(path, "rb") as f:
+                    while block := f.read(1 << 22):
+                        h.update(block)
+                        whole.update(block)
+                        out.write(block)
+                        n += len(block)
+                if (part_sha and h.hexdigest() != part_sha) or (size is not None and n != size):
+                    raise ValueError(f"`{part}` is not the file its package's RECORD lists (size or "
+                                     "sha256 differ): reinstall the package")
+        if whole.hexdigest() != sha:
+            raise ValueError(f"the joined checkpoint's sha256 is {whole.hexdigest()}, the spec says {sha}")
+        os.replace(tmp, out_path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out_path
+
+
+def resolve_checkpoint(spec, join_to=None):
+    """A checkpoint path as given, or the file a `package:MODULE/path` spec names, or a chunked
+    spec's parts joined into `join_to` (a ProgramError naming the spec when there is none)."""
+    try:
+        if chunks(spec) is not None:
+            if join_to is None:
+                raise ValueError("a chunked checkpoint is joined only where an importer is told to "
+                                 "write (its -o directory)")
+            return join_chunks(spec, join_to)
+        if not spec.startswith(PREFIX):
+            return spec
         return resolve_package_file(spec[len(PREFIX):])
     except ValueError as e:
-        raise ProgramError(str(e), path=spec) from None
+        raise ProgramError(str(e), path=spec[:300]) from None

@@ -48,6 +48,9 @@ _STEMS = {
     "fn": ("post_attention_norm.weight",) * 2,
     "Qn": ("attn_q_norm.weight",) * 2,
     "Kn": ("attn_k_norm.weight",) * 2,
+    "Pan": ("post_attention_norm.weight",) * 2,   # Gemma 3: after attention, before the residual
+    "Fn": ("ffn_norm.weight",) * 2,               # Gemma 3: before the feed-forward
+    "Pfn": ("post_ffw_norm.weight",) * 2,         # Gemma 3: after the feed-forward
     "Wq": ("attn_q.weight", "attn_qkv.weight"),
     "Wqg": ("attn_q.weight", None),
     "Wk": ("attn_k.weight", "attn_qkv.weight"),

@@ -171,7 +171,6 @@ class _Checker:
     def __init__(self):
         self.shapes, self.real, self.decls, self.fills = {}, {}, {}, {}
         self.bound_at, self.read_at, self.stages, self.written = {}, {}, [], set()
-        self.data = set()   # names some op reads in a data slot
 
     def bind(self, s, name, shape, real):
         if name in self.bound_at:
@@ -227,7 +226,6 @@ class _Checker:
                       "tensor carries state")
         for name in inputs:
             self.read_at.setdefault(name, s.line)
-        self.data.update(s.op.data_inputs(s.bound))
         if s.op is not SET_ROW:  # `Let S be … state S …` rebinds S: refused like any rebinding
             self.bind(s, s.out, tuple(shape), self.real[inputs[0]])
         if writes is not None:
@@ -239,8 +237,14 @@ class _Checker:
 def _roles(c):
     """Each leaf's role, from how the program uses it: a state is written back by an op; an input
     is read as data by some op (the row index of a table, the X of a matmul); a weight is read only
-    in parameter slots (a matmul's B, a norm's weight, a table) or not at all."""
-    return {v: "state" if v in c.written else "input" if v in c.data else "weight" for v in c.decls}
+    in parameter slots (a matmul's B, a norm's weight, a table) or not at all. A view (`transpose
+    of E`) read only in parameter slots is a parameter too: a tied output projection `E`
+    transposed keeps `E` a weight."""
+    data = set()
+    for st in reversed(c.stages):   # every reader of a name comes after the stage that binds it
+        if not (st.op.view and st.binds and st.out not in data):
+            data.update(st.op.data_inputs(st.bound))
+    return {v: "state" if v in c.written else "input" if v in data else "weight" for v in c.decls}
 
 
 def read_program(source, path=None):

@@ -3,7 +3,7 @@ shape rule, VM meaning and torch spelling side by side. Adding an op is adding i
 `OPS` (and its torch function to `emitter.sambaflow.runtime` when the call needs one)."""
 
 from . import activations, attention, linear, norms, recurrent, rope, tables
-from .base import EPS, Args, Op, ShapeError, pattern_words
+from .base import EPS, Args, Op, ShapeError, pattern_words, release
 
 OPS = (linear.OPS + norms.OPS + rope.OPS + attention.OPS + activations.OPS + recurrent.OPS
        + tables.OPS)
@@ -12,7 +12,7 @@ ALL_OPS = OPS + (SET_ROW,)
 BY_NAME = {op.name: op for op in ALL_OPS}
 
 __all__ = ["ALL_OPS", "Args", "BY_NAME", "EPS", "OPS", "Op", "SET_ROW", "ShapeError",
-           "pattern_words", "torch_spelling"]
+           "pattern_words", "release", "torch_spelling"]
 
 
 def torch_spelling(name):

@@ -10,12 +10,14 @@ either when listed in `index`; a positive real literal such as `1e-5` when liste
 weight, a bias, a table) rather than data: a leaf read only there is a weight of the program.
 """
 
+import mmap
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
 EPS = 1e-6
+WIDEN_BYTES = 1 << 25   # a float32 parameter is widened to float64 at most this many bytes at a time
 
 
 class ShapeError(Exception):
@@ -54,6 +56,39 @@ class Args:
     def __getitem__(self, p):
         """The value bound to a tensor placeholder, widened to float64 (a no-op when it is)."""
         return np.asarray(self.values[self.bound[p]], dtype=np.float64)
+
+    def held(self, p):
+        """The value bound to a tensor placeholder as held: a float32 checkpoint's map, not widened."""
+        return self.values[self.bound[p]]
+
+
+def release(array):
+    """Drop the resident pages of the file `array` maps, if it maps one (np.memmap, or a view of
+    one): they stay in the page cache and come back on the next touch, but the process's resident
+    size stops counting them, so a weight the VM has read costs no memory beside the module's own
+    map of the same file."""
+    while array is not None:
+        m = getattr(array, "_mmap", None)
+        if isinstance(m, mmap.mmap):
+            m.madvise(mmap.MADV_DONTNEED)
+            return
+        array = getattr(array, "base", None)
+
+
+def widened_product(x, b):
+    """x @ b in float64, `b` (a float32 map, say) widened a block of columns at a time and its
+    pages released after each: a 262144-column output projection is never whole in float64."""
+    rows, cols = b.shape
+    step = max(1, WIDEN_BYTES // (8 * max(1, rows)))
+    if step >= cols:
+        out = x @ np.asarray(b, dtype=np.float64)
+    else:
+        out = np.empty((x.shape[0], cols))
+        for j in range(0, cols, step):
+            out[:, j:j + step] = x @ np.asarray(b[:, j:j + step], dtype=np.float64)
+            release(b)
+    release(b)
+    return out
 
 
 def pattern_words(pattern):

@@ -1,6 +1,8 @@
 """Linear algebra and elementwise arithmetic: matmul, plus, hadamard, transpose."""
 
-from .base import Op, ShapeError, fmt
+import numpy as np
+
+from .base import Op, ShapeError, fmt, widened_product
 
 
 def matmul_shape(a):
@@ -12,7 +14,8 @@ def matmul_shape(a):
 
 
 def matmul_vm(a):
-    return a["A"] @ a["B"]
+    b = a.held("B")
+    return a["A"] @ b if getattr(b, "dtype", None) == np.float64 else widened_product(a["A"], b)
 
 
 def matmul_call(a):
@@ -50,7 +53,10 @@ def transpose_shape(a):
 
 
 def transpose_vm(a):
-    return a["X"].T.copy()
+    """A view, as torch's is: the transposed table of a tied output projection costs nothing (a
+    float32 leaf's stays float32, exact; the matmul that reads it widens it a block at a time)."""
+    x = a.held("X")
+    return (x if isinstance(x, np.ndarray) else np.asarray(x, dtype=np.float64)).T
 
 
 def transpose_call(a):

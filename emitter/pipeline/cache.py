@@ -92,6 +92,9 @@ def key_specs(pc, checks, memo_path=None):
 def _checkpoint_sha(derive, memo_path):
     """A `package:` checkpoint's sha256 from its distribution's RECORD (nothing read but that); a
     repository file's hashed, remembered under its (mtime, size) in `memo_path`."""
+    from ..importers.packages import chunks
+    if chunks(derive.checkpoint):
+        return chunks(derive.checkpoint)[1]     # the joined file's, which the importer verifies
     if derive.checkpoint.startswith("package:"):
         from ..importers.packages import package_file
         try:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..importers import IMPORTERS, resolve_package_file
+from ..importers import IMPORTERS, chunked_spec, chunks, resolve_package_file
 from ..language.errors import excerpt
 from ..verify.tolerances import DEFAULT_TOLERANCES, DTYPES
 from .paths import Tree, inside
@@ -45,7 +45,7 @@ PROGRAM_KEYS = ("weights", "lock", "dtypes", "steps", "tolerances", "derive", "a
 BF16_KEYS = ("excess", "excess_other", "z", "cosine", "margin_noise")
 LEAF_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_KEYS = ("lock", "dtypes", "steps", "tolerances", "limits")
-DERIVE_KEYS = ("importer", "checkpoint")
+DERIVE_KEYS = ("importer", "checkpoint", "sha256")
 # A program name becomes a task name (`emit:NAME`), a directory under build/ and a JUnit class name.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 IMPORTER_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
@@ -80,6 +80,17 @@ class ProgramConfig:
     def tolerance(self, dtype):
         t = self.tolerances.get(dtype, {})
         return t.get("abs"), t.get("rel")
+
+
+def _chunks(spec, cfg_rel, lines):
+    """Whether `spec` is a chunked checkpoint (each part installed), or the config error why not."""
+    try:
+        found = chunks(spec)
+        for part in found[0] if found else ():
+            resolve_package_file(part[len("package:"):])
+    except ValueError as e:
+        raise _err(cfg_rel, lines, "derive.checkpoint", str(e)) from None
+    return found is not None
 
 
 def _err(path, lines, key, message):
@@ -234,10 +245,20 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
         if imp not in known:
             raise _err(cfg_rel, lines, "derive.importer",
                        f"`{imp}` is not an importer (known: {', '.join(known)})")
+        if isinstance(ck, list) or "sha256" in d:     # chunks, joined by the importer
+            sha = d.get("sha256")
+            if not (isinstance(ck, list) and ck and all(isinstance(p, str) for p in ck)
+                    and isinstance(sha, str)):
+                raise _err(cfg_rel, lines, "derive.checkpoint" if "checkpoint" in d else "derive",
+                           "a checkpoint in chunks is a list of `package:MODULE/path` parts, in "
+                           "order, with `sha256:` the joined file's")
+            ck = chunked_spec(ck, sha)
         if not isinstance(ck, str) or not ck:
             raise _err(cfg_rel, lines, "derive.checkpoint" if "checkpoint" in d else "derive",
                        "must be `package:MODULE/path` or a repository path")
-        if ck.startswith("package:"):
+        if _chunks(ck, cfg_rel, lines):
+            resolved = ck       # the importer joins the parts: it is handed the spec
+        elif ck.startswith("package:"):
             try:
                 resolved = resolve_package_file(ck[len("package:"):])
             except ValueError as e:

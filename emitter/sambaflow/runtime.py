@@ -197,7 +197,9 @@ def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
         if data.size != shape[0] * shape[1]:
             raise ValueError(f"{path}: {data.nbytes} bytes, expected "
                              f"{shape[0] * shape[1] * data.itemsize} for {shape[0]} by {shape[1]}")
-        if name not in allow_nonfinite and not np.isfinite(data).all():
+        flat = data.reshape(-1)   # checked in blocks: no whole-table temporary
+        if name not in allow_nonfinite and not all(np.isfinite(flat[i:i + (1 << 22)]).all()
+                                                   for i in range(0, flat.size, 1 << 22)):
             raise ValueError(f"{path}: holds a non-finite value")
         held = torch.float32 if dtype == torch.bfloat16 and kind == "int" else dtype   # ids exact
         weights[name] = torch.from_numpy(data).reshape(shape).to(held)

@@ -7,42 +7,75 @@ import numpy as np
 KEYS = ("max_abs", "max_rel", "guarded_rel", "scaled_err", "nmse", "cosine", "worst_ratio")
 
 
+BLOCK = 1 << 22   # values compared at a time: a 1 GB table is never widened whole
+
+
+def _f64(x):
+    """A block as float64 numpy: a torch tensor's (detached) or an array's (a map's pages read)."""
+    if hasattr(x, "detach"):
+        return x.detach().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _blocks(got, want):
+    """(got, want) in blocks of rows, each widened to float64, 1-D."""
+    if got.ndim < 2 or got.shape[0] <= 1:
+        yield _f64(got).reshape(-1), _f64(want).reshape(-1)
+        return
+    rows = max(1, BLOCK // max(1, int(np.prod(got.shape[1:]))))
+    for r in range(0, got.shape[0], rows):
+        yield _f64(got[r:r + rows]).reshape(-1), _f64(want[r:r + rows]).reshape(-1)
+
+
 def compare(got, want, tol):
-    """Figures of `got` (the module's) against `want` (the VM's), both widened to float64.
+    """Figures of `got` (the module's: a torch tensor or an array) against `want` (the VM's),
+    widened to float64 a block at a time.
 
     - worst_ratio: max |a − b| / (abs + rel · max|b|), the check's own bound (1.0 = at the limit);
     - guarded_rel: max |a − b| / (abs + rel · |b|), element by element, guarded where |b| is tiny;
     - max_rel: the raw element-wise max |a − b| / |b| (meaningless near zero; kept for reference);
     - cosine over the whole tensor in float64; NaN/Inf on one side only are counted apart.
     """
-    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
+    want = want if hasattr(want, "shape") else np.asarray(want, dtype=np.float64)
+    got = got if hasattr(got, "shape") else np.asarray(got, dtype=np.float64)
+    if tuple(got.shape) != tuple(want.shape):
         return {**{k: math.inf for k in KEYS}, "cosine": 0.0, "nonfinite_mismatch": 0, "pass": False,
                 "shape": [list(got.shape), list(want.shape)]}
-    fin_g, fin_w = np.isfinite(got), np.isfinite(want)
-    if fin_g.all() and fin_w.all():
-        mismatch, g, w = 0, got.reshape(-1), want.reshape(-1)
-    else:  # a NaN or Inf on one side only, or of another kind, is a mismatch by itself
-        same = (got == want) | (np.isnan(got) & np.isnan(want))
-        mismatch = int(np.count_nonzero(fin_g != fin_w) + np.count_nonzero(~fin_g & ~fin_w & ~same))
-        g, w = got[fin_g & fin_w], want[fin_g & fin_w]
-    diff = np.abs(g - w)
-    scale = float(np.abs(w).max()) if w.size else 0.0
-    bound = tol["abs"] + tol["rel"] * scale
-    nz = np.abs(w) > 0
-    power = float(np.sum(w * w))
-    norms = float(np.linalg.norm(g) * np.linalg.norm(w))
+    mismatch, size = 0, 0
+    max_abs = max_rel = guarded = scale = 0.0
+    sq = power = gg = gw = 0.0
     with np.errstate(all="ignore"):
+        for g, w in _blocks(got, want):
+            fin_g, fin_w = np.isfinite(g), np.isfinite(w)
+            if not (fin_g.all() and fin_w.all()):  # NaN/Inf on one side only, or of another kind
+                same = (g == w) | (np.isnan(g) & np.isnan(w))
+                mismatch += int(np.count_nonzero(fin_g != fin_w) + np.count_nonzero(~fin_g & ~fin_w & ~same))
+                g, w = g[fin_g & fin_w], w[fin_g & fin_w]
+            if not g.size:
+                continue
+            size += g.size
+            diff, aw = np.abs(g - w), np.abs(w)
+            max_abs = max(max_abs, float(diff.max()))
+            scale = max(scale, float(aw.max()))
+            nz = aw > 0
+            if nz.any():
+                max_rel = max(max_rel, float((diff[nz] / aw[nz]).max()))
+            guarded = max(guarded, float(np.where(diff == 0, 0.0, diff / (tol["abs"] + tol["rel"] * aw)).max()))
+            sq += float(np.dot(diff, diff))
+            power += float(np.dot(w, w))
+            gg += float(np.dot(g, g))
+            gw += float(np.dot(g, w))
+        bound = tol["abs"] + tol["rel"] * scale
+        norms = math.sqrt(gg) * math.sqrt(power)
         m = {
-            "max_abs": float(diff.max()) if diff.size else 0.0,
-            "max_rel": float((diff[nz] / np.abs(w[nz])).max()) if nz.any() else 0.0,
-            "guarded_rel": float(np.where(diff == 0, 0.0, diff / (tol["abs"] + tol["rel"] * np.abs(w))).max())
-            if diff.size else 0.0,
-            "scaled_err": float(diff.max() / scale) if diff.size and scale > 0 else 0.0,
-            "nmse": float(np.sum(diff * diff) / power) if power > 0 else float(np.sum(diff * diff)),
-            "cosine": float(np.dot(g, w) / norms) if norms > 0 else (1.0 if not diff.any() else 0.0),
+            "max_abs": max_abs,
+            "max_rel": max_rel,
+            "guarded_rel": guarded,
+            "scaled_err": max_abs / scale if size and scale > 0 else 0.0,
+            "nmse": sq / power if power > 0 else sq,
+            "cosine": gw / norms if norms > 0 else (1.0 if max_abs == 0 else 0.0),
             "nonfinite_mismatch": mismatch,
-            "worst_ratio": float(np.where(diff == 0, 0.0, diff / bound).max()) if diff.size else 0.0,
+            "worst_ratio": 0.0 if max_abs == 0 else (max_abs / bound if bound > 0 else math.inf),
         }
     m["pass"] = bool(mismatch == 0 and m["worst_ratio"] <= 1.0)
     return m

@@ -23,8 +23,9 @@ def summary(value):
 
 
 def picked(program):
-    """The stages summarised: up to STAGES spread evenly over those that bind a value, the output's last."""
-    binding = [st.index for st in program.stages if st.binds]
+    """The stages summarised: up to STAGES spread evenly over those that bind a value (not a view of
+    another, such as a transposed table), the output's last."""
+    binding = [st.index for st in program.stages if st.binds and not st.op.view]   # a view: its operand
     step = max(1, len(binding) // STAGES)
     chosen = sorted(set(binding[::step][:STAGES - 1]) | {binding[-1]})
     return chosen

@@ -2,8 +2,9 @@
 
 Leaf values come from `<name>.f64` / `<name>.f32` files in the program's weights directory, else the
 declared value (zeros with their fills) where the program has one: a leaf it reads with neither is
-an error. A `.f32` leaf is held as read and widened to float64 where an op
-reads it (exact, and it keeps a big checkpoint at its own size in memory). Each step runs every
+an error. A `.f32` leaf is held as a read-only map of its file and widened to float64
+where an op reads it (exact), a block at a time for a big matmul parameter; after each op the pages
+of what it read are released, so the VM's resident memory is its activations, not the checkpoint. Each step runs every
 stage in order; states written back carry into the next step.
 """
 
@@ -15,9 +16,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..language.errors import ProgramError
-from ..ops import ShapeError
+from ..ops import ShapeError, release
 
 _EXTS = ((".f64", "<f8"), (".f32", "<f4"))
+BLOCK = 1 << 22   # values checked at a time
 
 
 def declared_value(program, name):
@@ -36,15 +38,19 @@ def _read_leaf(program, name, path, dtype, nonfinite_ok=False):
     if size != d.rows * d.cols * itemsize:
         raise ProgramError(f"`{name}` is {d.rows} by {d.cols}: expected {d.rows * d.cols * itemsize} "
                            f"bytes of {dtype[1:]}, the file has {size}", path=path)
-    # mapped, not read: the file's pages are shared with the module's own load of the same file
+    # mapped, not read, and checked a block at a time with its pages released after: what the VM
+    # holds of a 1 GB checkpoint is the map, not the memory (`release`)
     value = np.memmap(path, dtype=dtype, mode="r", shape=(d.rows, d.cols))
-    bad = np.empty(0, dtype=int) if nonfinite_ok or np.isfinite(value).all() \
-        else np.flatnonzero(~np.isfinite(value))
-    if bad.size:
-        raise ProgramError(f"`{name}` holds a non-finite value ({value.reshape(-1)[bad[0]]}) at "
-                           f"flat index {bad[0]}", path=path)
-    if not d.real and not np.array_equal(value, np.round(value)):
-        raise ProgramError(f"`{name}` is an Int tensor but the file holds non-integers", path=path)
+    flat = value.reshape(-1)
+    for start in range(0, flat.size, BLOCK):
+        block = flat[start:start + BLOCK]
+        if not nonfinite_ok and not np.isfinite(block).all():
+            bad = start + int(np.flatnonzero(~np.isfinite(block))[0])
+            raise ProgramError(f"`{name}` holds a non-finite value ({flat[bad]}) at flat index {bad}",
+                               path=path)
+        if not d.real and not np.array_equal(block, np.round(block)):
+            raise ProgramError(f"`{name}` is an Int tensor but the file holds non-integers", path=path)
+    release(value)
     return value
 
 
@@ -148,6 +154,8 @@ def step(program, leaves, keep_stages=True):
     with np.errstate(all="ignore"):
         for stage in program.stages:
             result = run_stage(program, stage, env)
+            for name in stage.inputs:     # a weight read is paged out of this process again
+                release(env[name])
             bind_result(stage, env, result)
             if keep_stages:
                 stages.append(result)

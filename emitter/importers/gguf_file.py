@@ -1,0 +1,113 @@
+"""What every GGUF importer shares: reading the file and its metadata, dequantising a tensor into the
+layout a program uses, and writing a weights directory with its `.import.json` record.
+
+Layout: GGUF lists dims in reverse of numpy, so a linear map stored as GGUF dims (in, out) reads as a
+numpy (out, in) array, torch's layout; the sugar computes `x matmul W` with W (in, out), so it gets
+the transpose. A table read by `row TOK of TABLE` (the token embedding) keeps numpy's (rows, cols).
+"""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from ..files import write_atomic
+from ..language.errors import ProgramError
+from ..language.names import gguf_name
+from .leaves import write_leaf
+
+
+def open_gguf(path):
+    from gguf import GGUFReader
+    try:
+        return GGUFReader(path)
+    except (OSError, ValueError) as e:
+        raise ProgramError(f"cannot read the GGUF file: {e}", path=str(path)) from None
+
+
+def field_value(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        if default is None:
+            raise ProgramError(f"the GGUF metadata has no `{key}`")
+        return default
+    return f.contents()
+
+
+def shortest_f32(x):
+    """A float32 metadata value as the shortest decimal that rounds to it: GGUF stores the rms
+    epsilon as float32, so 1e-5 reads back as 9.999999747378752e-06; the model's config said 1e-5."""
+    return float(str(np.float32(x)))
+
+
+def tensor_array(tensor):
+    """A GGUF tensor as float32 in numpy's layout (dims reversed from the GGUF's)."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+    shape = tuple(int(d) for d in reversed(tensor.shape))
+    if tensor.tensor_type in (Q.F32, Q.F16):
+        data = np.asarray(tensor.data, dtype=np.float32)
+    else:
+        data = dequantize(tensor.data, tensor.tensor_type)
+    return np.ascontiguousarray(data, dtype=np.float32).reshape(shape)
+
+
+def _tables(program):
+    """The leaves read whole as a table (`row TOK of TABLE`, or transposed): kept in numpy's layout."""
+    views = {st.out: st.bound["X"] for st in program.stages if st.op.name == "transpose"}
+    return {st.bound["TABLE"] for st in program.stages if st.op.name == "embedding"} | \
+        {views[st.bound["B"]] for st in program.stages
+         if st.op.name == "matmul" and st.bound["B"] in views}
+
+
+def gguf_leaves(program, reader, aliases=None, fix=None):
+    """Yield (var, float32 array in the program's shape) for every leaf whose checkpoint name
+    (`emitter.language.names.gguf_name`) names a tensor of the GGUF. `aliases` maps a tensor name
+    (without `blk.N.`) to the one this architecture has instead; `fix(name, array)` adjusts a
+    tensor in numpy's layout before it is laid out (llama's Q/K un-permutation)."""
+    tensors = {t.name: t for t in reader.tensors}
+    aliases = aliases or {}
+    tables = _tables(program)
+    for var, decl in program.decls.items():
+        name = gguf_name(var, program.attention_layers)
+        if name is None:
+            continue
+        rows, cols, line = decl.rows, decl.cols, decl.line
+        if name not in tensors:
+            stem = name.split(".", 2)[-1] if name.startswith("blk.") else name
+            alt = aliases.get(stem)
+            alt = None if alt is None else name[: len(name) - len(stem)] + alt
+            if alt not in tensors:
+                raise ProgramError(f"`{var}`: the GGUF has no tensor `{name}`"
+                                   + (f" (nor `{alt}`)" if alt else ""), line, program.path)
+            name = alt
+        w = tensor_array(tensors[name])
+        if fix is not None:
+            w = fix(name, w)
+        if w.ndim == 2 and var not in tables:
+            w = w.T       # a linear map: numpy (out, in) -> the sugar's (in, out)
+        if w.size != rows * cols or (w.ndim == 2 and w.shape != (rows, cols)):
+            raise ProgramError(f"`{var}` is {rows} by {cols} but `{name}` is "
+                               f"{' by '.join(map(str, w.shape))} as the program uses it",
+                               line, program.path)
+        yield var, w.reshape(rows, cols)
+
+
+def write_weights(out_dir, leaves, record):
+    """Write each (var, array) of `leaves` as `out_dir/<var>.f32` (`.f64` for a float64 array),
+    one at a time, then `out_dir/.import.json`: `record` plus every file's name, bytes and sha256.
+    Returns the file names written."""
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for var, array in leaves:
+        written.append(write_leaf(out_dir, var, array, "<f8" if array.dtype == np.float64 else "<f4"))
+        del array
+    files = []
+    for f in written:
+        with open(os.path.join(out_dir, f), "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        files.append({"file": f, "bytes": os.path.getsize(os.path.join(out_dir, f)), "sha256": digest})
+    write_atomic(os.path.join(out_dir, ".import.json"),
+                 json.dumps({**record, "files": files}, indent=1) + "\n")
+    return written
