@@ -15,13 +15,14 @@ key in LOGOS_CACHE_KEY).
 import os
 import sys
 
-from .pipeline import actions, digests, executors, files_io, guards, weights
+from . import zoo
+from .pipeline import actions, digests, executors, fastpath, files_io, guards, settled, weights
 from .pipeline import cache as vcache
 from .pipeline.config import discover
 from .pipeline.progress import ProgressReporter
 
 __all__ = ["DOIT_CONFIG", "task_digest", "task_weights", "task_wmanifest", "task_emit", "task_lock",
-           "task_report", "task_cachelookup", "task_cache"]
+           "task_report", "task_cachelookup", "task_cache", "standalone"]
 
 ROOT = os.getcwd()   # doit runs a dodo.py from its own folder; `logos doit` from the zoo's
 PACKAGE = os.path.dirname(os.path.abspath(__file__))
@@ -127,7 +128,7 @@ STAMPED = {**{f"emit:{n}": [p["status"]] + [f"{p['bundle']}/{f}" for f in BUNDLE
               for n, p in PATHS.items()},
            **{f"lock:{n}": [c[3] for c in CHECKS[n]] for n in PATHS},
            "report": [f"{BUILD}/{f}" for f in guards.REPORT_FILES]}
-MOVED = files_io.moved(f"{BUILD}/.stamps.json", STAMPED)
+MOVED = settled.begin(f"{BUILD}/.stamps.json", STAMPED)
 
 
 def _intact(task_name):
@@ -149,7 +150,7 @@ def _run(pc):
     return {**RUN, "keys": KEYS.get(pc.name) or {}}
 
 
-def task_digest():
+def _make_digest():
     """Digests of the emitter's code and of the environment: what every emit, lock and import
     depends on beyond its own files (a torch or numpy upgrade reruns every lock)."""
     for kind, files in CODE.items():
@@ -173,7 +174,7 @@ def task_digest():
     }
 
 
-def task_weights():
+def _make_weights():
     """Derived weights: a program's `derive:` checkpoint through its importer."""
     for pc in PROGRAMS:
         if pc.error or not pc.derive:
@@ -200,7 +201,7 @@ def task_weights():
         yield task
 
 
-def task_wmanifest():
+def _make_wmanifest():
     """Per-directory weights manifests (names, sizes, sha256): a lock's one weights dependency."""
     for pc in PROGRAMS:
         if pc.error or not pc.weights or not pc.lock:
@@ -225,7 +226,7 @@ def task_wmanifest():
         yield task
 
 
-def task_emit():
+def _make_emit():
     """Bundles: model.py, manifest.json, compile.py per program (and its emit status)."""
     for pc in PROGRAMS:
         p = PATHS[pc.name]
@@ -245,7 +246,7 @@ def task_emit():
         }
 
 
-def task_lock():
+def _make_lock():
     """Lock checks: each program's bundle against the VM, one RESULT.json per dtype."""
     for pc in PROGRAMS:
         if not pc.lock and not pc.error:
@@ -331,7 +332,7 @@ def report_entries():
     return entries
 
 
-def task_report():
+def _make_report():
     """build/report.json, junit.xml, summary.md; fails the run when any check did not pass."""
     entries = report_entries()
     # a locked program's results already follow its emit status (the lock depends on it)
@@ -345,3 +346,66 @@ def task_report():
         "uptodate": _intact("report"),
         "clean": True,
     }
+
+# --- what doit is handed --------------------------------------------------------------------------
+# A plain `doit` works out every task here, then checks the stat snapshot (`pipeline.settled`):
+# when a complete plain run left the zoo as it is now, doit gets the report task alone (and the
+# dodo's own `standalone` tasks); otherwise every task, as any other command does.
+
+MAKERS = {"digest": _make_digest, "weights": _make_weights, "wmanifest": _make_wmanifest,
+          "emit": _make_emit, "lock": _make_lock, "report": _make_report}
+# DOIT_CONFIG keys a dodo may set and keep the fast path; of those, the ones that must be ours
+SAFE_CONFIG = set(DOIT_CONFIG) | {"verbosity", "failure_verbosity", "minversion"}
+OWN_CONFIG = ("dep_file", "backend", "check_file_uptodate", "reporter")
+
+
+def standalone(creator):
+    """Mark a task creator of a dodo's own (beside `from emitter.tasks import *`) as using none of
+    the zoo's tasks (no task_dep, setup or calc_dep naming them). A no-op over a settled zoo then
+    still hands doit only the report task and the dodo's own; a dodo with an unmarked creator has
+    doit load and check every task on every run (correct, only slower)."""
+    creator.zoo_standalone = True
+    return creator
+
+
+_FAST = []
+
+
+def _fast():
+    if not _FAST:
+        ours = {globals()[n] for n in __all__ if n.startswith("task_")}
+        ns = fastpath.dodo_namespace(zoo.ARGV, ROOT, globals())
+        _FAST.append(settled.fast() and fastpath.namespace_ok(ns, ours, DOIT_CONFIG, SAFE_CONFIG,
+                                                              OWN_CONFIG))
+        if not _FAST[0]:
+            settled.load_in_full()
+    return _FAST[0]
+
+
+def _tasks(base):
+    if TASKS is None:
+        return MAKERS[base]()
+    fast = _fast()
+    if base == "report":   # the one zoo task a fast run hands doit (a dodo's tasks may name it)
+        return TASKS["report"][0]
+    return None if fast else (t for t in TASKS[base])
+
+
+def _creator(base):
+    def creator():
+        return _tasks(base)
+    creator.__name__ = creator.__qualname__ = f"task_{base}"
+    creator.__doc__ = MAKERS[base].__doc__
+    return creator
+
+
+task_digest, task_weights, task_wmanifest, task_emit, task_lock, task_report = (
+    _creator(b) for b in ("digest", "weights", "wmanifest", "emit", "lock", "report"))
+
+TASKS = None
+if fastpath.plain_run(zoo.ARGV):
+    TASKS = {b: (lambda r: [r] if isinstance(r, dict) else list(r))(m()) for b, m in MAKERS.items()}
+    settled.whole(*fastpath.whole_parts(
+        TASKS, STAMPED, [f for files in CODE.values() for f in files],
+        [pc.weights for pc in PROGRAMS if pc.derive and not pc.error], PACKAGE, digests.env_text(),
+        ROOT), DOIT_CONFIG["dep_file"])

@@ -5,6 +5,8 @@ own; `build/` is made there. `logos doit list`, `-n 4`, `clean`, `info NAME` beh
 import os
 import sys
 
+ARGV = None   # doit's arguments when `logos doit` runs the tasks (emitter.tasks reads them at import)
+
 
 def main(argv):
     if os.path.isfile("dodo.py"):
@@ -15,6 +17,8 @@ def main(argv):
         print(f"logos doit: no programs/ folder in {os.getcwd()}: a zoo is programs/NAME.logos "
               "(with weights/NAME/ and programs/NAME.yaml where needed)", file=sys.stderr)
         return 2
+    global ARGV
+    ARGV = list(argv)
     from doit.cmd_base import ModuleTaskLoader
     from doit.doit_cmd import DoitMain
     from . import tasks

@@ -4,7 +4,7 @@ import os
 
 from ..verify import environment
 from ..verify.tolerances import tolerance
-from .files_io import uptodate_check, dumps, sha256_file, sha256_text, write_if_changed
+from .files_io import uptodate_check, dumps, sha256_file, sha256_text, stamp_targets, write_if_changed
 
 CODE = {
     "emit": ("files.py", "ops", "language", "sambaflow"),
@@ -57,6 +57,7 @@ def digest_current(task, values, target, files):
 
 def write_digest(target, files):
     write_if_changed(target, dumps(_digest_of(files)))
+    return stamp_targets([target])   # (what a plain run's stat snapshot records of it)
 
 
 @uptodate_check
@@ -64,18 +65,20 @@ def env_current(task, values, target):
     """Up to date when `target` holds this environment's fingerprint (python, numpy, torch, CPU)."""
     try:
         with open(target, encoding="utf-8") as f:
-            return f.read() == _env_text()
+            return f.read() == env_text()
     except OSError:
         return False
 
 
-def _env_text():
+def env_text():
+    """What build/digests/env.json holds for this environment."""
     fp = environment.fingerprint()
     return dumps({"fingerprint": fp, "digest": environment.digest(fp)})
 
 
 def write_env(target):
-    write_if_changed(target, _env_text())
+    write_if_changed(target, env_text())
+    return stamp_targets([target])
 
 
 def check_digest(dtype, steps, atol, rtol, weights, allow_nonfinite=(), bf16=None):

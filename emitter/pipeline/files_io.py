@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 
-from ..files import read_json, write_atomic
+from ..files import write_atomic
 
 
 def sha256_file(path):
@@ -83,52 +83,6 @@ def targets_intact(task, values):
                 return False
             os.utime(path, ns=(st.st_atime_ns, rec[0]))
     return True
-
-
-_SNAPSHOT = {}   # this run's: the file, what it held, and every task's stamped files
-
-
-def moved(snapshot, stamped):
-    """The names (of `stamped`: {name: [files]}) whose files' (mtime, size) differ from `snapshot`,
-    all of them when there is none. A task whose files did not move since a run last saw it up to
-    date (or ran it) needs no check this run: one stat per file, no hashing, no per-task doit
-    callable. `settle` renews the snapshot at the end of the run."""
-    old = read_json(snapshot)
-    old = old if isinstance(old, dict) else {}
-    _SNAPSHOT.update(path=snapshot, old=old, stamped=stamped)
-    out = set()
-    for name, files in stamped.items():
-        for f in files:
-            try:
-                st = os.stat(f)
-                now = [st.st_mtime_ns, st.st_size]
-            except OSError:
-                now = None
-            if old.get(f, False) != now:
-                out.add(name)
-                break
-    return out
-
-
-def settle(names):
-    """After a run: the snapshot takes the files of the tasks `names` (found up to date, or run
-    and succeeded) as they are now; every other task keeps what it had, so a task this run did
-    not check (not selected, failed) is checked next time."""
-    if not _SNAPSHOT:
-        return
-    snap = dict(_SNAPSHOT["old"])
-    for name in names:
-        for f in _SNAPSHOT["stamped"].get(name, ()):
-            try:
-                st = os.stat(f)
-                snap[f] = [st.st_mtime_ns, st.st_size]
-            except OSError:
-                snap.pop(f, None)
-    if snap != _SNAPSHOT["old"]:
-        try:
-            write_atomic(_SNAPSHOT["path"], json.dumps(snap))
-        except OSError:
-            pass
 
 
 def remove_dir(path):

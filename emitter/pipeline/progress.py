@@ -99,6 +99,7 @@ class ProgressReporter(ConsoleReporter):
         self.tasks, self.reachable, self.failed_tasks = {}, [], {}
         self.work, self.bar = Work([]), None
         self.settled = []   # tasks found up to date or run with success: their files are as checked
+        self.uptodate = []
 
     def initialize(self, tasks, selected_tasks):
         self.tasks = tasks
@@ -173,6 +174,7 @@ class ProgressReporter(ConsoleReporter):
 
     def skip_uptodate(self, task):
         self.settled.append(task.name)
+        self.uptodate.append(task.name)
         if _counted(task):
             self.done += 1
             self.work.finish(task.name, time.monotonic())
@@ -189,8 +191,13 @@ class ProgressReporter(ConsoleReporter):
     def complete_run(self):
         self._tick(final=True)
         self._report_failures()
-        from .files_io import settle
-        settle(self.settled)
+        from .settled import settle
+        up = set(self.uptodate)
+        ran = {n: self.tasks[n].values for n in self.settled if n not in up and n in self.tasks}
+        complete = not self.failed_tasks and set(self.reachable) <= set(self.settled)
+        note = settle(self.settled, up, ran, complete)
+        if note:
+            self.write(note)
         super().complete_run()
 
     def _report_failures(self):

@@ -114,7 +114,10 @@ def load_yaml(path, shown=None, cache=None):
     shown = shown or path
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_CONFIG_BYTES + 1)
+            # a small read first: read(1 MB) sets aside 1 MB for each of a zoo's thousand configs
+            data = f.read(1 << 16)
+            if len(data) == 1 << 16:
+                data += f.read(MAX_CONFIG_BYTES + 1 - len(data))
     except OSError as e:
         raise ConfigError(f"cannot read the config: {e.strerror or e}", None, shown) from None
     if len(data) > MAX_CONFIG_BYTES:

@@ -1,0 +1,181 @@
+"""A no-op over a settled zoo: a plain `doit` after a run that settled every task it reached hands
+doit the report task alone (`emitter.pipeline.settled`, `fastpath`); whatever moved since has doit
+load every task again, so exactly the tasks that should rerun do. Real doit runs in a temporary
+copy of a small zoo, and the snapshot's rules checked on files directly."""
+
+import json
+import os
+import sys
+import time
+
+import test_pipeline
+from emitter.pipeline import fastpath, files_io, settled
+from test_pipeline import ALL_A_B, PROG_B, doit
+
+FAST = "nothing moved since the last run"
+zoo = test_pipeline.zoo   # the fixture: programs a (with weights, two dtypes) and b
+
+
+def test_a_settled_noop_is_fast_and_whatever_moved_reruns_its_tasks(zoo):
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and ran == ALL_A_B and FAST not in out, out
+    rc, ran, out = doit(zoo)                         # the build settled every task: fast at once
+    assert (rc, ran) == (0, set()) and FAST in out, out
+
+    with open(zoo / "programs/b.logos", "a") as f:   # an edited program: its tasks only
+        f.write("Let z be sigmoid of y.\n")
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, {"emit:b", "lock:b", "report"}) and FAST not in out, out
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, set()) and FAST in out, out
+
+    result = zoo / "build/results/a/float32.json"    # a result edited by hand (same size)
+    locked = result.read_text()
+    result.write_text(locked.replace('"pass"', '"PASS"', 1))
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and "lock:a" in ran and not ran & {"emit:a", "wmanifest:a", "lock:b"}, out
+    assert json.loads(result.read_text())["verdict"] == "pass"
+
+    (zoo / "weights/a/extra.f64").write_bytes(b"\0" * 8)    # a weight file added
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and {"wmanifest:a", "lock:a"} <= ran and "emit:a" not in ran, out
+
+    (zoo / "programs/c.logos").write_text(PROG_B)     # a new program
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and {"emit:c", "lock:c", "report"} <= ran and not ran & {"emit:a", "emit:b"}, out
+
+    rc, _, out = doit(zoo, "forget", "lock:b")       # doit's own DB changed under the snapshot
+    assert rc == 0, out
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and "lock:b" in ran and FAST not in out, out
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, set()) and FAST in out, out
+
+    now = time.time() + 5                            # touched, unchanged: checked in full, no rerun
+    os.utime(zoo / "programs/a.logos", (now, now))
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, set()) and FAST not in out, out
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, set()) and FAST in out, out
+
+
+STANDALONE = '''
+DOIT_CONFIG = {**DOIT_CONFIG, "default_tasks": DOIT_CONFIG["default_tasks"] + ["notes"]}
+
+
+@standalone
+def task_notes():
+    return {"actions": ["cp notes.txt build/notes.copy"], "file_dep": ["notes.txt"],
+            "targets": ["build/notes.copy"]}
+'''
+
+NAMES_A_LOCK = '''
+
+def task_after_lock():
+    return {"actions": ["touch build/after"], "task_dep": ["lock:a"], "targets": ["build/after"]}
+'''
+
+
+def test_a_dodos_own_tasks_are_checked_and_an_unmarked_one_keeps_the_full_load(zoo):
+    (zoo / "notes.txt").write_text("one\n")
+    with open(zoo / "dodo.py", "a") as f:
+        f.write(STANDALONE)
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and ran == ALL_A_B | {"notes"}, out
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, set()) and FAST in out, out
+    (zoo / "notes.txt").write_text("two\n")          # the dodo's own task is still checked
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, {"notes"}), out
+    assert (zoo / "build/notes.copy").read_text() == "two\n"
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, set()), out
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, set()) and FAST in out, out
+
+    with open(zoo / "dodo.py", "a") as f:            # a creator that names a zoo task, unmarked
+        f.write(NAMES_A_LOCK)
+    rc, ran, out = doit(zoo, "after_lock")
+    assert rc == 0 and ran == {"after_lock"}, out
+    for _ in range(2):                               # every run loads every task: no missing task_dep
+        rc, ran, out = doit(zoo)
+        assert (rc, ran) == (0, set()) and FAST not in out, out
+
+
+def _run(tmp_path, uptodate, values=None, complete=True, edit=None):
+    """One run over the files of `tmp_path`: load, `edit` (during the run), settle; whether the
+    run found the zoo as a complete plain run left it."""
+    settled.begin("snap.json", {"t": ["out.txt"]})
+    fast = settled.whole("graph", {"t": ["out.txt"]}, {"src.txt": None}, "db")
+    if edit:
+        edit()
+    settled.settle(["t"], uptodate, values, complete)
+    return fast
+
+
+def _write(path, text, mtime_s):
+    with open(path, "w") as f:
+        f.write(text)
+    os.utime(path, (mtime_s, mtime_s))
+
+
+def test_the_snapshot_records_files_as_checked_never_as_found_at_the_end(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("src.txt", "out.txt", "db"):
+        _write(name, "0", 1000)
+    up = {"t"}
+    assert not _run(tmp_path, up)                    # no snapshot yet
+    assert _run(tmp_path, up) and _run(tmp_path, up)
+
+    # an input edited during a run, after doit checked it: the next run loads in full
+    _write("src.txt", "1", 2000)
+    assert not _run(tmp_path, up, edit=lambda: _write("src.txt", "2", 2500))
+    assert not _run(tmp_path, up)
+    assert _run(tmp_path, up)
+
+    # a task that ran counts its file as its action stamped it: an edit after the stamp shows,
+    # and the task gets its integrity check
+    _write("src.txt", "3", 3000)
+    stamps = files_io.stamp_targets(["out.txt"])
+    assert not _run(tmp_path, set(), {"t": stamps}, edit=lambda: _write("out.txt", "x", 3500))
+    assert settled.begin("snap.json", {"t": ["out.txt"]}) == {"t"}
+    assert not _run(tmp_path, up)
+    assert _run(tmp_path, up)
+
+    # a fast run in which the task ran after all drops the digest
+    assert _run(tmp_path, set(), {"t": files_io.stamp_targets(["out.txt"])})
+    assert not _run(tmp_path, up) and _run(tmp_path, up)
+
+    # a task that ran without stamping what it wrote leaves no digest, even with nothing edited
+    _write("src.txt", "4", 4000)
+    assert not _run(tmp_path, set(), {"t": {}})
+    assert not _run(tmp_path, up) and _run(tmp_path, up)
+
+    # a run that is not complete (not plain, a failure, a task not reached) writes none
+    _write("src.txt", "5", 5000)
+    assert not _run(tmp_path, up, complete=False)
+    assert not _run(tmp_path, up) and _run(tmp_path, up)
+
+    _write("db", "1", 6000)                          # doit's DB moved
+    assert not _run(tmp_path, up) and _run(tmp_path, up)
+
+
+def test_only_a_plain_doit_takes_the_fast_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    doit_main = os.path.join(os.sep, "venv", "lib", "doit", "__main__.py")
+    for argv, zoo_argv, plain in ((["/venv/bin/doit"], None, True), ([doit_main], None, True),
+                                  (["/venv/bin/doit", "-n", "2"], None, False),
+                                  (["/venv/bin/doit", "lock:a"], None, False),
+                                  (["/venv/bin/doit", "executor=dask:local"], None, False),
+                                  (["pytest", "tests"], None, False),
+                                  (["/venv/bin/logos", "doit"], [], True),
+                                  (["/venv/bin/logos", "doit", "list"], ["list"], False)):
+        monkeypatch.setattr(sys, "argv", argv)
+        assert fastpath.plain_run(zoo_argv) is plain, argv
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/doit"])
+    (tmp_path / "pyproject.toml").write_text("[tool.doit]\nverbosity = 2\n")   # options there
+    assert not fastpath.plain_run(None)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert fastpath.plain_run(None)
+    (tmp_path / "doit.cfg").write_text("[GLOBAL]\n")
+    assert not fastpath.plain_run(None)
