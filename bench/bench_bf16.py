@@ -1,8 +1,9 @@
 """The bfloat16 gate against planted bugs: each bug of tests/bf16_bugs.py planted into the real
 bundles of smollm2 and qwen38 (in a layer and from a start token chosen by the seed), and the good
 bundles from the same seeds; prints, per bug and program, how many seeds the gate caught it on and
-on how many the bug moved any bf16 value the module computes at all (a bug that changes no bit of
-what bf16 computes is beyond any bf16 gate: the float64 lock, the semantic gate, is its catcher),
+on how many the bug moved any bf16 value the module computes at all, and how many values it moved
+(fewest-most over the seeds: a bug that changes no bit of what bf16 computes is beyond any bf16
+gate, and one value is beyond telling from noise; the float64 lock, the semantic gate, catches them),
 the false-alarm rate, and the bf16 lock's time beside the float32 lock's (wall and CPU seconds,
 medians over the seeds, measured in the same run).
 
@@ -13,7 +14,6 @@ the first step of a decode attends to one key, where softmax's precision and sca
 """
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -47,22 +47,27 @@ def weights_from(src, dst, tok_name, token):
 
 
 class Prints:
-    """A digest of every value the module computed in the probe passes (each op on the VM's
-    inputs), by step and stage: two bundles whose prints agree computed the same bits."""
+    """Every value the module computed in the probe passes (each op on the VM's inputs), by step
+    and stage, as float32 (which holds bf16 and fp32 values exactly): two bundles whose prints
+    agree computed the same bits; `changed` counts the values where they do not."""
 
     def __init__(self):
-        self.digests, self._gate_step = {}, bf16.gate_step
+        self.values, self._gate_step = {}, bf16.gate_step
 
     def __enter__(self):
         def spy(torch, program, current, trace, probe, gate, step, label):
             for i, v in probe.values.items():
-                self.digests[(step, i)] = hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()
+                self.values[(step, i)] = np.asarray(v, dtype=np.float32).reshape(-1)
             return self._gate_step(torch, program, current, trace, probe, gate, step, label)
         bf16.gate_step = spy
         return self
 
     def __exit__(self, *exc):
         bf16.gate_step = self._gate_step
+
+    def changed(self, other):
+        return sum(int(np.count_nonzero(v != other.values[k])) if k in other.values else v.size
+                   for k, v in self.values.items())
 
 
 def timed_lock(bundle, path, weights, dtype, steps):
@@ -118,20 +123,28 @@ def main(argv=None):
                         f.write(mutated)
                     with Prints() as prints:
                         r = lock_bundle(bad, path, w, "bfloat16", args.steps)
-                    got = out["caught"].setdefault(f"{name}: {bug}", {"caught": 0, "visible": 0, "planted": 0})
-                    visible = prints.digests != clean.digests
+                    got = out["caught"].setdefault(f"{name}: {bug}", {"caught": 0, "visible": 0, "planted": 0,
+                                                                      "values": []})
+                    changed = prints.changed(clean)
+                    visible = changed > 0
                     got["caught"] += r["verdict"] == "fail"
                     got["visible"] += visible
                     got["planted"] += 1
-                    if visible and r["verdict"] != "fail":
-                        print(f"missed: {name} {bug} seed {seed} (layer {layer}, token {token}): "
+                    got["values"].append(changed)
+                    if r["verdict"] != "fail":   # then the semantic gate's verdict on it
+                        f64 = lock_bundle(bad, path, w, "float64", args.steps)["verdict"] == "fail"
+                        got["float64"] = got.get("float64", 0) + f64
+                        print(f"missed: {name} {bug} seed {seed} (layer {layer}, token {token}, {changed} "
+                              f"values changed; float64 lock {'fails' if f64 else 'passes'} it): "
                               f"{r['verdict']} {r['reason']} {r.get('bf16')}", file=sys.stderr)
             out["false_alarms"][name] = f"{alarms}/{args.seeds}"
             sec = {d: round(float(np.median(t)), 2) for d, t in times.items()}
             sec["ratio"] = round(sec["bfloat16"] / sec["float32"], 2)
             sec["cpu ratio"] = round(sec["bfloat16 cpu"] / sec["float32 cpu"], 2)
             out["seconds"][name] = sec
-        out["caught"] = {k: f"{v['caught']}/{v['planted']} caught, {v['visible']}/{v['planted']} visible in bf16"
+        out["caught"] = {k: f"{v['caught']}/{v['planted']} caught, {v['visible']}/{v['planted']} visible in bf16 "
+                            f"({min(v['values'])}-{max(v['values'])} values changed)"
+                            + (f", the float64 lock fails {v['float64']} of the missed" if "float64" in v else "")
                          for k, v in out["caught"].items()}
         print(json.dumps(out, indent=1))
     finally:
