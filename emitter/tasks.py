@@ -348,9 +348,10 @@ def _make_report():
     }
 
 # --- what doit is handed --------------------------------------------------------------------------
-# A plain `doit` works out every task here, then checks the stat snapshot (`pipeline.settled`):
-# when a complete plain run left the zoo as it is now, doit gets the report task alone (and the
-# dodo's own `standalone` tasks); otherwise every task, as any other command does.
+# A plain `doit` works out every task here, then compares with the stat snapshot of the last
+# complete plain run (`pipeline.settled`): doit is handed the report task, the dodo's own
+# `standalone` tasks and only those of the zoo's whose files moved since (and what follows them);
+# every task when anything it cannot vouch for changed, as any other command gets.
 
 MAKERS = {"digest": _make_digest, "weights": _make_weights, "wmanifest": _make_wmanifest,
           "emit": _make_emit, "lock": _make_lock, "report": _make_report}
@@ -361,34 +362,40 @@ OWN_CONFIG = ("dep_file", "backend", "check_file_uptodate", "reporter")
 
 def standalone(creator):
     """Mark a task creator of a dodo's own (beside `from emitter.tasks import *`) as using none of
-    the zoo's tasks (no task_dep, setup or calc_dep naming them). A no-op over a settled zoo then
-    still hands doit only the report task and the dodo's own; a dodo with an unmarked creator has
-    doit load and check every task on every run (correct, only slower)."""
+    the zoo's tasks (no task_dep, setup or calc_dep naming them). A plain run over a settled zoo
+    then still hands doit only the zoo's tasks whose files moved (the report task alone on a
+    no-op) and the dodo's own; a dodo with an unmarked creator has doit load and check every task
+    on every run (correct, only slower)."""
     creator.zoo_standalone = True
     return creator
 
 
-_FAST = []
+_HANDED = []
 
 
-def _fast():
-    if not _FAST:
+def _handed():
+    """None (hand doit every task) or the names of the zoo's tasks to hand it beside the report."""
+    if not _HANDED:
         ours = {globals()[n] for n in __all__ if n.startswith("task_")}
         ns = fastpath.dodo_namespace(zoo.ARGV, ROOT, globals())
-        _FAST.append(settled.fast() and fastpath.namespace_ok(ns, ours, DOIT_CONFIG, SAFE_CONFIG,
-                                                              OWN_CONFIG))
-        if not _FAST[0]:
+        ok = settled.handed() is not None and fastpath.namespace_ok(ns, ours, DOIT_CONFIG,
+                                                                     SAFE_CONFIG, OWN_CONFIG)
+        if not ok:
             settled.load_in_full()
-    return _FAST[0]
+        _HANDED.append(settled.handed())
+    return _HANDED[0]
 
 
 def _tasks(base):
     if TASKS is None:
         return MAKERS[base]()
-    fast = _fast()
-    if base == "report":   # the one zoo task a fast run hands doit (a dodo's tasks may name it)
+    handed = _handed()
+    if base == "report":   # always handed (a dodo's own tasks may name it)
         return TASKS["report"][0]
-    return None if fast else (t for t in TASKS[base])
+    if handed is None:
+        return (t for t in TASKS[base])
+    ts = [t for t in TASKS[base] if fastpath.task_name(base, t) in handed]
+    return (t for t in ts) if ts else None
 
 
 def _creator(base):
@@ -405,7 +412,9 @@ task_digest, task_weights, task_wmanifest, task_emit, task_lock, task_report = (
 TASKS = None
 if fastpath.plain_run(zoo.ARGV):
     TASKS = {b: (lambda r: [r] if isinstance(r, dict) else list(r))(m()) for b, m in MAKERS.items()}
-    settled.whole(*fastpath.whole_parts(
-        TASKS, STAMPED, [f for files in CODE.values() for f in files],
-        [pc.weights for pc in PROGRAMS if pc.derive and not pc.error], PACKAGE, digests.env_text(),
-        ROOT), DOIT_CONFIG["dep_file"])
+    # what the tasks' uptodate callables read beyond their file deps
+    READS = {f"digest:{kind}": files for kind, files in CODE.items()}
+    READS.update({f"wmanifest:{pc.name}": weights.weight_files(pc.weights) for pc in PROGRAMS
+                  if pc.derive and not pc.error})
+    settled.whole(*fastpath.whole_parts(TASKS, STAMPED, READS, PACKAGE, digests.env_text(), ROOT),
+                  DOIT_CONFIG["dep_file"])

@@ -103,14 +103,15 @@ def test_a_dodos_own_tasks_are_checked_and_an_unmarked_one_keeps_the_full_load(z
 
 
 def _run(tmp_path, uptodate, values=None, complete=True, edit=None):
-    """One run over the files of `tmp_path`: load, `edit` (during the run), settle; whether the
-    run found the zoo as a complete plain run left it."""
+    """One plain run over one task `t` (reads src.txt, writes out.txt): load, `edit` (during the
+    run), settle; whether doit was handed the report alone (nothing moved since the last run)."""
     settled.begin("snap.json", {"t": ["out.txt"]})
-    fast = settled.whole("graph", {"t": ["out.txt"]}, {"src.txt": None}, "db")
+    handed = settled.whole("env", {"t": "graph"}, {"t": ["out.txt"]}, {"t": ["src.txt"]},
+                           {"t": []}, ["code.py"], "db")
     if edit:
         edit()
     settled.settle(["t"], uptodate, values, complete)
-    return fast
+    return handed == set()
 
 
 def _write(path, text, mtime_s):
@@ -121,7 +122,7 @@ def _write(path, text, mtime_s):
 
 def test_the_snapshot_records_files_as_checked_never_as_found_at_the_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    for name in ("src.txt", "out.txt", "db"):
+    for name in ("src.txt", "out.txt", "db", "code.py"):
         _write(name, "0", 1000)
     up = {"t"}
     assert not _run(tmp_path, up)                    # no snapshot yet
@@ -142,11 +143,11 @@ def test_the_snapshot_records_files_as_checked_never_as_found_at_the_end(tmp_pat
     assert not _run(tmp_path, up)
     assert _run(tmp_path, up)
 
-    # a fast run in which the task ran after all drops the digest
+    # a run in which the task ran and stamped what it wrote: the next one is a no-op again
     assert _run(tmp_path, set(), {"t": files_io.stamp_targets(["out.txt"])})
-    assert not _run(tmp_path, up) and _run(tmp_path, up)
+    assert _run(tmp_path, up)
 
-    # a task that ran without stamping what it wrote leaves no digest, even with nothing edited
+    # a task that ran without stamping what it wrote leaves no record, even with nothing edited
     _write("src.txt", "4", 4000)
     assert not _run(tmp_path, set(), {"t": {}})
     assert not _run(tmp_path, up) and _run(tmp_path, up)
@@ -158,6 +159,59 @@ def test_the_snapshot_records_files_as_checked_never_as_found_at_the_end(tmp_pat
 
     _write("db", "1", 6000)                          # doit's DB moved
     assert not _run(tmp_path, up) and _run(tmp_path, up)
+    _write("code.py", "1", 7000)                     # the tasks' code
+    assert not _run(tmp_path, up) and _run(tmp_path, up)
+
+
+# a small zoo's graph: e1 -> l1, e2 -> l2, both -> report; w names e1 (a task_dep)
+GRAPH = {"e1": (["p1"], ["s1"], []), "l1": (["s1", "d"], ["r1"], []), "e2": (["p2"], ["s2"], []),
+         "l2": (["s2", "d"], ["r2"], []), "report": (["r1", "r2"], ["rep"], []),
+         "w": (["x"], ["wx"], ["e1"])}
+
+
+def _whole(specs=None):
+    settled.begin("snap.json", {})
+    specs = specs or {t: "spec" for t in GRAPH}
+    return settled.whole("env", specs, {t: g[1] for t, g in GRAPH.items()},
+                         {t: g[0] for t, g in GRAPH.items()}, {t: g[2] for t, g in GRAPH.items()},
+                         ["code.py"], "db")
+
+
+def test_a_plain_run_hands_doit_what_moved_and_what_follows_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    files = sorted({f for g in GRAPH.values() for f in g[0] + g[1]} | {"code.py", "db"})
+    for i, name in enumerate(files):
+        _write(name, "0", 1000 + i)
+
+    def settle_all():
+        settled.settle(list(GRAPH), set(GRAPH), None, True)
+
+    assert _whole() is None                          # nothing recorded yet: every task
+    settle_all()
+    assert _whole() == set()                         # a no-op: the report alone
+    _write("p2", "1", 2000)                          # a program edited: its emit, lock, the report
+    assert _whole() == {"e2", "l2", "report"}
+    settle_all()
+    _write("s1", "1", 2001)                          # a status edited: its emit (its integrity
+    assert _whole() == {"e1", "l1", "report", "w"}   # check) and what follows; what names e1
+    settle_all()
+    _write("d", "1", 2002)                           # a file both locks read
+    assert _whole() == {"l1", "l2", "report"}
+    settle_all()
+    os.unlink("r2")                                  # a target gone
+    assert _whole() == {"l2", "report"}
+    settle_all()
+    assert _whole({**{t: "spec" for t in GRAPH}, "l1": "other deps"}) == {"l1", "report"}
+    settle_all()
+    assert _whole() == {"l1", "report"}              # (back to the first entry: changed again)
+    settled.settle(list(GRAPH), set(GRAPH) - {"l1"}, {"l1": {}}, True)   # l1 ran, no stamps
+    assert _whole() is None
+    settle_all()
+    _write("w", "1", 2003)                           # a file no task reads or writes
+    assert _whole() == set()
+    settle_all()
+    _write("code.py", "1", 2004)                     # the tasks' own code: every task
+    assert _whole() is None
 
 
 def test_only_a_plain_doit_takes_the_fast_path(tmp_path, monkeypatch):

@@ -1,6 +1,6 @@
-"""What a plain `doit` over the zoo needs to skip doit's per-task work when nothing moved: whether
-the run is a plain one, the whole-run digest's parts (`settled.whole`) from the zoo's tasks, and
-whether the dodo's own task creators and settings allow handing doit the report task alone.
+"""What a plain `doit` over the zoo needs to hand doit only the tasks whose files moved: whether the
+run is a plain one, what `settled.whole` compares (from the zoo's tasks), and whether the dodo's
+own task creators and settings allow handing doit fewer than every task.
 
 A plain run is `doit` or `logos doit` with no argument at all (the default tasks, no option, no
 variable) and no doit config file that could set an option; anything else loads every task."""
@@ -8,7 +8,7 @@ variable) and no doit config file that could set an option; anything else loads 
 import os
 import sys
 
-from . import files_io, weights
+from . import files_io
 
 
 def plain_run(zoo_argv):
@@ -41,32 +41,29 @@ def _uptodate_spec(us):
             for u in us if u is not files_io.targets_intact]
 
 
-def whole_parts(tasks, stamped, code_files, derived_weights, package, env_text, root):
-    """(key, made, read) for `settled.whole`: the graph of `tasks` ({base: [task dicts]}) and the
-    environment as text, the files each task writes (its targets and `stamped` files), and every
-    other file the checks read: file deps, the code digests' `code_files`, the `derived_weights`
-    directories' files, the `package`'s own code, the dodo. Dicts, not sets: their order is the
-    digest's, the same on every run."""
+def whole_parts(tasks, stamped, extra_reads, package, env_text, root):
+    """What `settled.whole` compares, from the zoo's `tasks` ({base: [task dicts]}): the text of
+    what all of them depend on (the environment, doit), each task's graph entry as text, the files
+    it writes (targets and `stamped` files) and reads (file deps and `extra_reads`, the files its
+    `uptodate` callables read), the tasks it names, and the files every task depends on (the
+    `package`'s own code, the dodo). Dicts and lists, no sets: their order is the same every run."""
     from doit import __version__ as doit_version
-    lines = [repr((root, sys.executable, doit_version, env_text))]
-    made, read = {}, {}
+    key = repr((root, sys.executable, doit_version, env_text))
+    specs, made, reads, named = {}, {}, {}, {}
     for base, ts in tasks.items():
         for t in ts:
             name = task_name(base, t)
-            deps = list(t.get("file_dep", ()))
-            lines.append(repr((name, deps, list(t.get("targets", ())), list(t.get("task_dep", ())),
-                               list(t.get("setup", ())), list(t.get("calc_dep", ())),
-                               _uptodate_spec(t.get("uptodate", ())))))
+            names = list(t.get("task_dep", ())) + list(t.get("setup", ())) + list(t.get("calc_dep", ()))
+            specs[name] = repr((list(t.get("file_dep", ())), list(t.get("targets", ())), names,
+                                _uptodate_spec(t.get("uptodate", ()))))
             made[name] = list(t.get("targets", ())) + stamped.get(name, [])
-            read.update(dict.fromkeys(deps))
-    read.update(dict.fromkeys(code_files))
-    for d in derived_weights:   # what `weights.weights_current` lists
-        read.update(dict.fromkeys(weights.weight_files(d)))
+            reads[name] = list(t.get("file_dep", ())) + extra_reads.get(name, [])
+            named[name] = names
+    shared = []
     for dirpath, dirnames, filenames in os.walk(package):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        read.update(dict.fromkeys(os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")))
-    read.update(dict.fromkeys(("dodo.py", "pyproject.toml")))
-    return "\n".join(lines), made, read
+        shared += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
+    return key, specs, made, reads, named, shared + ["dodo.py", "pyproject.toml"]
 
 
 def dodo_namespace(zoo_argv, root, own):

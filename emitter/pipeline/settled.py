@@ -1,22 +1,22 @@
 """The stat snapshot of a settled zoo, `build/.stamps.json`, renewed at the end of each run.
 
-It serves two checks, both of them only ever skipping work that doit would find up to date:
+It serves two checks, both of them only ever leaving out work that doit would find up to date:
 
 - per task (`begin`): a task whose stamped files did not move since a run last found it up to date
   or ran it needs no integrity check (`files_io.targets_intact`) this run;
-- whole run (`whole`): a plain `doit` (the default tasks, no options) that found every task it
-  reached up to date, or ran it, also keeps a digest of all that doit's checks read: the graph of
-  tasks (names, file deps, targets, task deps, `uptodate` arguments), the (mtime, size) of every
-  file the tasks depend on, make or stamp, of the code and of the dodo, the dependency DB and the
-  environment's fingerprint. A later plain run whose digest is the same has nothing to run: the
-  zoo then hands doit only its report task (see `emitter.tasks`), and a no-op costs a stat per
-  file instead of doit's work per task.
+- per run (`whole`): a plain `doit` (the default tasks, no options) that found every task it
+  reached up to date, or ran it, also records what doit's checks read: each task's graph entry
+  (file deps, targets, the tasks it names, `uptodate` arguments), the (mtime, size) of every file
+  the tasks read, write or stamp, of the tasks' own code and of the dodo, the dependency DB and
+  the environment. A later plain run hands doit only the tasks whose entry or files changed since,
+  and what follows them (see `whole`); when nothing moved, the report task alone, so a no-op costs
+  a stat per file instead of doit's work per task. A changed environment, DB or code: every task.
 
-What the digest records is never a stat taken after the check it stands for: a file no task of the
-run wrote counts as it was when the run began (doit checked it later, so a file edited meanwhile
-differs from the record and the next run checks it in full), a file a task wrote counts as its
-action stamped it right after writing (`files_io.stamp_targets`); a task that wrote files without
-stamps leaves no digest, and the next plain run checks everything.
+What is recorded is never a stat taken after the check it stands for: a file no task of the run
+wrote counts as it was when the run began (doit checked it later, so a file edited meanwhile
+differs from the record and the next run checks it), a file a task wrote counts as its action
+stamped it right after writing (`files_io.stamp_targets`); a task that wrote files without stamps
+leaves no record, and the next plain run hands doit every task.
 """
 
 import hashlib
@@ -24,7 +24,7 @@ import os
 
 from ..files import read_json, write_atomic
 
-VERSION = 2
+VERSION = 3
 _RUN = {}   # this run's: the snapshot file, what it held, the stats taken at load, the digest's parts
 
 
@@ -54,37 +54,72 @@ def begin(snapshot, stamped):
     return out
 
 
-def _digest(key, stats, db):
-    """sha256 of the parts, the stats in their order (the same graph lists its files in the same
-    order: no sorting of thousands of paths on every run)."""
-    text = "\0".join(f"{f}\0{st}" for f, st in stats.items())
-    return hashlib.sha256(f"{key}\0{db}\0{text}".encode("utf-8", "surrogateescape")).hexdigest()
+def _sha(text):
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def whole(key, made, files, db):
-    """Whether the zoo is as a complete plain run last left it: `key` (text) stands for the graph
-    and the environment, `made` ({task: [files it writes]}) and `files` (every other file the
-    checks read) are stat'ed now, `db` is doit's dependency file. Call it only on a plain run."""
+def whole(key, specs, made, reads, named, shared, db):
+    """Which tasks a plain run must hand doit: None for every task, else the names of those whose
+    check could come out otherwise than in the last complete plain run (possibly none: the report
+    alone then goes to doit). `key` (text): what every task depends on (the environment, doit);
+    `specs` ({task: text}): each task's graph entry; `made`, `reads` ({task: [files]}): the files
+    it writes and reads; `named` ({task: [task names]}): its task_dep, setup and calc_dep;
+    `shared`: files every task depends on (the tasks' own code, the dodo); `db`: doit's
+    dependency file. A task is handed when its entry is new or changed, a file of its own moved,
+    or it follows one handed (reads what it writes, or names it); and what a handed task names,
+    so doit knows every task it is given a name of. Call it only on a plain run."""
     if not _RUN:
         raise RuntimeError("settled.begin first")
     now = _RUN["now"]
-    for paths in (*made.values(), files):
-        for f in paths:
-            if f not in now:
-                now[f] = stat(f)
-    _RUN.update(key=key, made=made, db=db, fast=False)
-    _RUN["fast"] = _RUN["old"].get("settled") == _digest(key, now, stat(db))
-    return _RUN["fast"]
+    for group in (made, reads):
+        for paths in group.values():
+            for f in paths:
+                if f not in now:
+                    now[f] = stat(f)
+    for f in shared:
+        if f not in now:
+            now[f] = stat(f)
+    hashes = {t: _sha(text)[:16] for t, text in specs.items()}   # (64 bits: to see an edit)
+    _RUN.update(key=_sha(key), specs=hashes, made=made, db=db, shared=list(shared), handed=None)
+    v = _RUN["old"].get("verified")
+    if not isinstance(v, dict) or v.get("key") != _RUN["key"] or v.get("db") != stat(db):
+        return None
+    was, old_specs = v.get("stats") or {}, v.get("specs") or {}
+    if any(now[f] != was.get(f, False) for f in shared):
+        return None
+    todo = [t for t in specs if old_specs.get(t) != hashes[t]
+            or any(now[f] != was.get(f, False) for f in made[t])
+            or any(now[f] != was.get(f, False) for f in reads[t])]
+    handed = set()
+    if todo:   # what follows a handed task: it reads a file that one writes, or names it
+        maker = {f: t for t, fs in made.items() for f in fs}
+        after = {}
+        for t in specs:
+            for u in {maker.get(f) for f in reads[t]} | set(named[t]):
+                after.setdefault(u, []).append(t)
+        while todo:
+            t = todo.pop()
+            if t not in handed:
+                handed.add(t)
+                todo.extend(after.get(t, ()))
+        todo = [u for t in handed for u in named[t]]
+        while todo:   # what a handed task names comes along (doit finds it up to date)
+            u = todo.pop()
+            if u not in handed and u in specs:
+                handed.add(u)
+                todo.extend(named[u])
+    _RUN["handed"] = handed
+    return handed
 
 
-def fast():
-    """Whether `whole` found the zoo as a complete plain run left it (and nobody since refused)."""
-    return bool(_RUN.get("fast"))
+def handed():
+    """What `whole` found: None (every task) or the tasks to hand doit beside the report."""
+    return _RUN.get("handed")
 
 
 def load_in_full():
     """The run loads every task after all (the dodo has creators that may use them)."""
-    _RUN["fast"] = False
+    _RUN["handed"] = None
 
 
 def settle(settled, uptodate=(), values=None, complete=False):
@@ -93,16 +128,18 @@ def settle(settled, uptodate=(), values=None, complete=False):
     stamped them for the tasks that ran (`values`: {task: its doit values}); every other task keeps
     what it had, so a task this run did not check (not selected, failed) is checked next time.
 
-    `complete`: a plain run that reached no failure and settled every task it reached. Then the
-    whole-run digest is renewed; a run that loaded the zoo in full keeps the digest it found, and a
-    fast run (`whole` matched) in which anything ran or failed drops it. Returns a line for the
-    run's output when the run was a fast one, else None."""
+    `complete`: a plain run that reached no failure and settled every task it reached. Then what
+    the next plain run compares with is renewed: every file as this run checked it (see the
+    module's doc), each task's graph entry, the dependency DB as doit left it. A plain run that is
+    not complete drops it (the next one hands doit every task); other runs keep it (what they
+    change, they change in files or in the DB). Returns a line for the run's output when doit was
+    handed fewer tasks than the zoo has, else None."""
     if not _RUN:
         return None
     uptodate, values = set(uptodate), values or {}
     files, now = dict(_RUN["files"]), _RUN["now"]
-    verified = dict(now)          # what the whole-run digest records: see the module's doc
-    whole_ok = "key" in _RUN and complete
+    stats = dict(now)             # every file as this run checked it
+    ok = "key" in _RUN and complete
     for name in settled:
         ran = name not in uptodate
         stamps = (values.get(name) or {}).get("targets") if ran else None
@@ -116,25 +153,29 @@ def settle(settled, uptodate=(), values=None, complete=False):
         if ran and "made" in _RUN:
             for f in _RUN["made"].get(name, ()):
                 if f in stamps:
-                    verified[f] = _stamp(stamps[f])
-                    whole_ok = whole_ok and verified[f] is not None
+                    stats[f] = _stamp(stamps[f])
+                    ok = ok and stats[f] is not None
                 else:   # a file the action did not stamp counts only if it removed it
-                    verified[f] = None
-                    whole_ok = whole_ok and stat(f) is None
-    snap = {"version": VERSION, "files": files, "settled": _RUN["old"].get("settled")}
-    fast = _RUN.get("fast")
-    if fast and (not complete or set(settled) - uptodate):
-        snap["settled"] = None   # a fast run ran something after all: the next one loads in full
-    elif whole_ok and not fast:
-        snap["settled"] = _digest(_RUN["key"], verified, stat(_RUN["db"]))
+                    stats[f] = None
+                    ok = ok and stat(f) is None
+    snap = {"version": VERSION, "files": files, "verified": _RUN["old"].get("verified")}
+    if ok:
+        snap["verified"] = {"key": _RUN["key"], "db": stat(_RUN["db"]), "specs": _RUN["specs"],
+                            "stats": stats}
+    elif "key" in _RUN:
+        snap["verified"] = None
     if snap != _RUN["old"]:
         try:
             write_atomic(_RUN["path"], _dumps(snap))
         except OSError:
             pass
-    if fast and snap["settled"]:
+    handed = _RUN.get("handed")
+    if handed is None or not ok:
+        return None
+    if not handed and not set(settled) - uptodate:
         return "nothing moved since the last run: every task is up to date\n"
-    return None
+    return (f"{len(handed | {'report'})} of {len(_RUN['specs'])} tasks handed to doit: the others "
+            "did not move since the last run\n")
 
 
 def _stamp(rec):
