@@ -10,6 +10,11 @@ doit's command-line variables choose where locks run and whether verdicts are sh
 "Beyond one machine"): `executor=inline|dask:local|dask:tcp://HOST:PORT`, `workers=N` (a local
 cluster's), `threads=N` (per lock; default 1) and `cache=URL` (a signed verdict cache, with the
 key in LOGOS_CACHE_KEY).
+
+A plain `doit` (no arguments) hands doit only the tasks whose files moved since the last complete
+plain run, the report task alone on a no-op (`pipeline.settled`). A dodo's own task creators keep
+that when marked `@standalone` (they name none of the zoo's tasks); an unmarked one has doit load
+every task on every run.
 """
 
 import os

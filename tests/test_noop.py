@@ -212,6 +212,12 @@ def test_a_plain_run_hands_doit_what_moved_and_what_follows_it(tmp_path, monkeyp
     settle_all()
     _write("code.py", "1", 2004)                     # the tasks' own code: every task
     assert _whole() is None
+    settle_all()
+    assert _whole() == set()
+    for junk in ('{"version": 3, "verified": {"key": 1, "stats": []}}', "[1, 2", ""):
+        with open("snap.json", "w") as f:            # a snapshot no run of this version wrote
+            f.write(junk)
+        assert _whole() is None
 
 
 def test_only_a_plain_doit_takes_the_fast_path(tmp_path, monkeypatch):

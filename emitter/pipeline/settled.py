@@ -25,7 +25,7 @@ import os
 from ..files import read_json, write_atomic
 
 VERSION = 3
-_RUN = {}   # this run's: the snapshot file, what it held, the stats taken at load, the digest's parts
+_RUN = {}   # this run's: the snapshot file, what it held, the stats taken at load, what `whole` saw
 
 
 def stat(path):
@@ -82,9 +82,10 @@ def whole(key, specs, made, reads, named, shared, db):
     hashes = {t: _sha(text)[:16] for t, text in specs.items()}   # (64 bits: to see an edit)
     _RUN.update(key=_sha(key), specs=hashes, made=made, db=db, shared=list(shared), handed=None)
     v = _RUN["old"].get("verified")
-    if not isinstance(v, dict) or v.get("key") != _RUN["key"] or v.get("db") != stat(db):
+    if not isinstance(v, dict) or v.get("key") != _RUN["key"] or v.get("db") != stat(db) \
+            or not isinstance(v.get("stats"), dict) or not isinstance(v.get("specs"), dict):
         return None
-    was, old_specs = v.get("stats") or {}, v.get("specs") or {}
+    was, old_specs = v["stats"], v["specs"]
     if any(now[f] != was.get(f, False) for f in shared):
         return None
     todo = [t for t in specs if old_specs.get(t) != hashes[t]
