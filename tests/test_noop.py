@@ -9,11 +9,13 @@ import sys
 import time
 
 import test_pipeline
+import test_verdicts
 from emitter.pipeline import fastpath, files_io, settled
-from test_pipeline import ALL_A_B, PROG_B, doit
+from test_pipeline import ALL_A_B, PROG_B, _weights, doit
 
 FAST = "nothing moved since the last run"
 zoo = test_pipeline.zoo   # the fixture: programs a (with weights, two dtypes) and b
+derived_zoo = test_verdicts.zoo   # a, b and d, whose weights a (fake) importer derives
 
 
 def test_a_settled_noop_is_fast_and_whatever_moved_reruns_its_tasks(zoo):
@@ -57,6 +59,26 @@ def test_a_settled_noop_is_fast_and_whatever_moved_reruns_its_tasks(zoo):
     assert (rc, ran) == (0, set()) and FAST not in out, out
     rc, ran, out = doit(zoo)
     assert (rc, ran) == (0, set()) and FAST in out, out
+
+
+def test_derived_weights_under_the_snapshot(derived_zoo):
+    z = derived_zoo                                  # d: weights imported from ckpt/w.bin
+    rc, ran, out = doit(z)
+    assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
+    rc, ran, out = doit(z)       # the import stamps no files: this run checks every task
+    assert (rc, ran) == (0, set()) and FAST not in out, out
+    rc, ran, out = doit(z)
+    assert (rc, ran) == (0, set()) and FAST in out, out
+    _weights(z / "build/weights/d/w.f64", 7)         # an imported weight edited: its manifest
+    rc, ran, out = doit(z)
+    assert rc == 0 and {"wmanifest:d", "lock:d"} <= ran and not ran & {"lock:a", "weights:d"}, out
+    _weights(z / "ckpt/w.bin", 6)                    # another checkpoint: imported again
+    rc, ran, out = doit(z)
+    assert rc == 0 and {"weights:d", "wmanifest:d", "lock:d"} <= ran and "lock:a" not in ran, out
+    for _ in range(2):
+        rc, ran, out = doit(z)
+        assert (rc, ran) == (0, set()), out
+    assert FAST in out
 
 
 STANDALONE = '''
