@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import numpy as np
 
 EPS = 1e-6
-WIDEN_BYTES = 1 << 25   # a float32 parameter is widened to float64 at most this many bytes at a time
+WIDEN_BYTES = 1 << 23   # a float32 parameter is widened to float64 at most this many bytes at a time
 
 
 class ShapeError(Exception):
@@ -76,16 +76,24 @@ def release(array):
 
 
 def widened_product(x, b):
-    """x @ b in float64, `b` (a float32 map, say) widened a block of columns at a time and its
-    pages released after each: a 262144-column output projection is never whole in float64."""
+    """x @ b in float64, `b` (a float32 map, say) widened a block at a time and its pages released
+    after each: a 262144-column output projection is never whole in float64. The blocks follow
+    b's layout, so each reads only its own pages: rows of a row-major b (their products summed),
+    columns of a transposed one (a tied embedding's table)."""
     rows, cols = b.shape
-    step = max(1, WIDEN_BYTES // (8 * max(1, rows)))
-    if step >= cols:
+    if 8 * rows * cols <= WIDEN_BYTES:
         out = x @ np.asarray(b, dtype=np.float64)
-    else:
+    elif b.flags.f_contiguous and not b.flags.c_contiguous:
         out = np.empty((x.shape[0], cols))
+        step = max(1, WIDEN_BYTES // (8 * rows))
         for j in range(0, cols, step):
             out[:, j:j + step] = x @ np.asarray(b[:, j:j + step], dtype=np.float64)
+            release(b)
+    else:
+        out = np.zeros((x.shape[0], cols))
+        step = max(1, WIDEN_BYTES // (8 * cols))
+        for k in range(0, rows, step):
+            out += x[:, k:k + step] @ np.asarray(b[k:k + step], dtype=np.float64)
             release(b)
     release(b)
     return out

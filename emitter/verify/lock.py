@@ -112,9 +112,10 @@ def _load_stage(torch, model, program, leaves, dtype, tol):
         buf = getattr(model, "leaf_" + name, None)
         got = None if buf is None else buf.detach()
         ok = got is not None and tuple(got.shape) == want.shape and got.dtype == held
-        rows = 1 + (1 << 22) // max(1, want.shape[1])
+        rows = 1 + (1 << 20) // max(1, want.shape[1])
         for r in range(0, want.shape[0], rows) if ok else ():
             a, b = got[r:r + rows], torch.from_numpy(np.array(want[r:r + rows])).to(held)
+            release(want)
             if not (torch.equal(a, b) or (torch.equal(torch.isnan(a), torch.isnan(b)) and
                                           torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))):
                 ok = False
@@ -169,8 +170,7 @@ class _Probe:
             if isinstance(value, (tuple, list)):
                 raise CouldNotRun(f"stage {index} returned {len(value)} values, expected one")
             m = compare(value.detach(), want, self.tol)
-            # equal to the VM's, exactly, in the dtype it goes on in: the module's own value is the
-            # VM's (no copy: a tied output projection's transposed table is not duplicated)
+            # exactly the VM's in the dtype it goes on in: its own (a transposed table is not copied)
             same = m["max_abs"] == 0 and m["nonfinite_mismatch"] == 0 and value.dtype == self.out_dtype(index)
             back = value if same else self.to_torch(want, index)
             release(want)

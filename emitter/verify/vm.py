@@ -50,7 +50,7 @@ def _read_leaf(program, name, path, dtype, nonfinite_ok=False):
                                path=path)
         if not d.real and not np.array_equal(block, np.round(block)):
             raise ProgramError(f"`{name}` is an Int tensor but the file holds non-integers", path=path)
-    release(value)
+        release(value)
     return value
 
 
