@@ -43,7 +43,15 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
      "`derive.checkpoint`: `../../x.gguf` leaves the repository"),
     ("derive: {importer: 'bad name', checkpoint: x}\n", "programs/p.yaml:1", "`derive.importer`"),
     ("derive:\n  importer: ggfu\n  checkpoint: x\n", "programs/p.yaml:2",
-     "`derive.importer`: `ggfu` is not an importer (known: gguf, qwen35, safetensors)"),
+     "`derive.importer`: `ggfu` is not an importer (known: gemma3, gguf, qwen35, safetensors)"),
+    ("derive:\n  importer: gemma3\n  checkpoint: [package:yaml/__init__.py]\n", "programs/p.yaml:3",
+     "a checkpoint in chunks is a list of `package:MODULE/path` parts, in order, with `sha256:`"),
+    ("derive:\n  importer: gemma3\n  checkpoint: [package:yaml/__init__.py, x.bin]\n  sha256: "
+     + "a" * 64 + "\n", "programs/p.yaml:3", "each part of a chunked checkpoint must be a `package:"),
+    ("derive:\n  importer: gemma3\n  checkpoint: [package:yaml/__init__.py]\n  sha256: abc\n",
+     "programs/p.yaml:3", "the joined file's sha256 as 64 lowercase hex digits"),
+    ("derive:\n  importer: gemma3\n  checkpoint: [package:nosuchpkg/a.part0]\n  sha256: "
+     + "a" * 64 + "\n", "programs/p.yaml:3", "no installed distribution ships a package `nosuchpkg`"),
     ("derive: {importer: gguf, checkpoint: 'package:yaml/../../x'}\n", "programs/p.yaml:1",
      "a path inside it"),
     ("!!python/object/apply:os.system ['true']\n", "programs/p.yaml", "not valid YAML"),
