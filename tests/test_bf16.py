@@ -85,6 +85,9 @@ def test_each_planted_bug_is_caught_and_named(qwen, bug, token):
     r = _lock(bad, _with_token(qwen, token), steps=3)
     assert r["verdict"] == "fail", (bug, r["bf16"]["worst_deviation"], r["bf16"]["worst_z"])
     assert r["first_divergence"]["stage"] != "load"
+    w = r["worst"]       # the op furthest towards a bound is past it, and says which bound
+    assert w["ratio"] > 1 and w["by"] in ("excess", "deviation", "z", "cosine"), w
+    assert r["bf16"]["ops_failing"] >= 1
     if bug in FLAT_PASSES:    # a flat bf16-level tolerance lets these through
         flat = lock_bundle(str(bad), PROGRAM, _with_token(qwen, token), "float32", 3, 1e-2, 2e-2)
         assert flat["verdict"] == "pass", bug

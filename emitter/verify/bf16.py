@@ -178,11 +178,21 @@ def gate_step(torch, program, current, trace, probe, gate, step, label):
         gate["seen"].append({"step": step, **label(program, i), **j})
 
 
+def _share(s, b):
+    """How far one op's figures went towards their bounds (1.0: at a bound), and which bound."""
+    shares = {"excess": s["excess"] / s["excess_limit"], "deviation": s["deviation"] / b["deviation"],
+              "z": s["z"] / b["z"],
+              "cosine": (1.0 - s["cosine"]) / (1.0 - b["cosine"]) if b["cosine"] < 1 else 0.0}
+    by = max(shares, key=shares.get)
+    return shares[by], by
+
+
 def summary(gate):
-    """The bf16 gate's columns: its worst op by excess (as a share of its bound), the worst
-    deviation from the floor, the worst |z|, the lowest cosine, and the argmax flips and how many
-    were excused."""
-    seen = gate["seen"]
+    """The bf16 gate's columns: the op furthest towards any of its bounds (`worst`: its share of
+    that bound and which), its worst op by excess (as a share of its bound), the worst deviation
+    from the floor, the worst |z|, the lowest cosine, and the argmax flips and how many were
+    excused."""
+    seen, b = gate["seen"], gate["bounds"]
 
     def pick(key, what):
         s = max(seen, key=key) if seen else None
@@ -190,7 +200,12 @@ def summary(gate):
     worst = pick(lambda s: s["excess"] / s["excess_limit"], "excess")
     if worst is not None:
         worst["limit"] = max(seen, key=lambda s: s["excess"] / s["excess_limit"])["excess_limit"]
-    return {"bounds": gate["bounds"], "worst_excess": worst, "worst_z": pick(lambda s: s["z"], "z"),
+    furthest = None
+    if seen:
+        s = max(seen, key=lambda s: _share(s, b)[0])
+        ratio, by = _share(s, b)
+        furthest = {**{k: s[k] for k in ("step", "stage", "out", "op", "line")}, "ratio": ratio, "by": by}
+    return {"bounds": b, "worst": furthest, "worst_excess": worst, "worst_z": pick(lambda s: s["z"], "z"),
             "worst_deviation": pick(lambda s: s["deviation"], "deviation"),
             "min_cosine": pick(lambda s: -s["cosine"], "cosine"),
             "argmax_flips": gate["flips"], "argmax_excused": gate["excused"],

@@ -320,10 +320,10 @@ def _excuse(torch, out_m, probe, trace, feed, gate):
 
 def _worst(stages, load, gate=None):
     """The stage furthest from its tolerance (load failures first); under the bf16 gate, the op
-    furthest from its excess bound."""
-    if gate is not None and not load["failed"] and gate["worst_excess"]:
-        w = gate["worst_excess"]
-        return {**{k: w[k] for k in ("stage", "out", "op", "line")}, "ratio": w["excess"] / w["limit"],
+    furthest towards any of its bounds (excess, deviation, |z|, cosine: `by` says which)."""
+    if gate is not None and not load["failed"] and gate["worst"]:
+        w = gate["worst"]
+        return {**{k: w[k] for k in ("stage", "out", "op", "line", "ratio", "by")},
                 "max_abs": None, "guarded_rel": None}
     if load["failed"]:
         f = load["failed"][0]
