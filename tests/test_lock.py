@@ -177,3 +177,37 @@ def test_compare_metrics():
     assert m["pass"] and m["nmse"] == 0 and m["cosine"] == pytest.approx(1.0)
     m = compare(np.array([2.0, 0.0]), np.array([1.0, 0.0]), {"abs": 0.5, "rel": 0.0})
     assert m["nmse"] == pytest.approx(1.0) and m["worst_ratio"] == pytest.approx(2.0) and not m["pass"]
+
+
+TIED = """Let E be a 300 by 8 tensor of Real.
+Let x be a 1 by 8 tensor of Real.
+Let t be transpose of E.
+Let y be x matmul t.
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_tied_projection_view_is_checked_bit_for_bit_and_a_wrong_one_named(tmp_path, dtype):
+    """`transpose of E` computes nothing: the probe checks the module's view against the VM's
+    rounded as the module holds E (the load stage's rule) and passes it on without a copy; a view
+    spelled wrong is a failure at its stage."""
+    from emitter.language.reader import read_program
+    (tmp_path / "t.logos").write_text(TIED)
+    program = read_program(TIED)
+    assert program.roles["E"] == "weight" and program.roles["x"] == "input"
+    w = tmp_path / "w"
+    w.mkdir()
+    rng = np.random.default_rng(5)
+    rng.standard_normal((300, 8)).astype("<f4").tofile(w / "E.f32")
+    rng.standard_normal((1, 8)).astype("<f4").tofile(w / "x.f32")
+    bundle = emit_bundle(TIED, tmp_path / "b")
+    r = lock_bundle(bundle, str(tmp_path / "t.logos"), str(w), dtype, 1)
+    assert r["verdict"] == "pass", r["reason"] or r["first_divergence"]
+    view = next(s for s in r["stages"] if s["op"] == "transpose")
+    assert view["max_abs"] == 0 and view["pass"]
+    text = (tmp_path / "b" / "model.py").read_text()
+    assert "E.transpose(0, 1)" in text
+    (tmp_path / "b" / "model.py").write_text(text.replace("E.transpose(0, 1)", "E.transpose(0, 1).roll(1, 1)"))
+    bad = lock_bundle(bundle, str(tmp_path / "t.logos"), str(w), dtype, 1)
+    assert bad["verdict"] == "fail"
+    assert bad["first_divergence"]["op"] == "transpose" and bad["first_divergence"]["out"] == "t"

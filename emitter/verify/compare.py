@@ -35,20 +35,30 @@ def _blocks(got, want, widen=True):
         release(want)
 
 
-def _identical(got, want):
-    """Whether `got` (a torch tensor) holds exactly `want` (a float array whose dtype `got`'s holds
-    exactly), compared a block at a time in their own dtypes, the map's pages released after each."""
-    if not (hasattr(got, "detach") and isinstance(want, np.ndarray) and want.dtype.kind == "f"
-            and got.dtype.is_floating_point and got.dtype.itemsize >= want.dtype.itemsize
-            and got.dtype.itemsize in (4, 8) and got.ndim == want.ndim == 2 and want.size > BLOCK):
+def same_in_dtype(got, want):
+    """Whether `got` (a torch tensor) is `want` rounded to got's dtype, bit for bit, compared a
+    block at a time (a mapped want's pages released after each)."""
+    import torch
+    if tuple(got.shape) != tuple(want.shape):
         return False
-    dtype = np.float32 if got.dtype.itemsize == 4 else np.float64
     for g, w in _blocks(got, want, widen=False):
-        same = np.array_equal(g.detach().numpy(), np.asarray(w, dtype=dtype))
+        same = torch.equal(g, torch.from_numpy(np.array(w)).to(g.dtype))
         release(want)
         if not same:
             return False
     return True
+
+
+def _identical(got, want):
+    """Whether a big `got` (a torch tensor) holds exactly `want`: a float array whose dtype got's
+    holds exactly, so that equal in got's dtype is equal."""
+    return (hasattr(got, "detach") and isinstance(want, np.ndarray) and want.dtype.kind == "f"
+            and got.dtype.is_floating_point and got.dtype.itemsize >= want.dtype.itemsize
+            and got.ndim == want.ndim == 2 and want.size > BLOCK and same_in_dtype(got.detach(), want))
+
+
+EXACT = {"max_abs": 0.0, "max_rel": 0.0, "guarded_rel": 0.0, "scaled_err": 0.0, "nmse": 0.0,
+         "cosine": 1.0, "nonfinite_mismatch": 0, "worst_ratio": 0.0, "pass": True}
 
 
 def compare(got, want, tol):
@@ -66,8 +76,7 @@ def compare(got, want, tol):
         return {**{k: math.inf for k in KEYS}, "cosine": 0.0, "nonfinite_mismatch": 0, "pass": False,
                 "shape": [list(got.shape), list(want.shape)]}
     if _identical(got, want):   # exactly the VM's (a table's view, a copied leaf): nothing to widen
-        return {"max_abs": 0.0, "max_rel": 0.0, "guarded_rel": 0.0, "scaled_err": 0.0, "nmse": 0.0,
-                "cosine": 1.0, "nonfinite_mismatch": 0, "worst_ratio": 0.0, "pass": True}
+        return dict(EXACT)
     mismatch, size = 0, 0
     max_abs = max_rel = guarded = scale = 0.0
     sq = power = gg = gw = 0.0
