@@ -61,6 +61,20 @@ def test_a_settled_noop_is_fast_and_whatever_moved_reruns_its_tasks(zoo):
     assert (rc, ran) == (0, set()) and FAST in out, out
 
 
+def test_a_failing_zoo_hands_doit_what_failed_each_run(zoo):
+    (zoo / "programs/b.logos").write_text("Let y be frobnicate of x.\n")   # refused: the report fails
+    rc, ran, out = doit(zoo)
+    assert rc != 0 and "report" in ran, out
+    for _ in range(2):        # the failed report (only) runs again, the others are not handed
+        rc, ran, out = doit(zoo)
+        assert rc != 0 and ran == {"report"} and "1 of 10 tasks handed to doit" in out, out
+    (zoo / "programs/b.logos").write_text(PROG_B)
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and ran == {"emit:b", "lock:b", "report"}, out
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, set()) and FAST in out, out
+
+
 def test_derived_weights_under_the_snapshot(derived_zoo):
     z = derived_zoo                                  # d: weights imported from ckpt/w.bin
     rc, ran, out = doit(z)
@@ -229,6 +243,11 @@ def test_a_plain_run_hands_doit_what_moved_and_what_follows_it(tmp_path, monkeyp
     settled.settle(list(GRAPH), set(GRAPH) - {"l1"}, {"l1": {}}, True)   # l1 ran, no stamps
     assert _whole() is None
     settle_all()
+    ok = set(GRAPH) - {"l2", "report"}
+    settled.settle(sorted(ok), ok, None, True, redo={"l2", "report"})
+    assert _whole() == {"l2", "report"}              # l2 failed, the report did not run: again
+    settle_all()
+    assert _whole() == set()
     _write("w", "1", 2003)                           # a file no task reads or writes
     assert _whole() == set()
     settle_all()

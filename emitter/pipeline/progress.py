@@ -194,8 +194,8 @@ class ProgressReporter(ConsoleReporter):
         from .settled import settle
         up = set(self.uptodate)
         ran = {n: self.tasks[n].values for n in self.settled if n not in up and n in self.tasks}
-        complete = not self.failed_tasks and set(self.reachable) <= set(self.settled)
-        note = settle(self.settled, up, ran, complete)
+        redo = set(self.reachable) - set(self.settled)   # failed, not run, ignored: checked next run
+        note = settle(self.settled, up, ran, True, redo)
         if note:
             self.write(note)
         super().complete_run()

@@ -88,9 +88,10 @@ def whole(key, specs, made, reads, named, shared, db):
     was, old_specs = v["stats"], v["specs"]
     if any(now[f] != was.get(f, False) for f in shared):
         return None
+    redo = v.get("redo") if isinstance(v.get("redo"), list) else []
     todo = [t for t in specs if old_specs.get(t) != hashes[t]
             or any(now[f] != was.get(f, False) for f in made[t])
-            or any(now[f] != was.get(f, False) for f in reads[t])]
+            or any(now[f] != was.get(f, False) for f in reads[t])] + [t for t in redo if t in specs]
     handed = set()
     if todo:   # what follows a handed task: it reads a file that one writes, or names it
         maker = {f: t for t, fs in made.items() for f in fs}
@@ -123,18 +124,19 @@ def load_in_full():
     _RUN["handed"] = None
 
 
-def settle(settled, uptodate=(), values=None, complete=False):
+def settle(settled, uptodate=(), values=None, complete=False, redo=()):
     """After a run: the snapshot takes the stamped files of the tasks `settled` (found up to date,
     or run and succeeded): as they were at load for the tasks found up to date, as their action
     stamped them for the tasks that ran (`values`: {task: its doit values}); every other task keeps
     what it had, so a task this run did not check (not selected, failed) is checked next time.
 
-    `complete`: a plain run that reached no failure and settled every task it reached. Then what
-    the next plain run compares with is renewed: every file as this run checked it (see the
-    module's doc), each task's graph entry, the dependency DB as doit left it. A plain run that is
-    not complete drops it (the next one hands doit every task); other runs keep it (what they
-    change, they change in files or in the DB). Returns a line for the run's output when doit was
-    handed fewer tasks than the zoo has, else None."""
+    `complete`: a plain run that reached its end, where every task it reached was settled or is
+    in `redo` (failed, not run because one before it failed, ignored). Then what the next plain
+    run compares with is renewed: every file as this run checked it (see the module's doc), each
+    task's graph entry, the dependency DB as doit left it, and `redo`, which the next plain run
+    hands doit whatever moved. A plain run that is not complete drops it (the next one hands doit
+    every task); other runs keep it (what they change, they change in files or in the DB). Returns
+    a line for the run's output when doit was handed fewer tasks than the zoo has, else None."""
     if not _RUN:
         return None
     uptodate, values = set(uptodate), values or {}
@@ -162,7 +164,7 @@ def settle(settled, uptodate=(), values=None, complete=False):
     snap = {"version": VERSION, "files": files, "verified": _RUN["old"].get("verified")}
     if ok:
         snap["verified"] = {"key": _RUN["key"], "db": stat(_RUN["db"]), "specs": _RUN["specs"],
-                            "stats": stats}
+                            "stats": stats, "redo": sorted(redo)}
     elif "key" in _RUN:
         snap["verified"] = None
     if snap != _RUN["old"]:
@@ -173,7 +175,7 @@ def settle(settled, uptodate=(), values=None, complete=False):
     handed = _RUN.get("handed")
     if handed is None or not ok:
         return None
-    if not handed and not set(settled) - uptodate:
+    if not handed and not set(settled) - uptodate and not redo:
         return "nothing moved since the last run: every task is up to date\n"
     return (f"{len(handed | {'report'})} of {len(_RUN['specs'])} tasks handed to doit: the others "
             "did not move since the last run\n")
