@@ -211,3 +211,19 @@ def test_a_tied_projection_view_is_checked_bit_for_bit_and_a_wrong_one_named(tmp
     bad = lock_bundle(bundle, str(tmp_path / "t.logos"), str(w), dtype, 1)
     assert bad["verdict"] == "fail"
     assert bad["first_divergence"]["op"] == "transpose" and bad["first_divergence"]["out"] == "t"
+
+
+def test_weights_digest_sees_an_edit_that_keeps_size_and_mtime(tmp_path):
+    """The lock remembers file hashes per process (three dtypes hash a checkpoint once), keyed by
+    the file's stat with its ctime, which no write keeps: a same-size edit with its mtime put back
+    is hashed again."""
+    from emitter.verify.lock import weights_digest
+    (tmp_path / "W.f32").write_bytes(np.arange(64, dtype="<f4").tobytes())
+    first = weights_digest(str(tmp_path), {"W": "W.f32"})
+    st = os.stat(tmp_path / "W.f32")
+    with open(tmp_path / "W.f32", "r+b") as f:
+        f.write(np.float32(7).tobytes())
+    os.utime(tmp_path / "W.f32", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(tmp_path / "W.f32").st_mtime_ns == st.st_mtime_ns
+    assert weights_digest(str(tmp_path), {"W": "W.f32"}) != first
+    assert weights_digest(str(tmp_path), {"W": "W.f32"}) == weights_digest(str(tmp_path), {"W": "W.f32"})

@@ -35,9 +35,18 @@ from .tolerances import DEFAULT_TOLERANCES as TOLERANCES, tolerance
 SCHEMA, VERSION = "logos.lock.result", 2
 
 
+_SHAS = {}   # (path, inode, size, mtime, ctime) -> sha256: a lock per dtype hashes a 1 GB checkpoint once
+
+
 def _sha(path):
+    """A file's sha256, remembered in this process under its stat (ctime included: no write keeps
+    it), so the same weights locked at three dtypes are read once."""
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        st = os.fstat(f.fileno())
+        key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if key not in _SHAS:
+            _SHAS[key] = hashlib.file_digest(f, "sha256").hexdigest()
+        return _SHAS[key]
 
 
 def weights_digest(weights_dir, sources):
