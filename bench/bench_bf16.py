@@ -7,7 +7,7 @@ gate, and one value is beyond telling from noise; the float64 lock, the semantic
 the false-alarm rate, and the bf16 lock's time beside the float32 lock's (wall and CPU seconds,
 medians over the seeds, measured in the same run).
 
-    python bench/bench_bf16.py [--seeds 3] [--steps 3] [--programs smollm2,qwen38] [--bugs ...]
+    python bench/bench_bf16.py [--seeds 3] [--first-seed 0] [--steps 3] [--programs smollm2,qwen38] [--bugs ...]
 
 (after `doit lock:smollm2 lock:qwen38`, which derive build/weights/). More than one step matters:
 the first step of a decode attends to one key, where softmax's precision and scale change nothing.
@@ -79,6 +79,7 @@ def timed_lock(bundle, path, weights, dtype, steps):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds FIRST .. FIRST + SEEDS - 1")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--programs", default=",".join(PROGRAMS))
     ap.add_argument("--bugs", default=",".join(BUGS), help="comma-separated names of tests/bf16_bugs.py")
@@ -86,7 +87,8 @@ def main(argv=None):
     bugs = {b: BUGS[b] for b in args.bugs.split(",")}
     os.makedirs(os.path.join(ROOT, "build", "tmp"), exist_ok=True)   # beside build/weights: hard links
     tmp = tempfile.mkdtemp(prefix="bench_bf16_", dir=os.path.join(ROOT, "build", "tmp"))
-    out = {"seeds": args.seeds, "steps": args.steps, "caught": {}, "false_alarms": {}, "seconds": {}}
+    out = {"seeds": f"{args.first_seed}..{args.first_seed + args.seeds - 1}", "steps": args.steps,
+           "caught": {}, "false_alarms": {}, "seconds": {}}
     try:
         for name in args.programs.split(","):
             tok_name, layers, vocab = PROGRAMS[name]
@@ -95,7 +97,7 @@ def main(argv=None):
             write_bundle(emit_program(read_file(path), {}), good)
             text = open(os.path.join(good, "model.py")).read()
             alarms, times = 0, {"bfloat16": [], "float32": [], "bfloat16 cpu": [], "float32 cpu": []}
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 rng = np.random.default_rng(seed)
                 token, layer = int(rng.integers(0, vocab)), int(rng.integers(0, layers))
                 w = weights_from(os.path.join(ROOT, "build", "weights", name),
