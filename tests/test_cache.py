@@ -89,6 +89,26 @@ def test_bad_entries_are_misses_said_once(store):
     assert store.get("f" * 64)["verdict"] == "pass"
 
 
+def test_a_run_reads_and_verifies_each_entry_once(store):
+    """A derived program's lookup (`has`) and then its lock (`get`), and the publishing of what
+    this run wrote, do not read an entry again; a get that is not after a has reads it afresh."""
+    store.put(KEY, _result())
+    reads = []
+    reader = vc.VerdictCache(store.url, "sekrit", store.said.append)
+    real = reader._read
+    reader._read = lambda key: reads.append(key) or real(key)
+    assert reader.has(KEY) and reader.has(KEY) and reads == [KEY]
+    r = reader.get(KEY)
+    assert r["verdict"] == "pass" and r["from_cache"] and reads == [KEY]
+    r["hashes"]["source"] = "changed by the lock action"
+    assert reader.get(KEY)["hashes"] == {"source": "s"} and reads == [KEY, KEY]
+    # what a reader published it knows is there; an entry found bad is not known any more
+    assert reader.put("b" * 64, _result()) and reader.has("b" * 64) and reads == [KEY, KEY]
+    _rewrite(reader, "b" * 64, lambda d: d[:10])
+    assert reader.get("b" * 64) is None and not reader.has("b" * 64)
+    assert reads == [KEY, KEY, "b" * 64, "b" * 64] and len(store.said) == 1
+
+
 def test_no_key_no_cache():
     c, warning = vc.open_cache("memory://x", env={})
     assert c is None and "LOGOS_CACHE_KEY is not set" in warning

@@ -96,6 +96,39 @@ def test_a_dead_worker_a_slow_check_and_a_too_big_one_are_errors_not_hangs(tmp_p
         ex.close()
 
 
+def _in_worker():
+    import sys
+    return {m: m in sys.modules for m in ("torch", "emitter.verify.lock")}
+
+
+def test_a_local_cluster_starts_warm_runs_the_longest_first_and_leaves_nothing(tmp_path):
+    """warm() starts the LocalCluster in the background; its workers have imported torch and
+    the lock code before their first check; one worker, two checks of one lock: the costlier
+    runs first whatever the order they came in; close stops the forkserver the workers came from."""
+    from multiprocessing import forkserver
+    from emitter.pipeline import executors
+    small = _job(tmp_path, "small", PROG_B, memory=1 << 20)
+    big = _job(tmp_path, "big", PROG_B, memory=1 << 30)
+    assert executors.cost(big) > executors.cost(small)
+    assert executors.cost({**small, "kwargs": {**small["kwargs"], "dtype": "bfloat16"}}) > executors.cost(small)
+    ex = executors.Dask(executors.parse("dask:local", 1))
+    try:
+        ex.warm()
+        assert ex._warming.is_alive()   # doit goes on loading meanwhile
+        ex._warming.join(120)
+        assert ex._client is not None
+        assert list(ex._client.run(_in_worker).values()) == [{"torch": True, "emitter.verify.lock": True}]
+        server = forkserver._forkserver._forkserver_pid
+        out = ex.run([small, big], 120)
+        assert [o["result"]["verdict"] for o in out] == ["pass", "pass"]
+        assert out[1]["execution"]["started"] < out[0]["execution"]["started"]
+    finally:
+        ex.close()
+    assert server and forkserver._forkserver._forkserver_pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(server, 0)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

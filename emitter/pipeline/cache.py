@@ -175,6 +175,10 @@ class VerdictCache:
         self.url, self.secret = url, secret.encode("utf-8")
         self.root = self.root.rstrip("/")
         self._said, self._lock = set(), threading.Lock()
+        # what this run already checked: keys known to hold a valid entry, and the entries that
+        # `has` verified and `get` has not yet taken (a derived program's lookup, then its lock),
+        # so no entry is read and verified twice in a run
+        self._valid, self._checked = set(), {}
         self._say = say or (lambda text: sys.stderr.write(text + "\n"))
 
     def path(self, key):
@@ -230,14 +234,27 @@ class VerdictCache:
             return "holds no verdict"
         return entry
 
-    def get(self, key):
-        """The cached verdict for `key`, marked as such, or None (a miss; a bad entry is said once)."""
+    def _entry(self, key):
+        """The verified entry under `key`, or None (a miss; a bad entry is said once)."""
+        with self._lock:
+            entry = self._checked.pop(key, None)
+        if entry is not None:
+            return entry
         data = self._read(key)
         if data is None:
             return None
         entry = self.verified(key, data)
+        with self._lock:
+            (self._valid.discard if isinstance(entry, str) else self._valid.add)(key)
         if isinstance(entry, str):
             self._bad(key, entry)
+            return None
+        return entry
+
+    def get(self, key):
+        """The cached verdict for `key`, marked as such, or None (a miss; a bad entry is said once)."""
+        entry = self._entry(key)
+        if entry is None:
             return None
         r = entry["result"]
         r["from_cache"] = True
@@ -245,14 +262,15 @@ class VerdictCache:
         return r
 
     def has(self, key):
-        """A valid entry is there (a bad one is not, and is said once)."""
-        data = self._read(key)
-        if data is None:
-            return False
-        ok = not isinstance(self.verified(key, data), str)
-        if not ok:
-            self._bad(key, self.verified(key, data))
-        return ok
+        """A valid entry is there (a bad one is not, and is said once); asked once per run."""
+        with self._lock:
+            if key in self._valid:
+                return True
+        entry = self._entry(key)
+        if entry is not None:
+            with self._lock:
+                self._checked[key] = entry
+        return entry is not None
 
     def put(self, key, result):
         """Publish `result` under `key` (signed; staged under a temporary name, then moved)."""
@@ -266,6 +284,8 @@ class VerdictCache:
         self.fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
         self.fs.pipe_file(tmp, data.encode("ascii"))
         self.fs.mv(tmp, p)
+        with self._lock:
+            self._valid.add(key)
         return True
 
 

@@ -244,25 +244,6 @@ class Inline:
         return out
 
 
-# a LocalCluster's workers: no statistical profiler (a stack sample of the running lock every
-# 10 ms), and forked from one process that has imported torch and the lock code already, so the
-# workers start warm and the imports are paid once, not once per worker
-LOCAL_CONFIG = {"distributed.worker.profile.enabled": False,
-                "distributed.worker.multiprocessing-method": "forkserver"}
-_PKG = __name__.rsplit(".", 2)[0]   # the emitter package, as this process imports it
-WARM_IMPORTS = ("distributed", "numpy", "torch", "threadpoolctl", f"{_PKG}.verify.lock", __name__)
-
-
-def _preload_forkserver():
-    """What the forkserver imports before it forks a worker (a module it cannot import is left
-    out by multiprocessing itself). Distributed sets its own list once per process, unless told
-    it is set: it is this one, a superset of what a worker needs."""
-    import multiprocessing
-    from distributed import utils
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(WARM_IMPORTS))
-    utils._forkserver_preload_set = True
-
-
 class Dask:
     """Checks submitted to a Dask scheduler, all of a program's at once; the client (and for
     `dask:local` the cluster) is made on first use and shared by the run's threads."""
@@ -274,6 +255,7 @@ class Dask:
         self._lock = threading.Lock()
         self._pending = set()
         self._largest = (None, 0.0)   # (the largest MEMORY advertised, when it was asked)
+        self._warming = None
 
     def client(self):
         with self._lock:
@@ -288,20 +270,27 @@ class Dask:
                 atexit.register(self.close)
             return self._client
 
+    def warm(self):
+        """Start the cluster (or connect to the scheduler) in the background now, while doit
+        loads and checks its tasks, rather than when the first lock asks for it; a failure is
+        kept and said by that lock, as without it."""
+        with self._lock:
+            if self._client is not None or self._failed or self._warming:
+                return
+            self._warming = threading.Thread(target=self._warm, name="logos-dask-start", daemon=True)
+            self._warming.start()
+        atexit.register(self.close)
+
+    def _warm(self):
+        with contextlib.suppress(Exception):
+            self.client()
+
     def _connect(self):
-        import dask
-        from distributed import Client, LocalCluster
+        from distributed import Client
         if self.ex["kind"] == "local":
-            # not Dask's default MALLOC_TRIM_THRESHOLD_: it makes a lock's large arrays go back
-            # to the system on every free (measured: a smollm2 lock 2.2x slower)
-            env = {k: os.environ[k] for k in POOL_VARS if k in os.environ}
-            with dask.config.set({"distributed.scheduler.allowed-failures": 0,
-                                  "distributed.nanny.pre-spawn-environ": env, **LOCAL_CONFIG}):
-                _preload_forkserver()
-                self._cluster = LocalCluster(n_workers=self.ex["workers"], threads_per_worker=1,
-                                             processes=True, dashboard_address=None,
-                                             host="127.0.0.1", silence_logs=50)
-                return Client(self._cluster, set_as_default=False)
+            from .dask_local import start_cluster
+            self._cluster = start_cluster(self.ex["workers"], POOL_VARS)
+            return Client(self._cluster, set_as_default=False)
         try:
             return Client(self.ex["address"], timeout=CONNECT_S, set_as_default=False)
         except (OSError, TimeoutError) as e:
@@ -309,6 +298,9 @@ class Dask:
                                 f"did not answer ({str(e).splitlines()[0][:200]})") from None
 
     def close(self):
+        warming = self._warming
+        if warming is not None and warming is not threading.current_thread():
+            warming.join()   # a cluster half started is closed once it is up, not left behind
         with self._lock:
             client, cluster, self._client, self._cluster = self._client, self._cluster, None, None
         for thing in (client, cluster):
@@ -317,6 +309,9 @@ class Dask:
                     if thing is client and self._pending:
                         client.cancel(list(self._pending), force=True)
                     thing.close()
+        if cluster is not None:
+            from .dask_local import stop_forkserver
+            stop_forkserver()
 
     def _memory(self, client):
         """The largest MEMORY any worker advertises, or None when none does (asked again after
@@ -334,7 +329,8 @@ class Dask:
         client = self.client()
         largest = self._memory(client)
         futures, out = {}, [None] * len(jobs)
-        for i, job in enumerate(jobs):
+        # the longest first, also among those a free worker takes at once
+        for i, job in sorted(enumerate(jobs), key=lambda ij: -cost(ij[1])):
             job = {**job, "remote": True, "executor": self.kind,
                    "key": f"{job['name']}-{job['kwargs']['dtype']}-{uuid.uuid4().hex[:12]}"}
             need = job.pop("memory", None)

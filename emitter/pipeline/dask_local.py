@@ -1,0 +1,54 @@
+"""`executor=dask:local`: a LocalCluster of single-threaded worker processes, started warm.
+
+Its workers are forked from one forkserver process that has imported torch, the lock code and
+Distributed already (multiprocessing's forkserver, preloaded), so a worker's first check pays no
+import and the imports are paid once, not once per worker; they run without Dask's statistical
+profiler (a stack sample of the running lock every 10 ms), without Dask's MALLOC_TRIM_THRESHOLD_
+(a lock's large arrays went back to the system on every free: a smollm2 lock 2.2x slower), and
+take one check at a time, so the longest waiting check goes to the next free worker.
+"""
+
+import contextlib
+import os
+
+LOCAL_CONFIG = {"distributed.worker.profile.enabled": False,
+                "distributed.worker.multiprocessing-method": "forkserver",
+                # a worker holds no check beyond the one it runs: the next free one takes the
+                # longest waiting (at Dask's default 1.1, each took a second one when it started)
+                "distributed.scheduler.worker-saturation": 1.0}
+_PKG = __name__.rsplit(".", 2)[0]   # the emitter package, as this process imports it
+WARM_IMPORTS = ("distributed", "numpy", "torch", "threadpoolctl", f"{_PKG}.verify.lock",
+                f"{_PKG}.pipeline.executors")
+
+
+def _preload_forkserver():
+    """What the forkserver imports before it forks a worker (a module it cannot import is left
+    out by multiprocessing itself). Distributed sets its own list once per process, unless told
+    it is set: it is this one, a superset of what a worker needs."""
+    import multiprocessing
+    from multiprocessing import forkserver
+    from distributed import utils
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(WARM_IMPORTS))
+    utils._forkserver_preload_set = True
+    forkserver.ensure_running()   # its imports now, while the scheduler starts
+
+
+def stop_forkserver():
+    """The forkserver outlives this process by a second or so, holding its stdout and stderr: a
+    caller that reads them to the end (CI, a benchmark) waits for it. Stopped with the cluster."""
+    with contextlib.suppress(Exception):
+        from multiprocessing import forkserver
+        forkserver._forkserver._stop()
+
+
+def start_cluster(workers, pool_vars):
+    """A LocalCluster of `workers` single-threaded processes on 127.0.0.1; its workers get the
+    driver's `pool_vars` (the *_NUM_THREADS) and nothing else of Dask's pre-spawn environment."""
+    import dask
+    from distributed import LocalCluster
+    env = {k: os.environ[k] for k in pool_vars if k in os.environ}
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0,
+                          "distributed.nanny.pre-spawn-environ": env, **LOCAL_CONFIG}):
+        _preload_forkserver()
+        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                            dashboard_address=None, host="127.0.0.1", silence_logs=50)
