@@ -106,8 +106,10 @@ def compare(zoo, names, title, threads=(1, 2), cache=None):
     return walls[best] / wall
 
 
-def one_check_overhead(zoo, n=20):
-    """Seconds a Dask round trip adds to one small check (mlp float64), against running it here."""
+def one_check_overhead(zoo, n=30):
+    """Seconds a Dask round trip adds to one small check (mlp float64), against running it here:
+    the medians of `n` runs each, the two alternated (a busy machine slows both alike)."""
+    import statistics
     sys.path.insert(0, zoo)
     os.chdir(zoo)
     from emitter.pipeline import executors
@@ -117,20 +119,20 @@ def one_check_overhead(zoo, n=20):
                       "allow_nonfinite": (), "max_tensor_bytes": None}}
     inline = executors.Inline()
     inline.run([job], 600)   # warm: torch imported, the bundle's module compiled
-    t = time.perf_counter()
-    for _ in range(n):
-        inline.run([job], 600)
-    here = (time.perf_counter() - t) / n
     ex = executors.Dask(executors.parse("dask:local", 1))
+    here, there = [], []
     try:
         ex.run([job], 600)
-        t = time.perf_counter()
         for _ in range(n):
+            t = time.perf_counter()
+            inline.run([job], 600)
+            here.append(time.perf_counter() - t)
+            t = time.perf_counter()
             assert "result" in ex.run([job], 600)[0]
-        there = (time.perf_counter() - t) / n
+            there.append(time.perf_counter() - t)
     finally:
         ex.close()
-    return here, there
+    return statistics.median(here), statistics.median(there)
 
 
 def main(argv=None):

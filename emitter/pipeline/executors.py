@@ -187,7 +187,8 @@ def run_check(job):
             from distributed import get_worker
             w = get_worker()
             worker = w.address
-            w.log_event(f"logos-lock-{job['key']}", {"worker": worker, "pid": os.getpid()})
+            if job.get("log_start", True):   # for a scheduler that may rerun it elsewhere
+                w.log_event(f"logos-lock-{job['key']}", {"worker": worker, "pid": os.getpid()})
         except (ImportError, ValueError):
             pass
         _capture_golden()
@@ -331,7 +332,7 @@ class Dask:
         futures, out = {}, [None] * len(jobs)
         # the longest first, also among those a free worker takes at once
         for i, job in sorted(enumerate(jobs), key=lambda ij: -cost(ij[1])):
-            job = {**job, "remote": True, "executor": self.kind,
+            job = {**job, "remote": True, "executor": self.kind, "log_start": self.ex["kind"] == "tcp",
                    "key": f"{job['name']}-{job['kwargs']['dtype']}-{uuid.uuid4().hex[:12]}"}
             need = job.pop("memory", None)
             resources = None
