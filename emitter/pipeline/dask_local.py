@@ -10,6 +10,7 @@ take one check at a time, so the longest waiting check goes to the next free wor
 
 import contextlib
 import os
+import signal
 
 LOCAL_CONFIG = {"distributed.worker.profile.enabled": False,
                 "distributed.worker.multiprocessing-method": "forkserver",
@@ -21,34 +22,39 @@ WARM_IMPORTS = ("distributed", "numpy", "torch", "threadpoolctl", f"{_PKG}.verif
                 f"{_PKG}.pipeline.executors")
 
 
-def _preload_forkserver():
-    """What the forkserver imports before it forks a worker (a module it cannot import is left
-    out by multiprocessing itself). Distributed sets its own list once per process, unless told
-    it is set: it is this one, a superset of what a worker needs."""
+def start_forkserver():
+    """Start the forkserver now, so it imports what a worker needs (WARM_IMPORTS; a module it
+    cannot import is left out by multiprocessing itself) while this process imports Distributed
+    and starts the scheduler. Distributed sets its own, shorter list once per process unless told
+    it is set."""
     import multiprocessing
     from multiprocessing import forkserver
-    from distributed import utils
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(WARM_IMPORTS))
-    utils._forkserver_preload_set = True
-    forkserver.ensure_running()   # its imports now, while the scheduler starts
+    forkserver.ensure_running()
 
 
 def stop_forkserver():
-    """The forkserver outlives this process by a second or so, holding its stdout and stderr: a
-    caller that reads them to the end (CI, a benchmark) waits for it. Stopped with the cluster."""
+    """Stopped with the cluster: left alone, the forkserver outlives this process by a second or
+    so (an interpreter with torch loaded shutting down), holding its stdout and stderr, which a
+    caller that reads them to the end (CI, a benchmark) waits for. It holds nothing to save: killed."""
     with contextlib.suppress(Exception):
         from multiprocessing import forkserver
-        forkserver._forkserver._stop()
+        server = forkserver._forkserver
+        if server._forkserver_pid:
+            with contextlib.suppress(OSError):
+                os.kill(server._forkserver_pid, signal.SIGKILL)
+        server._stop()
 
 
 def start_cluster(workers, pool_vars):
     """A LocalCluster of `workers` single-threaded processes on 127.0.0.1; its workers get the
     driver's `pool_vars` (the *_NUM_THREADS) and nothing else of Dask's pre-spawn environment."""
+    start_forkserver()
     import dask
-    from distributed import LocalCluster
+    from distributed import LocalCluster, utils
+    utils._forkserver_preload_set = True
     env = {k: os.environ[k] for k in pool_vars if k in os.environ}
     with dask.config.set({"distributed.scheduler.allowed-failures": 0,
                           "distributed.nanny.pre-spawn-environ": env, **LOCAL_CONFIG}):
-        _preload_forkserver()
         return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                             dashboard_address=None, host="127.0.0.1", silence_logs=50)

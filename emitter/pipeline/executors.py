@@ -287,10 +287,11 @@ class Dask:
             self.client()
 
     def _connect(self):
-        from distributed import Client
         if self.ex["kind"] == "local":
             from .dask_local import start_cluster
             self._cluster = start_cluster(self.ex["workers"], POOL_VARS)
+        from distributed import Client
+        if self._cluster is not None:
             return Client(self._cluster, set_as_default=False)
         try:
             return Client(self.ex["address"], timeout=CONNECT_S, set_as_default=False)
