@@ -135,7 +135,9 @@ STAMPED = {**{f"emit:{n}": [p["status"]] + [f"{p['bundle']}/{f}" for f in BUNDLE
            **{f"lock:{n}": [c[3] for c in CHECKS[n]] for n in PATHS},
            "report": [f"{BUILD}/{f}" for f in guards.REPORT_FILES]}
 MOVED = settled.begin(f"{BUILD}/.stamps.json", STAMPED)
-if _EX["kind"] != "inline" and any(n.startswith("lock:") for n in MOVED):
+_NOT_RUNS = {"list", "info", "clean", "forget", "ignore", "dumpdb", "strace", "help", "reset-dep"}
+if _EX["kind"] != "inline" and any(n.startswith("lock:") for n in MOVED) \
+        and not _NOT_RUNS & set(zoo.ARGV if zoo.ARGV is not None else sys.argv[1:]):
     # a lock's results moved or are missing: it will run, so the cluster starts while doit loads
     executors.executor(RUN["executor"], RUN["workers"]).warm()
 
