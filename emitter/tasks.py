@@ -391,6 +391,14 @@ def _handed():
         ns = fastpath.dodo_namespace(zoo.ARGV, ROOT, globals())
         ok = settled.handed() is not None and fastpath.namespace_ok(ns, ours, DOIT_CONFIG,
                                                                      SAFE_CONFIG, OWN_CONFIG)
+        if ok:   # a dodo task that writes what a zoo task reads: doit must order them itself
+            reads = {os.path.normpath(f) for ts in TASKS.values() for t in ts
+                     for f in t.get("file_dep", ())} | {os.path.normpath(f) for fs in READS.values()
+                                                         for f in fs}
+            dirs = tuple(os.path.normpath(d) + os.sep for d in
+                         ["programs"] + [pc.weights for pc in PROGRAMS if pc.weights])
+            made = fastpath.own_targets(ns, ours)
+            ok = not (made & reads or any(f.startswith(dirs) for f in made))
         if not ok:
             settled.load_in_full()
         _HANDED.append(settled.handed())

@@ -280,3 +280,65 @@ def test_only_a_plain_doit_takes_the_fast_path(tmp_path, monkeypatch):
     assert fastpath.plain_run(None)
     (tmp_path / "doit.cfg").write_text("[GLOBAL]\n")
     assert not fastpath.plain_run(None)
+
+
+def _same_stat_edit(path, old, new):
+    """Replace `old` by `new` (same length) in `path` and put its mtime back, as `cp -p`,
+    `touch -r` or a build's fixed file times would leave it."""
+    st = os.stat(path)
+    text = open(path).read()
+    assert old in text and len(old) == len(new)
+    with open(path, "w") as f:
+        f.write(text.replace(old, new, 1))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+
+
+def test_edits_that_keep_size_and_mtime_are_seen(zoo):
+    """Found in review: a code edit with its mtime put back gave a green no-op. The snapshot and
+    the target stamps hold each file's ctime, which no write keeps."""
+    assert doit(zoo)[0] == 0 and FAST in doit(zoo)[2]
+    _same_stat_edit(zoo / "emitter/sambaflow/runtime.py", "v / torch.sqrt", "v * torch.sqrt")
+    rc, ran, out = doit(zoo)                         # rmsnorm is now wrong in every bundle
+    assert FAST not in out and {"emit:a", "lock:a"} <= ran, out
+    assert json.loads((zoo / "build/results/a/float64.json").read_text())["verdict"] == "fail"
+    assert rc != 0
+    result = zoo / "build/results/a/float32.json"    # a target edited with its mtime put back
+    _same_stat_edit(result, '"fail"', '"pass"')
+    rc, ran, out = doit(zoo)
+    assert "lock:a" in ran and json.loads(result.read_text())["verdict"] == "fail", out
+
+
+def test_a_standalone_task_writing_what_the_zoo_reads_loads_every_task(zoo):
+    """Found in review: a dodo's own standalone task that writes a weight the zoo reads ran alone
+    and the report stayed green for a run. Now such a dodo loads every task (doit orders them)."""
+    (zoo / "gen").mkdir()
+    (zoo / "gen/w.f64").write_bytes((zoo / "weights/a/w.f64").read_bytes())
+    with open(zoo / "dodo.py", "a") as f:
+        f.write('\nDOIT_CONFIG = {**DOIT_CONFIG, "default_tasks": DOIT_CONFIG["default_tasks"] + ["gen"]}'
+                '\n\n\n@standalone\ndef task_gen():\n    return {"actions": ["cp gen/w.f64 weights/a/w.f64"],'
+                ' "file_dep": ["gen/w.f64"], "targets": ["weights/a/w.f64"]}\n')
+    for _ in range(3):
+        rc, ran, out = doit(zoo)
+        assert rc == 0, out
+    assert FAST not in out
+    (zoo / "gen/w.f64").write_bytes(b"\0" * 8)       # the generated weight is now the wrong size
+    rc, ran, out = doit(zoo)
+    assert rc != 0 and {"gen", "lock:a"} <= ran, out
+    assert json.loads((zoo / "build/results/a/float64.json").read_text())["verdict"] == "error"
+
+
+def test_damaged_snapshots_and_dotted_doit_keys(zoo, tmp_path, monkeypatch):
+    assert doit(zoo)[0] == 0 and FAST in doit(zoo)[2]
+    snap = zoo / "build/.stamps.json"
+    d = json.loads(snap.read_text())
+    d["verified"]["redo"] = [["lock:a"]]             # not names: every task, never a crash
+    snap.write_text(json.dumps(d))
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and FAST not in out and "Traceback" not in out, out
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/doit"])
+    (tmp_path / "pyproject.toml").write_text("[tool]\ndoit.commands.run.always = true\n")
+    assert not fastpath.plain_run(None)              # doit honours the dotted spelling too
+    (tmp_path / "pyproject.toml").write_text("[tool.black]\nline-length = 99\n")
+    assert fastpath.plain_run(None)

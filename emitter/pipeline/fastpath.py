@@ -7,6 +7,7 @@ variable) and no doit config file that could set an option; anything else loads 
 
 import os
 import sys
+import tomllib
 
 from . import files_io
 
@@ -24,10 +25,14 @@ def plain_run(zoo_argv):
     if args or os.path.exists("doit.cfg"):
         return False
     try:
-        with open("pyproject.toml", encoding="utf-8", errors="replace") as f:
-            return "tool.doit" not in f.read()
+        with open("pyproject.toml", "rb") as f:
+            data = tomllib.load(f)
     except OSError:
         return True
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False                 # doit will say what is wrong with it
+    tool = data.get("tool")
+    return not (isinstance(tool, dict) and "doit" in tool)   # `[tool.doit]` or a dotted `doit.` key
 
 
 def task_name(base, t):
@@ -100,3 +105,20 @@ def namespace_ok(ns, ours, config, safe_keys, own_keys):
     return (isinstance(cfg, dict) and set(cfg) <= safe_keys
             and all(cfg.get(k) == config[k] for k in own_keys)
             and bool(cfg.get("default_tasks")) and set(cfg["default_tasks"]) <= names)
+
+
+def own_targets(ns, ours):
+    """The files the dodo's own standalone task creators in `ns` say they write (each creator
+    called once more here: a standalone creator only describes its tasks). A plain run hands
+    doit every task when one of them is a file a zoo task reads, as doit's own target-to-file_dep
+    ordering then must run the writer first."""
+    out = set()
+    for key, ref in list((ns or {}).items()):
+        if not (key.startswith("task_") and callable(ref) and ref not in ours
+                and getattr(ref, "zoo_standalone", False)):
+            continue
+        made = ref()
+        for t in [made] if isinstance(made, dict) else list(made or ()):
+            if isinstance(t, dict):
+                out.update(os.path.normpath(str(f)) for f in t.get("targets", ()))
+    return out

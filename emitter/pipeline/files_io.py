@@ -53,20 +53,22 @@ def uptodate_check(fn):
 
 
 def stamp_targets(paths):
-    """{path: [mtime_ns, size, sha256]} of files a task just wrote: returned by the action, doit
-    keeps it with the task's state for `targets_intact`."""
+    """{path: [mtime_ns, size, sha256, ctime_ns, inode]} of files a task just wrote: returned by
+    the action, doit keeps it with the task's state for `targets_intact`."""
     out = {}
     for p in paths:
         st = os.stat(p)
-        out[p] = [st.st_mtime_ns, st.st_size, sha256_file(p)[:STAMP_HEX]]
+        out[p] = [st.st_mtime_ns, st.st_size, sha256_file(p)[:STAMP_HEX], st.st_ctime_ns, st.st_ino]
     return {"targets": out}
 
 
 @uptodate_check
 def targets_intact(task, values):
     """Up to date only while every target, and every other file the action stamped, is what the
-    task wrote: same (mtime, size) costs a stat; a moved mtime with the same size costs a hash (and
-    the recorded mtime is put back, so the next run pays a stat again); anything else reruns it."""
+    task wrote: the same (mtime, size, ctime, inode) costs a stat; any of them moved with the same
+    size costs a hash (a restored build/ has new ctimes; an edit that puts its mtime back keeps
+    none: no write keeps the ctime); anything else reruns it. A stamp of an older version (no
+    ctime) is checked by its hash."""
     recorded = values.get("targets")
     if not isinstance(recorded, dict):
         return False
@@ -76,12 +78,11 @@ def targets_intact(task, values):
             st = os.stat(path)
         except OSError:
             return False
-        if not (isinstance(rec, list) and len(rec) == 3) or st.st_size != rec[1]:
+        if not (isinstance(rec, list) and len(rec) in (3, 5)) or st.st_size != rec[1]:
             return False
-        if st.st_mtime_ns != rec[0]:
-            if sha256_file(path)[:STAMP_HEX] != rec[2]:
-                return False
-            os.utime(path, ns=(st.st_atime_ns, rec[0]))
+        same = len(rec) == 5 and [st.st_mtime_ns, st.st_ctime_ns, st.st_ino] == [rec[0], rec[3], rec[4]]
+        if not same and sha256_file(path)[:STAMP_HEX] != rec[2]:
+            return False
     return True
 
 

@@ -24,22 +24,24 @@ import os
 
 from ..files import read_json, write_atomic
 
-VERSION = 3
+VERSION = 4
 _RUN = {}   # this run's: the snapshot file, what it held, the stats taken at load, what `whole` saw
 
 
 def stat(path):
-    """[mtime_ns, size] of `path` (links followed), None when it cannot be stat'ed."""
+    """[mtime_ns, size, ctime_ns, inode] of `path` (links followed), None when it cannot be
+    stat'ed. The ctime is what no write can keep (`touch -r`, `cp -p` and a build's fixed times
+    keep the mtime): an edit that keeps size and mtime still moves it."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_mtime_ns, st.st_size]
+    return [st.st_mtime_ns, st.st_size, st.st_ctime_ns, st.st_ino]
 
 
 def begin(snapshot, stamped):
     """Read `snapshot` and stat every stamped file; the names (of `stamped`: {name: [files]})
-    whose files' (mtime, size) differ from it, all of them when there is none."""
+    whose files' stats differ from it, all of them when there is none."""
     old = read_json(snapshot)
     old = old if isinstance(old, dict) and old.get("version") == VERSION else {}
     files = old.get("files") if isinstance(old.get("files"), dict) else {}
@@ -89,6 +91,8 @@ def whole(key, specs, made, reads, named, shared, db):
     if any(now[f] != was.get(f, False) for f in shared):
         return None
     redo = v.get("redo") if isinstance(v.get("redo"), list) else []
+    if not all(isinstance(t, str) for t in redo):    # a damaged snapshot: every task, never a crash
+        return None
     todo = [t for t in specs if old_specs.get(t) != hashes[t]
             or any(now[f] != was.get(f, False) for f in made[t])
             or any(now[f] != was.get(f, False) for f in reads[t])] + [t for t in redo if t in specs]
@@ -182,7 +186,8 @@ def settle(settled, uptodate=(), values=None, complete=False, redo=()):
 
 
 def _stamp(rec):
-    return [rec[0], rec[1]] if isinstance(rec, list) and len(rec) == 3 else None
+    """A target stamp (`files_io.stamp_targets`) as `stat` gives it."""
+    return [rec[0], rec[1], rec[3], rec[4]] if isinstance(rec, list) and len(rec) == 5 else None
 
 
 def _dumps(obj):

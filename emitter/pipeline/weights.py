@@ -22,8 +22,9 @@ def _weight_entries(weights_dir):
 
 
 def _listing(weights_dir):
-    """name -> (size, mtime_ns) of a weights directory's files (as `_weight_entries` counts them)."""
-    return {e.name: (st.st_size, st.st_mtime_ns)
+    """name -> (size, mtime_ns, ctime_ns, inode) of a weights directory's files (as
+    `_weight_entries` counts them): an edit that puts its mtime back still moves the ctime."""
+    return {e.name: (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
             for e in _weight_entries(weights_dir) for st in (e.stat(),)}
 
 
@@ -54,11 +55,11 @@ def weights_current(task, values, weights_dir, manifest):
     if set(listing) != set(files):
         return False
     moved = {}
-    for name, (size, mtime) in listing.items():
-        if files[name]["size"] != size:
+    for name, stamp in listing.items():
+        if files[name]["size"] != stamp[0]:
             return False
-        if cache.get(name) != [size, mtime]:
-            moved[name] = (size, mtime)
+        if cache.get(name) != list(stamp):
+            moved[name] = stamp
     for name in moved:
         if sha256_file(os.path.join(weights_dir, name)) != files[name]["sha256"]:
             return False
@@ -73,7 +74,7 @@ def write_weights_manifest(weights_dir, manifest):
     freeze_heap()
     listing = _listing(weights_dir)
     files = {n: {"size": s, "sha256": sha256_file(os.path.join(weights_dir, n))}
-             for n, (s, _) in listing.items()}
+             for n, (s, *_) in listing.items()}
     body = {"schema": "logos.weights.manifest", "version": 1, "dir": weights_dir,
             "exists": bool(weights_dir) and os.path.isdir(weights_dir), "files": files,
             "digest": sha256_text(dumps(files))}
