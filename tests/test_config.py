@@ -264,3 +264,14 @@ def test_yaml_numbers_as_yaml_1_2_reads_them(tmp_path):
     assert got["p"].tolerances["float32"] == {"abs": 1e-5, "rel": 2e-3}
     got = zoo(tmp_path, {"programs/q.logos": SRC, "programs/q.yaml": "tolerances: {float32: {abs: '1e-5'}}\n"})
     assert "`abs` must be a finite number >= 0, got '1e-5'" in got["q"].error   # quoted: a string
+
+
+def test_bf16_bounds_in_a_config(tmp_path):
+    got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/p.yaml":
+                         "dtypes: [float32, bfloat16]\nbf16: {deviation: 0.3, excess: {matmul: 5}}\n",
+                         "programs/q.logos": SRC, "programs/q.yaml": "bf16: {deviatoin: 0.3}\n"})
+    assert got["p"].error is None and got["p"].bf16 == {"deviation": 0.3, "excess": {"matmul": 5}}
+    from emitter.verify.bf16 import bounds
+    b = bounds(got["p"].bf16)
+    assert b["deviation"] == 0.3 and b["excess"]["matmul"] == 5 and b["excess"]["attention"] == 4.0
+    assert got["q"].error.startswith("programs/q.yaml:1") and "deviation" in got["q"].error

@@ -42,7 +42,7 @@ BUILTIN = {
 }
 PROGRAM_KEYS = ("weights", "lock", "dtypes", "steps", "tolerances", "derive", "allow_nonfinite",
                 "limits", "precision", "bf16")
-BF16_KEYS = ("excess", "excess_other", "z", "cosine", "margin_noise")
+BF16_KEYS = ("excess", "excess_other", "deviation", "z", "cosine", "margin_noise")
 LEAF_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_KEYS = ("lock", "dtypes", "steps", "tolerances", "limits")
 DERIVE_KEYS = ("importer", "checkpoint", "sha256")
