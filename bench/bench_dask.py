@@ -135,6 +135,53 @@ def one_check_overhead(zoo, n=30):
     return statistics.median(here), statistics.median(there)
 
 
+CEILING = """
+import os, sys, time
+os.chdir(sys.argv[1]); sys.path.insert(0, sys.argv[1])
+from emitter.pipeline import executors
+jobs = [{"name": n, "root": sys.argv[1], "bundle": f"build/bundles/{n}", "source": f"programs/{n}.logos",
+         "weights": f"build/weights/{n}", "golden": None, "threads": 1, "thread_env": {}, "memory": None,
+         "kwargs": {"dtype": d, "steps": int(s), "atol": None, "rtol": None, "allow_nonfinite": (),
+                    "max_tensor_bytes": None}} for n, s in (a.split(":") for a in sys.argv[2:])
+        for d in ("float64", "float32", "bfloat16")]
+executors.Inline().run(jobs[:1], 600)   # torch imported, the module compiled
+print("ready", flush=True)
+sys.stdin.readline()
+t = time.perf_counter()
+executors.Inline().run(jobs, 600)
+print(time.perf_counter() - t, flush=True)
+"""
+
+
+def ceiling(zoo, programs):
+    """What this machine gives a second process now, without Dask: the same locks (each real
+    model's three checks) in one process alone, then in two side by side; 2 x alone / together
+    is the most any 2-worker executor could gain here."""
+    import yaml
+    args = []
+    for n in programs:
+        with open(os.path.join(zoo, "programs", f"{n}.yaml")) as f:
+            args.append(f"{n}:{(yaml.safe_load(f) or {}).get('steps', 1)}")
+
+    def together(k):
+        ps = [subprocess.Popen([sys.executable, "-c", CEILING, zoo, *args], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True) for _ in range(k)]
+        for p in ps:
+            assert p.stdout.readline().strip() == "ready"
+        for p in ps:
+            p.stdin.write("\n")
+            p.stdin.flush()
+        out = [float(p.stdout.readline()) for p in ps]
+        for p in ps:
+            p.wait()
+        return max(out)
+    before = load()
+    alone, two = together(1), together(2)
+    print(f"ceiling: the real models' checks in one process {alone:.1f} s, in two side by side "
+          f"{two:.1f} s: 2 processes give {2 * alone / two:.2f}x the throughput of one here "
+          f"({before} -> {load()})", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep", help="work in this folder and keep it (default: a temporary one)")
@@ -163,6 +210,7 @@ def run(base, whole=True):
     s, p = doit(zoo, "emit", "wmanifest")
     print(f"setup: emits and derived imports {s:.1f} s (rc {p.returncode})", flush=True)
 
+    ceiling(zoo, REAL)
     compare(zoo, list(REAL), "real models (" + ", ".join(REAL) + ")")
     here, there = one_check_overhead(zoo)
     print(f"per-check overhead: mlp float64 {here * 1000:.1f} ms here, {there * 1000:.1f} ms through a "
@@ -180,6 +228,7 @@ def run(base, whole=True):
     emits_clone = clone(os.path.join(base, "emits"))
     emits, p = doit(emits_clone, "emit")
     fresh = clone(os.path.join(base, "fresh"))
+    began = time.time()
     warm, p = doit(fresh, f"cache={cache_url}", env=key)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     frs = results(fresh)
@@ -190,6 +239,10 @@ def run(base, whole=True):
           flush=True)
     print(f"  against a no-op run {noop:.2f} s + the emits in a fresh clone {emits:.1f} s = "
           f"{noop + emits:.1f} s: {warm / (noop + emits):.2f}x (target < 2x)", flush=True)
+    verdicts = max(os.stat(os.path.join(fresh, "build/results", n, d + ".json")).st_mtime
+                   for n, d in frs) - began
+    print(f"  every verdict written {verdicts:.1f} s after the start ({verdicts / (noop + emits):.2f}x); "
+          f"the rest is the report, report.html's plots drawn for the first time", flush=True)
 
 
 if __name__ == "__main__":
