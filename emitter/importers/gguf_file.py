@@ -6,6 +6,7 @@ numpy (out, in) array, torch's layout; the sugar computes `x matmul W` with W (i
 the transpose. A table read by `row TOK of TABLE` (the token embedding) keeps numpy's (rows, cols).
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -16,6 +17,24 @@ from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..language.names import gguf_name
 from .leaves import write_leaf
+from .packages import chunks, resolve_checkpoint
+
+
+@contextlib.contextmanager
+def checkpoint_file(checkpoint, scratch):
+    """The GGUF a checkpoint spec names, as a path: a chunked spec's parts joined into
+    `scratch/.checkpoint.gguf` (under build/ when doit runs the import) for as long as the block
+    runs, then deleted; anything else where `resolve_checkpoint` finds it."""
+    if chunks(checkpoint) is None:
+        yield resolve_checkpoint(checkpoint)
+        return
+    os.makedirs(scratch, exist_ok=True)
+    path = os.path.join(scratch, ".checkpoint.gguf")
+    try:
+        yield resolve_checkpoint(checkpoint, path)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 def open_gguf(path):
