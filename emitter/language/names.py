@@ -10,7 +10,7 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Names model.py and compile.py use themselves: imports, module-level names, forward's locals, and
 # every top-level name of emitter/sambaflow/runtime.py and app.py (a test keeps this list complete).
 EMITTED = frozenset({
-    "argparse", "json", "math", "os", "sys", "np", "torch", "nn", "F",
+    "argparse", "json", "math", "mmap", "os", "sys", "np", "torch", "nn", "F",
     "self", "inputs", "args", "LEAVES", "FILLS", "INPUTS", "STATES", "REQUIRED", "OUTPUT", "PROGRAM",
     "EPS",
     "weights", "LogosModule", "ProgramModule", "load_weights", "main", "add_args", "bundle", "name",

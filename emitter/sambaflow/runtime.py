@@ -9,6 +9,7 @@ names below are what model.py defines for its own program.
 import argparse
 import json
 import math
+import mmap
 import os
 
 import numpy as np
@@ -197,10 +198,14 @@ def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
         if data.size != shape[0] * shape[1]:
             raise ValueError(f"{path}: {data.nbytes} bytes, expected "
                              f"{shape[0] * shape[1] * data.itemsize} for {shape[0]} by {shape[1]}")
-        flat = data.reshape(-1)   # checked in blocks: no whole-table temporary
-        if name not in allow_nonfinite and not all(np.isfinite(flat[i:i + (1 << 22)]).all()
-                                                   for i in range(0, flat.size, 1 << 22)):
-            raise ValueError(f"{path}: holds a non-finite value")
+        flat, block = data.reshape(-1), 1 << 22   # checked in blocks: no whole-table temporary
+        for i in range(0, flat.size, block) if name not in allow_nonfinite else ():
+            finite = bool(np.isfinite(flat[i:i + block]).all())
+            if isinstance(data, np.memmap):   # the pages read come back when the forward reads them
+                data._mmap.madvise(mmap.MADV_DONTNEED, i * data.itemsize,
+                                   min(block, flat.size - i) * data.itemsize)
+            if not finite:
+                raise ValueError(f"{path}: holds a non-finite value")
         held = torch.float32 if dtype == torch.bfloat16 and kind == "int" else dtype   # ids exact
         weights[name] = torch.from_numpy(data).reshape(shape).to(held)
     return weights

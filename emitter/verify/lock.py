@@ -13,7 +13,6 @@ The module is built the way `model.py --weights` and compile.py build it: the bu
 
 import hashlib
 import importlib.util
-import json
 import math
 import os
 import sys
@@ -22,7 +21,7 @@ import uuid
 
 import numpy as np
 
-from ..files import BUNDLE_FILES, write_atomic
+from ..files import BUNDLE_FILES, json_lines, write_atomic
 from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..ops import release
@@ -30,6 +29,7 @@ from ..sambaflow.marks import program_name
 from . import environment, verdict, vm
 from .compare import compare, figures, worse
 from .probe import CouldNotRun, Probe
+from .resident import Releasing, Resident, reads
 from .tolerances import DEFAULT_TOLERANCES as TOLERANCES, tolerance
 
 SCHEMA, VERSION = "logos.lock.result", 2
@@ -107,7 +107,7 @@ def _held(torch, program, name, dtype):
     return dtype
 
 
-def _load_stage(torch, model, program, leaves, dtype, tol):
+def _load_stage(torch, model, program, leaves, dtype, tol, resident):
     """Every leaf buffer against the VM's leaf rounded to the dtype the module holds it in: equal,
     bit for bit. Returns {"pass", "leaves", "failed": [{leaf, line, figures}]} (rows in blocks: a
     1 GB table costs no copy)."""
@@ -132,6 +132,7 @@ def _load_stage(torch, model, program, leaves, dtype, tol):
             failed.append({"leaf": name, "line": program.decls[name].line, **figures(m),
                            "dtype": None if got is None else str(got.dtype)})
         release(want)
+        resident.release([name])
     return {"pass": not failed, "leaves": len(program.leaves), "failed": failed}
 
 
@@ -154,7 +155,7 @@ def _feeding(program):
     return next((bound[n] for n in out.inputs if n in bound and program.real.get(n)), None)
 
 
-def _run(torch, model, dtype, program, leaves, steps, tol, timings, golden=None, gate=None):
+def _run(torch, model, dtype, program, leaves, steps, tol, timings, resident, golden=None, gate=None):
     """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures).
     Each step has a probe pass (every op on the VM's inputs) and a teacher-forced pass (the module
     alone from the VM's states, so each step's error is its own); its VM step also goes to `golden`
@@ -165,6 +166,7 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, golden=None,
     out_stage = next(st for st in reversed(program.stages) if st.binds)
     integer = out_stage.op.integer or not program.real[program.output]
     feed = _feeding(program) if integer else None
+    stage_reads = reads(program)
     for step in range(1, steps + 1):
         t = time.perf_counter()
         trace = vm.step(program, current, keep_stages=True)
@@ -176,17 +178,21 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, golden=None,
                        {st.index for st in program.stages if st.op.view})
         with torch.no_grad():
             _set_states(torch, model, program, current)
-            model.probe = probe
-            t = time.perf_counter()
+            model.probe = Releasing(probe, resident, stage_reads)
+            t, let_go = time.perf_counter(), resident.seconds
             try:
                 _call(model, program, f"the probe pass of step {step}")
             finally:
-                timings["probe_s"] += time.perf_counter() - t - probe.seconds
+                timings["probe_s"] += time.perf_counter() - t - probe.seconds - (resident.seconds - let_go)
                 model.probe = None
             _set_states(torch, model, program, current)     # teacher-forced
-            t = time.perf_counter()
-            out = _call(model, program, f"step {step}")
-            timings["module_s"] += time.perf_counter() - t
+            model.probe = Releasing(None, resident, stage_reads)   # hands each value on as it is
+            t, let_go = time.perf_counter(), resident.seconds
+            try:
+                out = _call(model, program, f"step {step}")
+            finally:
+                timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
+                model.probe = None
         if len(probe.results) != len(program.stages):
             missing = [i for i in range(len(program.stages)) if i not in probe.results]
             raise CouldNotRun(f"the module's forward never tapped stage {missing[0]}: "
@@ -338,7 +344,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                               f"is {result['program']!r}: emit it again")
         torch_dtype = getattr(torch, dtype)
         model = _build(torch, module, program, weights_dir, torch_dtype, allow_nonfinite)
-        result["load"] = load = _load_stage(torch, model, program, leaves.values, torch_dtype, tol)
+        resident = Resident(model, program.leaves)
+        result["load"] = load = _load_stage(torch, model, program, leaves.values, torch_dtype, tol,
+                                            resident)
         result["timings"]["setup_s"] = time.perf_counter() - start
         gate = None
         if dtype == "bfloat16":
@@ -348,8 +356,11 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         if golden is not None:
             from .golden import Golden
             keep = Golden(os.path.join(bundle_dir, "golden"), program, weights_dir, golden)
-        details, stages, first, output = _run(torch, model, torch_dtype, program, leaves.values,
-                                              steps, tol, result["timings"], keep, gate)
+        try:
+            details, stages, first, output = _run(torch, model, torch_dtype, program, leaves.values,
+                                                  steps, tol, result["timings"], resident, keep, gate)
+        finally:
+            resident.close()
         if keep is not None:
             keep.write()
         if load["failed"]:
@@ -376,7 +387,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
 
 
 def write_result(result, path):
-    write_atomic(path, json.dumps(result, indent=2, sort_keys=True, allow_nan=True) + "\n")
+    write_atomic(path, json_lines(result))
 
 
 EXIT = {"pass": 0, "fail": 1, "error": 2}

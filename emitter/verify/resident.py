@@ -1,0 +1,111 @@
+"""The module's weights, resident only while an op reads them.
+
+model.py's `load_weights` hands the module copy-on-write maps of the weight files (no copy in
+memory), but a map whose pages were read stays resident: after one forward pass the process holds
+every weight, beside the VM's blocks and the interpreter. The lock lets go of a weight's pages
+after each op that reads it (madvise DONTNEED: they stay in the page cache and come back on the
+next touch), so its peak is one op's weights, not the model's.
+
+Only pages that still hold the file are let go: a page the module wrote to (copy-on-write made it
+its own) is kept, and that weight is never let go again, so a module that writes into its weights
+behaves under the lock exactly as it does for a user. Linux only (/proc/self/maps and pagemap);
+elsewhere nothing is let go.
+"""
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import time
+
+import numpy as np
+
+PAGE = mmap.PAGESIZE
+_PRESENT, _SWAPPED, _FILE = np.uint64(1 << 63), np.uint64(1 << 62), np.uint64(1 << 61)
+
+
+def _file_maps():
+    """[(start, end)] of this process's file-backed mappings."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[4] != "0" and parts[5].startswith("/"):
+                start, end = parts[0].split("-")
+                out.append((int(start, 16), int(end, 16)))
+    return out
+
+
+def _libc():
+    lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    lib.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return lib
+
+
+class Resident:
+    """The module's leaf buffers that map a file, and `release(names)` to let their pages go."""
+
+    def __init__(self, model, names):
+        self.ranges, self.kept, self.seconds = {}, set(), 0.0
+        try:
+            maps, self._pagemap, self._libc = _file_maps(), os.open("/proc/self/pagemap", os.O_RDONLY), _libc()
+        except (OSError, AttributeError):
+            return
+        for name in names:
+            t = getattr(model, "leaf_" + name, None)
+            if t is None or not t.is_contiguous() or t.numel() == 0:
+                continue
+            lo = t.data_ptr()
+            hi = lo + t.numel() * t.element_size()
+            vma = next(((s, e) for s, e in maps if s <= lo and hi <= e), None)
+            if vma is not None:   # pages wholly inside this file's map (it maps nothing else)
+                self.ranges[name] = (max(vma[0], lo - lo % PAGE), min(vma[1], -(-hi // PAGE) * PAGE))
+
+    def close(self):
+        if self.ranges:
+            os.close(self._pagemap)
+            self.ranges = {}
+
+    def release(self, names):
+        start = time.perf_counter()
+        for name in names:
+            r = self.ranges.get(name)
+            if r is None or name in self.kept:
+                continue
+            lo, hi = r
+            n = (hi - lo) // PAGE
+            flags = np.frombuffer(os.pread(self._pagemap, 8 * n, 8 * (lo // PAGE)), dtype=np.uint64)
+            if np.any(((flags & _PRESENT != 0) & (flags & _FILE == 0)) | (flags & _SWAPPED != 0)):
+                self.kept.add(name)   # written to: copy-on-write made those pages the module's own
+                continue
+            self._libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED)
+        self.seconds += time.perf_counter() - start
+
+
+def reads(program):
+    """{stage index: the leaves whose storage the stage reads}, through views (a transposed table
+    reads the table)."""
+    leaves, alias, out = set(program.leaves), {}, {}
+    for st in program.stages:
+        read = set()
+        for x in st.inputs:
+            read |= alias.get(x, {x} & leaves)
+        out[st.index] = sorted(read)
+        if st.op.view:
+            alias[st.out] = read
+    return out
+
+
+class Releasing:
+    """The module's tap hook: `hook`'s (the probe's, or none), then the stage's weights let go."""
+
+    def __init__(self, hook, resident, stage_reads):
+        self.hook, self.resident, self.reads = hook, resident, stage_reads
+        self.last = -1
+
+    def __call__(self, index, value):
+        if self.hook is not None:
+            value = self.hook(index, value)
+        self.last = index
+        self.resident.release(self.reads.get(index, ()))
+        return value

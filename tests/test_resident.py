@@ -1,0 +1,83 @@
+"""The lock lets go of the module's mapped weight pages after each op that reads them, and never of
+a page the module wrote to: a module that writes into its weights fails as it would for a user."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import emit_bundle, write_weights
+from emitter import read_file
+from emitter.verify.lock import load_bundle_module, lock_bundle
+from emitter.verify.resident import PAGE, Resident, reads
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pagemap is Linux's")
+
+PROGRAM = """Let x be a 1 by 64 tensor of Real.
+Let W be a 64 by 1024 tensor of Real.
+Let y be x matmul W.
+Let z be silu of y.
+"""
+
+
+def _present(t):
+    """Pages of tensor `t` mapped in this process now (pagemap's present bit)."""
+    lo, hi = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    lo -= lo % PAGE
+    n = -(-(hi - lo) // PAGE)
+    fd = os.open("/proc/self/pagemap", os.O_RDONLY)
+    try:
+        flags = np.frombuffer(os.pread(fd, 8 * n, 8 * (lo // PAGE)), dtype=np.uint64)
+    finally:
+        os.close(fd)
+    return int(np.count_nonzero(flags & np.uint64(1 << 63)))
+
+
+@pytest.fixture
+def made(tmp_path):
+    (tmp_path / "p.logos").write_text(PROGRAM)
+    program = read_file(str(tmp_path / "p.logos"))
+    weights = write_weights(program, tmp_path / "w", seed=4)
+    return program, weights, emit_bundle(PROGRAM, tmp_path / "b"), str(tmp_path / "p.logos")
+
+
+def test_pages_are_let_go_after_reading_and_kept_once_written(made):
+    program, weights, bundle, _ = made
+    module = load_bundle_module(bundle)
+    model = module.LogosModule(module.load_weights(weights, torch.float64), torch.float64)
+    w = model.leaf_W
+    assert _present(w) == 0            # load_weights' finiteness check let its pages go
+    total = float(w.sum())             # read: every page of W's map is resident
+    assert _present(w) == 64 * 1024 * 8 // PAGE
+    resident = Resident(model, program.leaves)
+    assert set(resident.ranges) == {"W", "x"}
+    resident.release(["W"])
+    assert _present(w) == 0 and float(w.sum()) == total    # the file's values come back
+    w[0, 0] += 1.0                     # the module writes into its weight: that page is its own
+    resident.release(["W"])
+    assert "W" in resident.kept and _present(w) > 0
+    assert float(w.sum()) == total + 1.0
+    resident.close()
+
+
+def test_a_module_that_writes_into_a_weight_still_fails(made):
+    """It scales W in place right after reading it, before its tap: letting that page go would
+    put the file's values back before the next pass and hide the drift a user sees."""
+    program, weights, bundle, source = made
+    assert lock_bundle(bundle, source, weights, "float64", 2)["verdict"] == "pass"
+    path = os.path.join(bundle, "model.py")
+    text = open(path).read()
+    old = "        y = self.tap(0, x @ W)\n"
+    assert old in text
+    open(path, "w").write(text.replace(old, "        y = x @ W\n        W.mul_(1.5)\n        y = self.tap(0, y)\n"))
+    r = lock_bundle(bundle, source, weights, "float64", 2)
+    assert r["verdict"] == "fail" and r["first_divergence"]["step"] == 1, r["first_divergence"]
+
+
+def test_a_stage_reads_the_table_behind_a_view():
+    from emitter.language.reader import read_program
+    program = read_program("Let E be a 300 by 8 tensor of Real.\nLet x be a 1 by 8 tensor of Real.\n"
+                           "Let t be transpose of E.\nLet y be x matmul t.\n")
+    assert reads(program) == {0: ["E"], 1: ["E", "x"]}
