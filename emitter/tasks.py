@@ -157,7 +157,12 @@ def _skips_import(pc):
 
 
 def _run(pc):
-    """What the lock action needs of the run's settings (executor, threads, cache and its keys)."""
+    """What the lock action needs of the run's settings (executor, threads, cache and its keys).
+    A derived program's lock records its checks' keys even with no cache (worked out when it runs,
+    not at load): only a recorded key vouches for derived weights, so a later run holding the
+    cache's key can publish verdicts that were computed without it."""
+    if not RUN["cache"] and pc.derive and not pc.error:
+        return {**RUN, "keys": {}, "key_of": (pc, CHECKS[pc.name], f"{BUILD}/.cache-checkpoints.json")}
     return {**RUN, "keys": KEYS.get(pc.name) or {}}
 
 

@@ -198,3 +198,43 @@ def test_ci_fills_the_cache_and_a_fresh_clone_takes_its_verdicts(tmp_path):
     rc, ran, out = doit(dev, f"cache={url}")
     assert rc == 0 and "LOGOS_CACHE_KEY is not set" in out and "cache" not in ran, out
     assert not any("from_cache" in r for r in _results(dev).values())
+
+
+def test_verdicts_locked_without_a_cache_are_published_later_derived_ones_too(tmp_path):
+    """A build/ made with no cache (a plain `doit`, then restored in CI) fills a new cache on the
+    first run that holds the key: every verdict, the derived program's included, because its lock
+    recorded the key it stands for even with no cache to publish to."""
+    url, key = (tmp_path / "cache").as_uri(), {"LOGOS_CACHE_KEY": "ci-secret"}
+    plain = _zoo(tmp_path, "plain")
+    rc, ran, out = doit(plain)
+    assert rc == 0 and {"weights:d", "lock:d", "lock:a", "lock:b"} <= ran, out
+    assert not any("from_cache" in r for r in _results(plain).values())
+    plain_key = _results(plain)[("d", "float64")]["cache"]["key"]
+    assert len(plain_key) == 64 and _results(plain)[("d", "float64")]["cache"]["url"] is None
+    rc, ran, out = doit(plain, f"cache={url}", env=key)
+    assert rc == 0 and "published 6 verdict(s)" in out and not {"lock:d", "weights:d"} & ran, out
+    entries = {e.stem for e in (tmp_path / "cache").rglob("*.json")}
+    assert plain_key in entries and len(entries) == 6
+
+    dev = _zoo(tmp_path, "dev")    # and a fresh clone takes them all, importing nothing
+    rc, ran, out = doit(dev, f"cache={url}", env=key)
+    assert rc == 0 and not {"weights:d", "wmanifest:d"} & ran, out
+    assert all(r["from_cache"] for r in _results(dev).values())
+    assert _results(dev)[("d", "float64")]["cache"]["key"] == plain_key
+
+
+def test_a_hand_edited_key_is_never_published(tmp_path):
+    """A result whose recorded key was edited by hand is a moved target: its lock runs again and
+    what is published is the verdict under the key it really stands for."""
+    url, key = (tmp_path / "cache").as_uri(), {"LOGOS_CACHE_KEY": "ci-secret"}
+    z = _zoo(tmp_path)
+    assert doit(z)[0] == 0
+    path = z / "build/results/d/float64.json"
+    r = json.loads(path.read_text())
+    true_key, r["cache"]["key"] = r["cache"]["key"], "0" * 64
+    path.write_text(json.dumps(r))
+    rc, ran, out = doit(z, f"cache={url}", env=key)
+    assert rc == 0 and "lock:d" in ran, out
+    entries = {e.stem for e in (tmp_path / "cache").rglob("*.json")}
+    assert true_key in entries and "0" * 64 not in entries and len(entries) == 6
+    assert json.loads(path.read_text())["cache"]["key"] == true_key

@@ -46,3 +46,27 @@ def test_result_cache_follows_the_files_and_survives_a_bad_cache(tmp_path):
     for junk in ("[]", '{"version": 2, "entries": {"%s": 5}}' % res, "not json"):
         cache.write_text(junk)
         assert build_rows(entries, str(cache), build)[0]["output"]["max_abs"] == 7.0
+
+
+def test_plot_points_sit_where_their_values_say():
+    """report.html's plot, computed independently: x linear over the stages, y log10 between the
+    decades around the data (the tolerance line at 1 inside), NaN left out, infinity at the top."""
+    import math
+    import re
+    from emitter.pipeline import plot_svg as P
+    svg = P.log_plot("p<1>", {"float64": [(0, 1e-3), (5, float("nan")), (10, 1.0)],
+                              "float32": [(0, float("inf")), (10, 0.0)]}, "stage", "ratio")
+    assert svg.startswith("<svg") and svg.endswith("</svg>") and "p&lt;1&gt;" in svg
+    w, h = P.WIDTH - P.LEFT - P.RIGHT, P.HEIGHT - P.TOP - P.BOTTOM
+    lo, hi = -12, 13                 # floor(log10 1e-12) .. ceil(log10 1e12 + 0.3)
+
+    def at(x, y):
+        return f"{P.LEFT + x / 10 * w:.1f},{P.TOP + (hi - math.log10(y)) / (hi - lo) * h:.1f}"
+    lines = re.findall(r'<polyline points="([^"]+)" fill="none" stroke="([^"]+)"', svg)
+    assert lines == [(f"{at(0, 1e12)} {at(10, 1e-12)}", P.COLOURS[0]),
+                     (f"{at(0, 1e-3)} {at(10, 1.0)}", P.COLOURS[1])]
+    mark = P.TOP + (hi - 0) / (hi - lo) * h
+    assert f'y1="{mark:.1f}" x2="{P.LEFT + w}" y2="{mark:.1f}" stroke="#b00020"' in svg
+    assert svg == P.log_plot("p<1>", {"float32": [(0, float("inf")), (10, 0.0)],
+                                      "float64": [(0, 1e-3), (5, float("nan")), (10, 1.0)]},
+                             "stage", "ratio")

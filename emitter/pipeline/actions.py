@@ -12,11 +12,10 @@ the same is reported by the progress reporter (`report_failures`), so the report
 run's.
 """
 
-import json
 import os
 import sys
 
-from ..files import BUNDLE_FILES, read_json, write_atomic, write_files
+from ..files import BUNDLE_FILES, json_lines, read_json, write_atomic, write_files
 from .digests import check_digest
 from .files_io import dumps, sha256_text, stamp_targets, write_if_changed
 from .guards import REPORT_FILES, freeze_heap
@@ -117,15 +116,16 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     golden = {dtype: tolerance(dtype, atol, rtol) for dtype, atol, rtol, _ in checks}
     threads = run.get("threads") or executors.DEFAULT_THREADS
     store = cache.store(run.get("cache"))
+    specs = run.get("keys") or (cache.key_specs(*run["key_of"]) if run.get("key_of") else None) or {}
     done, keys, jobs = {}, {}, []
     for dtype, atol, rtol, out in checks:
         if state.get("status") != "ok":
             done[dtype] = error_result(name, source, dtype, steps, state.get("reason"))
             continue
-        if store is not None and dtype in (run.get("keys") or {}):
-            parts = cache.key_parts(run["keys"][dtype], status, manifest, digests_dir, threads)
+        if dtype in specs:
+            parts = cache.key_parts(specs[dtype], status, manifest, digests_dir, threads)
             keys[dtype] = parts and cache.check_key(parts)
-            hit = store.get(keys[dtype]) if keys[dtype] else None
+            hit = store.get(keys[dtype]) if keys[dtype] and store is not None else None
             if hit is not None:
                 done[dtype] = hit
                 continue
@@ -167,14 +167,13 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
                            config=check_digest(dtype, steps, atol, rtol, weights, allow_nonfinite, bf16),
                            environment=(r.get("environment") or {}).get("digest"))
         if keys.get(dtype) and not r.get("from_cache"):
-            r.update(from_cache=False, cache={"url": store.url, "key": keys[dtype]})
+            r["cache"] = {"url": store and store.url, "key": keys[dtype]}
+            if store is not None:
+                r["from_cache"] = False
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        write_atomic(out, json.dumps(r, indent=2, sort_keys=True, allow_nan=True) + "\n")
-        try:
-            history.record(db, r)
-        except history.HistoryError as e:   # the verdict stands in its RESULT.json all the same
-            sys.stderr.write(f"lock:{name}: the history was not appended to: {e}\n")
-        if keys.get(dtype) and not r.get("from_cache") and r["verdict"] in cache.CACHEABLE:
+        write_atomic(out, json_lines(r))
+        if store is not None and keys.get(dtype) and not r.get("from_cache") \
+                and r["verdict"] in cache.CACHEABLE:
             try:
                 store.put(keys[dtype], r)
             except Exception as e:   # the verdict stands; the cache is best effort
@@ -182,6 +181,10 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
                                  f"{type(e).__name__}: {str(e)[:200]}\n")
         line = verdict.line(r) + (" (from the cache)" if r.get("from_cache") else "")
         (sys.stdout if r["verdict"] == "pass" else sys.stderr).write(f"lock:{name} {line}\n")
+    try:
+        history.record_all(db, [done[c[0]] for c in checks])
+    except history.HistoryError as e:   # the verdicts stand in their RESULT.json all the same
+        sys.stderr.write(f"lock:{name}: the history was not appended to: {e}\n")
     stamps = stamp_targets([c[3] for c in checks])
     if lost:
         return TaskFailed(f"lock:{name}: {lost} (recorded as an error; the next run tries again)")

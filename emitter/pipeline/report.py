@@ -5,11 +5,10 @@ The output is a function of the status and result files only (no clock, no host)
 zoo gives byte-identical reports.
 """
 
-import json
 import os
 import xml.etree.ElementTree as ET
 
-from ..files import StampedCache, read_json, write_files
+from ..files import StampedCache, json_lines, read_json, write_files
 from ..verify.verdict import describe, number, one_minus_cos, short
 from .digests import check_digest
 
@@ -144,14 +143,7 @@ def render_json(rows):
             "programs": len({r["name"] for r in rows}), "checks": len(rows), "counts": counts(rows),
             "failures": [dict(r, why=describe(r)) for r in rows if r["verdict"] != "pass"],
             "results": rows}
-    # one row per line: the C encoder serves each (indent= would fall back to the Python one,
-    # seconds on a zoo of thousands), and a diff of two reports reads row by row
-    def value(v):
-        if isinstance(v, list) and v and isinstance(v[0], dict):
-            return "[\n" + ",\n".join("  " + json.dumps(x, sort_keys=True, allow_nan=True)
-                                       for x in v) + "\n ]"
-        return json.dumps(v, sort_keys=True, allow_nan=True)
-    return "{\n" + ",\n".join(f" {json.dumps(k)}: {value(body[k])}" for k in sorted(body)) + "\n}\n"
+    return json_lines(body)   # a row per line: a diff of two reports reads row by row
 
 
 def render_junit(rows):

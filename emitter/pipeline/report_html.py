@@ -1,20 +1,21 @@
 """build/report.html: one self-contained page (no network, no JavaScript: it reads in a CI artifact
 viewer or an e-mail), failures first, with a plot per program of each stage's error as a ratio of
-its tolerance (log scale, the tolerance drawn at 1), one line per dtype, drawn by matplotlib and
-embedded as inline SVG. Plots are cached by their result files' stamps, so a rebuild after one edit
+its tolerance (log scale, the tolerance drawn at 1), one line per dtype, drawn as inline SVG
+(plot_svg.py). Plots are cached by their result files' stamps, so a rebuild after one edit
 draws one program's plot; a zoo of more than MAX_PLOTS programs plots only those that did not pass.
 """
 
 import hashlib
 import html
-import io
 import json
 import os
 
 from ..files import StampedCache, read_json
+from .plot_svg import log_plot
 from ..verify.verdict import describe, number, one_minus_cos
 
 MAX_PLOTS = 200
+DTYPE_COLOURS = {"float64": "#2ca02c", "float32": "#ff7f0e", "bfloat16": "#1f77b4"}
 _STYLE = """body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px;text-align:left;vertical-align:top}
 .pass{color:#176f2c}.fail,.error{color:#b00020;font-weight:bold}section{margin:1.2em 0}
@@ -23,35 +24,7 @@ h2{font-size:17px;margin:0.3em 0}svg{max-width:100%;height:auto}"""
 
 def _svg(name, series):
     """The plot of one program: {dtype: [(stage index, ratio to tolerance)]} as SVG text."""
-    import matplotlib
-    matplotlib.use("Agg")
-    matplotlib.rcParams["svg.hashsalt"] = "logos"   # the same plot, the same bytes
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker  # noqa: F401  (the formatters below)
-    fig, ax = plt.subplots(figsize=(8, 2.6), dpi=72)
-    try:
-        for dtype, points in sorted(series.items()):
-            xs = [x for x, _ in points]
-            ys = [max(y, 1e-12) for _, y in points]
-            ax.plot(xs, ys, marker="." if len(xs) < 60 else None, linewidth=1, label=dtype)
-        ax.axhline(1.0, color="#b00020", linestyle="--", linewidth=1, label="tolerance")
-        ax.set_yscale("log")
-        # plain tick labels and fixed margins: math-text labels and tight_layout were most of a
-        # plot's time (a fresh clone's report drew its plots for 5x what its verdicts took)
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.0e}"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xlabel("stage")
-        ax.set_ylabel("error / tolerance")
-        ax.set_title(name, fontsize=10)
-        ax.legend(fontsize=8, loc="upper left")
-        ax.grid(True, which="major", linewidth=0.3)
-        fig.subplots_adjust(left=0.09, right=0.99, top=0.9, bottom=0.17)
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
-    finally:
-        plt.close(fig)
-    text = buf.getvalue()
-    return text[text.index("<svg"):]
+    return log_plot(name, series, "stage", "error / tolerance", colours=DTYPE_COLOURS)
 
 
 def _series(paths):
@@ -78,7 +51,7 @@ def _stamp(paths):
 
 def render(rows, cache_path=None):
     """The page, from the report's rows (failures first, as the rows are sorted)."""
-    cache = StampedCache(cache_path, 1)
+    cache = StampedCache(cache_path, 2)   # 2: drawn by plot_svg
     programs = {}
     for r in rows:
         programs.setdefault(r["name"], []).append(r)

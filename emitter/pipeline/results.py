@@ -58,6 +58,7 @@ def connect(db):
                                f"{version}; this one reads up to {VERSION}): use that version, or "
                                "move the file aside to start a new history")
         con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=NORMAL")   # WAL stays consistent; a power cut may lose the last runs
         con.executescript(_SCHEMA)
         have = {row[1] for row in con.execute("PRAGMA table_info(runs)")}
         with con:
@@ -84,30 +85,39 @@ def _bundle_sha(hashes):
 
 def record(db, r, at=None):
     """Append one RESULT.json dict as a run; returns its id."""
-    o = r.get("output") or {}
-    f = r.get("first_divergence") or {}
-    h = r.get("hashes") or {}
+    return record_all(db, [r], at)[0]
+
+
+def record_all(db, rs, at=None):
+    """Append RESULT.json dicts as runs, in one transaction (one commit per lock task, not per
+    check); returns their ids."""
     at = at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    w = r.get("worst") or {}
-    row = (at, r.get("name"), r.get("dtype"), r.get("steps"), r.get("verdict"), r.get("reason"),
-           r.get("program"), h.get("source"), _bundle_sha(h), h.get("weights_manifest") or h.get("weights"),
-           h.get("config"), o.get("max_abs"), o.get("max_rel"), o.get("nmse"), o.get("cosine"),
-           f.get("stage"), f.get("out"), f.get("op"), f.get("line"),
-           (r.get("timings") or {}).get("total_s"), json.dumps(r, sort_keys=True, allow_nan=True),
-           None if w.get("stage") is None else str(w.get("stage")), w.get("op"), w.get("ratio"),
-           o.get("guarded_rel"), h.get("code"), h.get("environment"))
     con = connect(db)
     try:
         with con:
-            cur = con.execute(
+            return [con.execute(
                 "INSERT INTO runs (at, name, dtype, steps, verdict, reason, program, source_sha, "
                 "bundle_sha, weights_sha, config_sha, max_abs, max_rel, nmse, cosine, first_stage, "
                 "first_out, first_op, first_line, total_s, result, worst_stage, worst_op, "
                 "worst_ratio, guarded_rel, code_sha, env_sha) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", row)
-        return cur.lastrowid
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", _row(r, at)).lastrowid
+                for r in rs]
     finally:
         con.close()
+
+
+def _row(r, at):
+    o = r.get("output") or {}
+    f = r.get("first_divergence") or {}
+    h = r.get("hashes") or {}
+    w = r.get("worst") or {}
+    return (at, r.get("name"), r.get("dtype"), r.get("steps"), r.get("verdict"), r.get("reason"),
+            r.get("program"), h.get("source"), _bundle_sha(h), h.get("weights_manifest") or h.get("weights"),
+            h.get("config"), o.get("max_abs"), o.get("max_rel"), o.get("nmse"), o.get("cosine"),
+            f.get("stage"), f.get("out"), f.get("op"), f.get("line"),
+            (r.get("timings") or {}).get("total_s"), json.dumps(r, sort_keys=True, allow_nan=True),
+            None if w.get("stage") is None else str(w.get("stage")), w.get("op"), w.get("ratio"),
+            o.get("guarded_rel"), h.get("code"), h.get("environment"))
 
 
 def latest(db):

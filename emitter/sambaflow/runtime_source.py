@@ -37,12 +37,20 @@ def source(module):
     """The Source of `emitter/sambaflow/<module>.py`."""
     text = resources.files(__package__).joinpath(f"{module}.py").read_text(encoding="utf-8")
     tree = ast.parse(text)
+    lines = text.encode("utf-8").splitlines(keepends=True)
+
+    def segment(node):   # ast.get_source_segment's text, without splitting the file per node
+        part = lines[node.lineno - 1:node.end_lineno]
+        part[-1] = part[-1][:node.end_col_offset]
+        part[0] = part[0][node.col_offset:]
+        return b"".join(part).decode("utf-8")
+
     imports, defs, nodes = [], {}, {}
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            imports.append(ast.get_source_segment(text, node))
+            imports.append(segment(node))
         elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            defs[node.name] = ast.get_source_segment(text, node)
+            defs[node.name] = segment(node)
             nodes[node.name] = node
     needs = {name: sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & set(defs) - {name})
              for name, node in nodes.items()}
