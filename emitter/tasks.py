@@ -88,7 +88,7 @@ def _run_settings():
 
 RUN, _EX = _run_settings()
 if _EX["kind"] != "inline":   # each lock waits on the cluster: doit's threads keep many in flight,
-    # so the scheduler holds every check at once and starts the longest first (executors.cost)
+    # so every program's checks wait in one queue and the longest start first (executors.cost)
     DOIT_CONFIG.update(par_type="thread", num_process=4 * (_EX["workers"] or 4))
 if RUN["cache"]:             # after the report: publish what the cache lacks
     DOIT_CONFIG["default_tasks"] = DOIT_CONFIG["default_tasks"] + ["cache"]

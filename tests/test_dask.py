@@ -129,6 +129,31 @@ def test_a_local_cluster_starts_warm_runs_the_longest_first_and_leaves_nothing(t
         os.kill(server, 0)
 
 
+def test_checks_of_every_lock_share_one_queue_longest_first(tmp_path):
+    """Two locks' checks, queued while the cluster starts (doit's threads each run a lock): the
+    costliest of all starts first, though the other lock's came first and asked for the cluster."""
+    import threading
+    from emitter.pipeline import executors
+    small = [_job(tmp_path, f"s{i}", PROG_B, memory=1 << 20) for i in range(2)]
+    big = _job(tmp_path, "big", PROG_B, memory=1 << 30)
+    ex = executors.Dask(executors.parse("dask:local", 1))
+    outs = {}
+    try:
+        first = threading.Thread(target=lambda: outs.update(small=ex.run(small, 120)))
+        first.start()
+        deadline = time.monotonic() + 30
+        while not ex._queue and time.monotonic() < deadline:   # its checks wait for the cluster
+            time.sleep(0.005)
+        assert ex._client is None
+        outs["big"] = ex.run([big], 120)
+        first.join(120)
+        assert [o["result"]["verdict"] for o in outs["small"] + outs["big"]] == ["pass"] * 3
+        assert outs["big"][0]["execution"]["started"] < min(o["execution"]["started"] for o in outs["small"])
+        assert ex._in_flight == 0 and not ex._pending
+    finally:
+        ex.close()
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -227,3 +227,29 @@ def test_weights_digest_sees_an_edit_that_keeps_size_and_mtime(tmp_path):
     assert os.stat(tmp_path / "W.f32").st_mtime_ns == st.st_mtime_ns
     assert weights_digest(str(tmp_path), {"W": "W.f32"}) != first
     assert weights_digest(str(tmp_path), {"W": "W.f32"}) == weights_digest(str(tmp_path), {"W": "W.f32"})
+
+
+def test_known_hashes_stand_only_while_the_stat_is_the_same(tmp_path):
+    """The weights manifest's hashes (with the stat taken before hashing) spare a worker hashing a
+    model's weights again; a file whose stat moved since is hashed."""
+    import hashlib
+    from emitter.pipeline.weights import known_hashes, write_weights_manifest
+    from emitter.verify.lock import remember, weights_digest
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "W.f32").write_bytes(np.arange(64, dtype="<f4").tobytes())
+    write_weights_manifest(str(w), str(tmp_path / "m.json"))
+    known = known_hashes(str(w), str(tmp_path / "m.json"))
+    st = os.stat(w / "W.f32")
+    assert known == {"W.f32": [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
+                               hashlib.sha256((w / "W.f32").read_bytes()).hexdigest()]}
+    assert known_hashes(str(tmp_path / "elsewhere"), str(tmp_path / "m.json")) == {}
+    forged = {"W.f32": known["W.f32"][:4] + ["f" * 64]}   # the remembered hash is what stands...
+    remember(str(w), forged)
+    want = hashlib.sha256(f"W.f32\0{'f' * 64}\n".encode()).hexdigest()
+    assert weights_digest(str(w), {"W": "W.f32"}) == want
+    with open(w / "W.f32", "r+b") as f:                   # ...until the file's stat moves
+        f.write(np.float32(7).tobytes())
+    os.utime(w / "W.f32", ns=(st.st_atime_ns, st.st_mtime_ns))
+    real = hashlib.sha256((w / "W.f32").read_bytes()).hexdigest()
+    assert weights_digest(str(w), {"W": "W.f32"}) == hashlib.sha256(f"W.f32\0{real}\n".encode()).hexdigest()

@@ -19,6 +19,7 @@ from ..files import BUNDLE_FILES, json_lines, read_json, write_atomic, write_fil
 from .digests import check_digest
 from .files_io import dumps, sha256_text, stamp_targets, write_if_changed
 from .guards import REPORT_FILES, freeze_heap
+from .weights import known_hashes
 
 RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
 
@@ -118,6 +119,7 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     store = cache.store(run.get("cache"))
     specs = run.get("keys") or (cache.key_specs(*run["key_of"]) if run.get("key_of") else None) or {}
     done, keys, jobs = {}, {}, []
+    known = known_hashes(weights, manifest) if weights and manifest else None
     for dtype, atol, rtol, out in checks:
         if state.get("status") != "ok":
             done[dtype] = error_result(name, source, dtype, steps, state.get("reason"))
@@ -135,7 +137,8 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
             continue
         kwargs = dict(dtype=dtype, steps=steps, atol=atol, rtol=rtol,
                       allow_nonfinite=tuple(allow_nonfinite), max_tensor_bytes=limits["tensor_bytes"],
-                      bf16_bounds=bf16, precision=precision)
+                      bf16_bounds=bf16, precision=precision,
+                      known_hashes=known)
         # the VM's outputs are the same for every dtype: golden/ is written once
         jobs.append({"name": name, "root": os.getcwd(), "bundle": bundle_dir, "source": source,
                      "weights": weights, "kwargs": kwargs, "golden": golden, "threads": threads,

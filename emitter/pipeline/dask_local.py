@@ -19,7 +19,7 @@ LOCAL_CONFIG = {"distributed.worker.profile.enabled": False,
                 "distributed.scheduler.worker-saturation": 1.0}
 _PKG = __name__.rsplit(".", 2)[0]   # the emitter package, as this process imports it
 WARM_IMPORTS = ("distributed", "numpy", "torch", "threadpoolctl", f"{_PKG}.verify.lock",
-                f"{_PKG}.pipeline.executors")
+                f"{_PKG}.pipeline.check_worker")
 
 
 def start_forkserver():

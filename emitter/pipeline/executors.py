@@ -19,18 +19,18 @@ cluster's work.
 
 import atexit
 import contextlib
+import functools
+import heapq
+import itertools
 import os
 import socket
-import tempfile
 import threading
 import time
 import uuid
 
-from ..verify.environment import THREAD_VARS
+from .check_worker import POOL_VARS, run_check
 
 DEFAULT_THREADS = 1
-# the *_NUM_THREADS variables only size thread pools, which each check sets explicitly (below)
-POOL_VARS = tuple(v for v in THREAD_VARS if v.endswith("_NUM_THREADS"))
 CONNECT_S = 5
 
 
@@ -75,25 +75,6 @@ def probe(ex, timeout=CONNECT_S):
                             "`dask scheduler` and `dask worker`, or run with executor=inline") from None
 
 
-@contextlib.contextmanager
-def thread_limits(n):
-    """torch's and the BLAS's thread pools at `n` for the block (restored after); what was set."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:   # the BLAS keeps what its environment variables gave it at start
-        blas, limiter = "environment", contextlib.nullcontext()
-    else:
-        blas, limiter = "threadpoolctl", threadpool_limits(n)
-    try:
-        with limiter:
-            yield {"threads": n, "torch_threads": torch.get_num_threads(), "blas_limit": blas}
-    finally:
-        torch.set_num_threads(before)
-
-
 def memory_need(manifest_path):
     """Bytes a lock of this bundle takes, from its manifest's tensors: the VM holds them in float64
     and the module and the comparisons about as much again, plus the interpreter and torch."""
@@ -121,110 +102,6 @@ def cost(job, need=None):
     return int(need * (k.get("steps") or 1) * DTYPE_COST.get(k.get("dtype"), 1.0) / (1 << 20))
 
 
-# --- the worker's side --------------------------------------------------------------------------
-
-_CAPTURE = threading.local()
-_PATCH = threading.Lock()
-
-
-def _capture_golden():
-    """In a worker, the lock's golden/ files are returned to the driver instead of written: the
-    Golden class is wrapped (once per process) to write into a temporary folder and read it back."""
-    from ..verify import golden
-    with _PATCH:
-        if getattr(golden.Golden, "_to_driver", False):
-            return
-        base = golden.Golden
-
-        class ToDriver(base):
-            _to_driver = True
-
-            def write(self):
-                box = getattr(_CAPTURE, "box", None)
-                if box is None:
-                    return super().write()
-                real = self.directory
-                with tempfile.TemporaryDirectory(prefix="logos-golden.") as tmp:
-                    self.directory = tmp
-                    try:
-                        super().write()
-                    finally:
-                        self.directory = real
-                    for f in sorted(os.listdir(tmp)):
-                        with open(os.path.join(tmp, f), "rb") as fh:
-                            box[f] = fh.read()
-        golden.Golden = ToDriver
-
-
-_MALLOC = []
-
-
-def _malloc_as_usual():
-    """A `dask worker` nanny starts workers with MALLOC_TRIM_THRESHOLD_ set, which turns off glibc's
-    adaptive thresholds: large arrays then go back to the system on every free (a smollm2 lock
-    7.3 s instead of 3.3 s). Raise the thresholds again, once per process (glibc only)."""
-    if _MALLOC or "MALLOC_TRIM_THRESHOLD_" not in os.environ:
-        return
-    _MALLOC.append(True)
-    with contextlib.suppress(Exception):
-        import ctypes
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-1, 64 << 20)   # M_TRIM_THRESHOLD
-        libc.mallopt(-3, 32 << 20)   # M_MMAP_THRESHOLD (its largest)
-
-
-def run_check(job):
-    """One lock check, on whichever process runs it: {"result", "golden", "execution"}.
-
-    `job`: {"root", "bundle", "source", "weights", "kwargs" (lock_bundle's), "golden" (tolerances,
-    or None), "threads", "thread_env" (the driver's *_NUM_THREADS), "key"}. Paths are relative to
-    `root`, the driver's folder (a worker elsewhere sees it through a shared filesystem)."""
-    from ..verify.lock import lock_bundle
-    remote = job.get("remote", False)
-    worker = None
-    if remote:
-        try:
-            from distributed import get_worker
-            w = get_worker()
-            worker = w.address
-            if job.get("log_start", True):   # for a scheduler that may rerun it elsewhere
-                w.log_event(f"logos-lock-{job['key']}", {"worker": worker, "pid": os.getpid()})
-        except (ImportError, ValueError):
-            pass
-        _capture_golden()
-        _malloc_as_usual()
-    own_env = {k: os.environ[k] for k in POOL_VARS if k in os.environ}
-    if remote:
-        # pools are sized below through the libraries, so these variables no longer act; they are
-        # set as on the driver so the environment digest compares like with like (the worker's
-        # own values are kept in the result)
-        for k in POOL_VARS:
-            os.environ.pop(k, None)
-        os.environ.update(job.get("thread_env") or {})
-    root = job.get("root") or os.getcwd()
-    here = os.path.realpath(root) == os.path.realpath(os.getcwd())
-
-    def path(p):
-        return p if p is None or here or os.path.isabs(p) else os.path.join(root, p)
-    box = {} if job.get("golden") is not None else None
-    _CAPTURE.box = box if remote else None
-    start, cpu, began = time.perf_counter(), time.process_time(), time.time()
-    try:
-        with thread_limits(job["threads"]) as threads:
-            r = lock_bundle(path(job["bundle"]), path(job["source"]), path(job["weights"]),
-                            golden=job.get("golden"), **job["kwargs"])
-    finally:
-        _CAPTURE.box = None
-    r.update(program_path=str(job["source"]), bundle=str(job["bundle"]),
-             weights=None if job["weights"] is None else str(job["weights"]))
-    execution = {"executor": job.get("executor", "inline"), "worker": worker, "pid": os.getpid(),
-                 **threads, "seconds": round(time.perf_counter() - start, 3),
-                 "cpu_seconds": round(time.process_time() - cpu, 3), "started": round(began, 3)}
-    if remote:
-        execution["worker_thread_env"] = own_env
-    return {"result": r, "golden": box or None, "execution": execution}
-
-
 # --- the driver's side --------------------------------------------------------------------------
 
 class Inline:
@@ -246,8 +123,8 @@ class Inline:
 
 
 class Dask:
-    """Checks submitted to a Dask scheduler, all of a program's at once; the client (and for
-    `dask:local` the cluster) is made on first use and shared by the run's threads."""
+    """Checks handed to a Dask scheduler from one queue that every lock of the run shares; the
+    client (and for `dask:local` the cluster) is made on first use and shared by the run's threads."""
 
     def __init__(self, ex):
         self.ex, self.kind = ex, ex["spec"]
@@ -257,6 +134,8 @@ class Dask:
         self._pending = set()
         self._largest = (None, 0.0)   # (the largest MEMORY advertised, when it was asked)
         self._warming = None
+        self._cv = threading.Condition()       # the run's queue of checks, longest first
+        self._queue, self._order, self._in_flight = [], itertools.count(), 0
 
     def client(self):
         with self._lock:
@@ -328,59 +207,89 @@ class Dask:
         return self._largest[0]
 
     def run(self, jobs, seconds):
-        client = self.client()
-        largest = self._memory(client)
-        futures, out = {}, [None] * len(jobs)
-        # the longest first, also among those a free worker takes at once
-        for i, job in sorted(enumerate(jobs), key=lambda ij: -cost(ij[1])):
+        """Queue the checks with every other lock's of the run, then wait for them. The queue is
+        the run's, longest first (`cost`): a local cluster gets one check per worker at a time,
+        the longest waiting handed to the first worker that frees (the scheduler, handed them
+        all, gave each worker its own line, and a short check that came first could keep a long
+        one waiting behind another long one); a scheduler of its own (tcp) gets them all at once
+        as Dask priorities, so an adaptive cluster sees what waits and scales."""
+        end = time.monotonic() + seconds
+        mine = []
+        for i, job in enumerate(jobs):
             job = {**job, "remote": True, "executor": self.kind, "log_start": self.ex["kind"] == "tcp",
                    "key": f"{job['name']}-{job['kwargs']['dtype']}-{uuid.uuid4().hex[:12]}"}
             need = job.pop("memory", None)
-            resources = None
-            if largest is not None and need:
-                if need > largest:
-                    out[i] = {"error": f"{_what(job, self.kind)}: it needs {need / 2**30:.2f} GiB "
-                                       "(the Dask resource MEMORY) and "
-                                       f"the largest worker advertises {largest / 2**30:.2f} GiB"}
-                    continue
-                resources = {"MEMORY": need}
-            f = client.submit(run_check, job, key=f"logos-lock-{job['key']}", pure=False,
-                              resources=resources, priority=cost(job, need))
-            futures[f] = (i, job)
-        self._pending.update(futures)
+            mine.append(_Check(i, job, need, cost(job, need)))
+        with self._cv:   # queued before the cluster is up: it starts on the run's longest
+            for c in mine:
+                heapq.heappush(self._queue, (-c.priority, next(self._order), c))
+        client, out = None, [None] * len(jobs)
         try:
-            self._wait(client, futures, out, seconds)
-        except BaseException:   # an interrupt: the cluster stops this work too
-            with contextlib.suppress(Exception):
-                client.cancel(list(futures), force=True)
+            client = self.client()
+            self._pump(client)
+            self._wait(client, mine, out, end, seconds)
+        except BaseException:   # an interrupt, or no cluster: the cluster stops this work too
+            self._drop(client, mine)
             raise
-        finally:
-            self._pending.difference_update(futures)
         return out
 
-    def _wait(self, client, futures, out, seconds):
-        from distributed import wait
-        end = time.monotonic() + seconds
-        left = dict(futures)
-        while left:
-            done = ()
-            if _until(end) > 0:
-                try:
-                    with client.as_current():
-                        done = wait(list(left), timeout=min(1.0, _until(end)),
-                                    return_when="FIRST_COMPLETED").done
-                except TimeoutError:
-                    pass
-            for f in done:
-                i, job = left.pop(f)
-                out[i] = self._outcome(client, f, job)
-            if left and (_until(end) <= 0 or not threading.main_thread().is_alive()):
-                why = (f"took over {seconds} s (limits.seconds) and was cancelled"
-                       if _until(end) <= 0 else "was cancelled: the run was interrupted")
-                client.cancel(list(left), force=True)
-                for f, (i, job) in left.items():
-                    out[i] = {"error": f"{_what(job, self.kind)} {why}"}
-                return
+    def _pump(self, client):
+        """Hand queued checks to the cluster while it has room."""
+        largest = self._memory(client)
+        room = self.ex["workers"] if self.ex["kind"] == "local" else float("inf")
+        with self._cv:
+            while self._queue and self._in_flight < room:
+                c = heapq.heappop(self._queue)[2]
+                if c.done:
+                    continue
+                resources = None
+                if largest is not None and c.need:
+                    if c.need > largest:
+                        c.outcome, c.done = {"error": f"{_what(c.job, self.kind)}: it needs "
+                                             f"{c.need / 2**30:.2f} GiB (the Dask resource MEMORY) and "
+                                             f"the largest worker advertises {largest / 2**30:.2f} GiB"}, True
+                        continue
+                    resources = {"MEMORY": c.need}
+                c.future = client.submit(run_check, c.job, key=f"logos-lock-{c.job['key']}", pure=False,
+                                         resources=resources, priority=c.priority)
+                self._in_flight += 1
+                self._pending.add(c.future)
+                c.future.add_done_callback(functools.partial(self._landed, client, c))
+            self._cv.notify_all()
+
+    def _landed(self, client, c, future):
+        """A check finished (or failed, or was cancelled): its worker takes the next."""
+        with self._cv:
+            self._in_flight -= 1
+            self._pending.discard(future)
+            c.done = True
+            self._cv.notify_all()
+        with contextlib.suppress(Exception):
+            self._pump(client)
+
+    def _drop(self, client, checks):
+        with self._cv:
+            futures = [c.future for c in checks if c.future is not None and not c.done]
+            for c in checks:
+                c.done = True
+        if futures and client is not None:
+            with contextlib.suppress(Exception):
+                client.cancel(futures, force=True)
+
+    def _wait(self, client, mine, out, end, seconds):
+        with self._cv:
+            while any(not c.done for c in mine) and _until(end) > 0 and threading.main_thread().is_alive():
+                self._cv.wait(timeout=min(1.0, _until(end)))
+            left = [c for c in mine if not c.done]
+        if left:
+            why = (f"took over {seconds} s (limits.seconds) and was cancelled"
+                   if _until(end) <= 0 else "was cancelled: the run was interrupted")
+            self._drop(client, left)
+            for c in left:
+                out[c.index] = {"error": f"{_what(c.job, self.kind)} {why}"}
+        for c in mine:
+            if out[c.index] is None:
+                out[c.index] = c.outcome or self._outcome(client, c.future, c.job)
 
     def _outcome(self, client, f, job):
         try:
@@ -402,6 +311,15 @@ class Dask:
             got["execution"]["note"] = (f"rerun on {starts[-1]} after "
                                         f"{', '.join(starts[:-1])} was lost while running it")
         return got
+
+
+class _Check:
+    """One queued check: where its outcome goes, what it needs, its future once handed over."""
+
+    def __init__(self, index, job, need, priority):
+        self.index, self.job, self.need, self.priority = index, job, need, priority
+        self.future = self.outcome = None
+        self.done = False
 
 
 def _what(job, kind):

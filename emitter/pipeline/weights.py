@@ -83,6 +83,17 @@ def write_weights_manifest(weights_dir, manifest):
     return stamp_targets([manifest])
 
 
+def known_hashes(weights_dir, manifest):
+    """{name: [size, mtime_ns, ctime_ns, inode, sha256]} of the files the manifest hashed, each
+    with the stat taken before hashing it (so a file changed since has another stat): what a lock
+    need not hash again."""
+    man, stats = read_json(manifest), read_json(_stat_path(manifest))
+    if not isinstance(man, dict) or not isinstance(stats, dict) or man.get("dir") != weights_dir:
+        return {}
+    return {n: [*stats[n], f["sha256"]] for n, f in (man.get("files") or {}).items()
+            if isinstance(stats.get(n), list) and len(stats[n]) == 4 and stats[n][0] == f.get("size")}
+
+
 # --- derived weights ------------------------------------------------------------------------------
 
 def checkpoint_identity(spec, path):

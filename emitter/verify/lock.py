@@ -49,6 +49,14 @@ def _sha(path):
         return _SHAS[key]
 
 
+def remember(weights_dir, known):
+    """Take the weights manifest's hashes ({name: [size, mtime_ns, ctime_ns, inode, sha256]}, each
+    stat taken before its file was hashed) as this process's own: a file whose stat is still the
+    same is not read again (a worker's first check of a model hashed its weights once more)."""
+    for name, (size, mtime, ctime, ino, sha) in (known or {}).items():
+        _SHAS[(os.path.realpath(os.path.join(weights_dir, name)), ino, size, mtime, ctime)] = sha
+
+
 def weights_digest(weights_dir, sources):
     """One sha256 over the leaf files the run read (name and content), or None for none."""
     files = sorted(f for f in sources.values() if f != "declared")
@@ -298,7 +306,7 @@ def _worst(stages, load, gate=None):
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
                 rtol=None, allow_nonfinite=(), max_tensor_bytes=None, golden=None, bf16_bounds=None,
-                precision=None):
+                precision=None, known_hashes=None):
     """Lock one bundle, as it stands on disk, against its program; the RESULT.json dict (verdict
     pass, fail or error). A program whose tensors take more than `max_tensor_bytes` (float64) is
     refused before anything is allocated. With `golden` ({dtype: tolerance}), the VM's outputs
@@ -335,6 +343,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         leaves = vm.load_leaves(program, weights_dir, allow_nonfinite=allow_nonfinite)
         result["unmatched_weights"] = leaves.unmatched
         if weights_dir is not None:
+            remember(weights_dir, known_hashes)
             result["hashes"]["weights"] = weights_digest(weights_dir, leaves.sources)
         import torch
         result["environment"] = environment.describe(np, torch)

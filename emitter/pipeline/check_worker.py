@@ -1,0 +1,136 @@
+"""A lock check on whichever process runs it (`run_check`): this one (executor=inline) or a Dask
+worker, which returns the verdict and the golden/ files to the driver instead of writing them.
+Every check runs under an explicit thread count (torch's, and the BLAS's through threadpoolctl),
+recorded in its result."""
+
+import contextlib
+import os
+import tempfile
+import threading
+import time
+
+from ..verify.environment import THREAD_VARS
+
+# the *_NUM_THREADS variables only size thread pools, which each check sets explicitly
+POOL_VARS = tuple(v for v in THREAD_VARS if v.endswith("_NUM_THREADS"))
+
+
+@contextlib.contextmanager
+def thread_limits(n):
+    """torch's and the BLAS's thread pools at `n` for the block (restored after); what was set."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:   # the BLAS keeps what its environment variables gave it at start
+        blas, limiter = "environment", contextlib.nullcontext()
+    else:
+        blas, limiter = "threadpoolctl", threadpool_limits(n)
+    try:
+        with limiter:
+            yield {"threads": n, "torch_threads": torch.get_num_threads(), "blas_limit": blas}
+    finally:
+        torch.set_num_threads(before)
+
+
+_CAPTURE = threading.local()
+_PATCH = threading.Lock()
+
+
+def _capture_golden():
+    """In a worker, the lock's golden/ files are returned to the driver instead of written: the
+    Golden class is wrapped (once per process) to write into a temporary folder and read it back."""
+    from ..verify import golden
+    with _PATCH:
+        if getattr(golden.Golden, "_to_driver", False):
+            return
+        base = golden.Golden
+
+        class ToDriver(base):
+            _to_driver = True
+
+            def write(self):
+                box = getattr(_CAPTURE, "box", None)
+                if box is None:
+                    return super().write()
+                real = self.directory
+                with tempfile.TemporaryDirectory(prefix="logos-golden.") as tmp:
+                    self.directory = tmp
+                    try:
+                        super().write()
+                    finally:
+                        self.directory = real
+                    for f in sorted(os.listdir(tmp)):
+                        with open(os.path.join(tmp, f), "rb") as fh:
+                            box[f] = fh.read()
+        golden.Golden = ToDriver
+
+
+_MALLOC = []
+
+
+def _malloc_as_usual():
+    """A `dask worker` nanny starts workers with MALLOC_TRIM_THRESHOLD_ set, which turns off glibc's
+    adaptive thresholds: large arrays then go back to the system on every free (a smollm2 lock
+    7.3 s instead of 3.3 s). Raise the thresholds again, once per process (glibc only)."""
+    if _MALLOC or "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        return
+    _MALLOC.append(True)
+    with contextlib.suppress(Exception):
+        import ctypes
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-1, 64 << 20)   # M_TRIM_THRESHOLD
+        libc.mallopt(-3, 32 << 20)   # M_MMAP_THRESHOLD (its largest)
+
+
+def run_check(job):
+    """One lock check, on whichever process runs it: {"result", "golden", "execution"}.
+
+    `job`: {"root", "bundle", "source", "weights", "kwargs" (lock_bundle's), "golden" (tolerances,
+    or None), "threads", "thread_env" (the driver's *_NUM_THREADS), "key"}. Paths are relative to
+    `root`, the driver's folder (a worker elsewhere sees it through a shared filesystem)."""
+    from ..verify.lock import lock_bundle
+    remote = job.get("remote", False)
+    worker = None
+    if remote:
+        try:
+            from distributed import get_worker
+            w = get_worker()
+            worker = w.address
+            if job.get("log_start", True):   # for a scheduler that may rerun it elsewhere
+                w.log_event(f"logos-lock-{job['key']}", {"worker": worker, "pid": os.getpid()})
+        except (ImportError, ValueError):
+            pass
+        _capture_golden()
+        _malloc_as_usual()
+    own_env = {k: os.environ[k] for k in POOL_VARS if k in os.environ}
+    if remote:
+        # pools are sized below through the libraries, so these variables no longer act; they are
+        # set as on the driver so the environment digest compares like with like (the worker's
+        # own values are kept in the result)
+        for k in POOL_VARS:
+            os.environ.pop(k, None)
+        os.environ.update(job.get("thread_env") or {})
+    root = job.get("root") or os.getcwd()
+    here = os.path.realpath(root) == os.path.realpath(os.getcwd())
+
+    def path(p):
+        return p if p is None or here or os.path.isabs(p) else os.path.join(root, p)
+    box = {} if job.get("golden") is not None else None
+    _CAPTURE.box = box if remote else None
+    start, cpu, began = time.perf_counter(), time.process_time(), time.time()
+    try:
+        with thread_limits(job["threads"]) as threads:
+            r = lock_bundle(path(job["bundle"]), path(job["source"]), path(job["weights"]),
+                            golden=job.get("golden"), **job["kwargs"])
+    finally:
+        _CAPTURE.box = None
+    r.update(program_path=str(job["source"]), bundle=str(job["bundle"]),
+             weights=None if job["weights"] is None else str(job["weights"]))
+    execution = {"executor": job.get("executor", "inline"), "worker": worker, "pid": os.getpid(),
+                 **threads, "seconds": round(time.perf_counter() - start, 3),
+                 "cpu_seconds": round(time.process_time() - cpu, 3), "started": round(began, 3)}
+    if remote:
+        execution["worker_thread_env"] = own_env
+    return {"result": r, "golden": box or None, "execution": execution}
