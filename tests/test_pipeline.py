@@ -347,3 +347,12 @@ def test_the_eta_is_right_within_a_fifth_after_a_tenth_of_the_work():
             checked_eta.append((now, work.eta(now)))
     at, eta = checked_eta[0]
     assert abs(eta - (now - at)) <= 0.2 * (now - at), (eta, now - at)
+
+
+def test_the_lock_digest_covers_the_code_that_runs_a_check_anywhere():
+    """Editing what runs a check (the VM, the lock, the worker side that sets its threads) reruns
+    every lock; the report's code does not."""
+    from emitter.pipeline.digests import code_files
+    files = {f.replace(os.sep, "/").split("emitter/", 1)[-1] for f in code_files(ROOT, "lock")}
+    assert {"verify/lock.py", "verify/resident.py", "pipeline/check_worker.py", "files.py"} <= files
+    assert not {"pipeline/report.py", "pipeline/executors.py", "importers/gguf.py"} & files

@@ -8,7 +8,7 @@ from .files_io import uptodate_check, dumps, sha256_file, sha256_text, stamp_tar
 
 CODE = {
     "emit": ("files.py", "ops", "language", "sambaflow"),
-    "lock": ("files.py", "ops", "language", "sambaflow", "verify"),
+    "lock": ("files.py", "ops", "language", "sambaflow", "verify", "pipeline/check_worker.py"),
     "import": ("importers",),
 }
 
