@@ -70,3 +70,17 @@ def test_plot_points_sit_where_their_values_say():
     assert svg == P.log_plot("p<1>", {"float32": [(0, float("inf")), (10, 0.0)],
                                       "float64": [(0, 1e-3), (5, float("nan")), (10, 1.0)]},
                              "stage", "ratio")
+
+
+def test_a_bf16_verdict_names_the_bound_its_worst_op_is_nearest_and_the_worst_deviation():
+    from emitter.verify.verdict import describe
+    r = {"verdict": "fail", "first_divergence": None,
+         "worst": {"stage": 3, "out": "h", "op": "rmsnorm", "line": 9, "ratio": 2.5, "by": "deviation"},
+         "bf16": {"worst_excess": {"excess": 1.2, "limit": 32.0, "out": "h", "op": "rmsnorm"},
+                  "worst_deviation": {"deviation": 1.25, "out": "h"}, "bounds": {"deviation": 0.5},
+                  "worst_z": {"z": 0.7, "out": "y"}, "min_cosine": {"cosine": 0.99999}, "ops_failing": 1},
+         "output": {"max_abs": 1e-3, "guarded_rel": 1e-2, "cosine": 0.9999}}
+    text = describe(r, 1000)
+    assert "stage 3 `h = rmsnorm` (line 9) at 2.5× its deviation bound" in text
+    assert "worst deviation 1.25 (bound 0.5) at `h`" in text and "1 op(s) failing" in text
+    assert "its tolerance" in describe({**r, "worst": {**r["worst"], "by": None}, "bf16": None}, 1000)

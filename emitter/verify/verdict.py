@@ -39,13 +39,17 @@ def describe(r, limit=240):
     if f:
         parts.append(f"first diverging op: {where(f)}, max abs {number(f.get('max_abs'))}")
     w = r.get("worst")
-    if w:
-        parts.append(f"worst: {where(w)} at {number(w.get('ratio'))}× its tolerance")
+    if w:   # under the bf16 gate, the op furthest towards any bound, `by` naming which
+        bound = f"its {w['by']} bound" if w.get("by") else "its tolerance"
+        parts.append(f"worst: {where(w)} at {number(w.get('ratio'))}× {bound}")
     g = r.get("bf16")
     if g:
         we, wz, mc = g.get("worst_excess") or {}, g.get("worst_z") or {}, g.get("min_cosine") or {}
+        wd = g.get("worst_deviation") or {}
         parts.append(f"bf16 gate: worst excess {number(we.get('excess'))} (bound {number(we.get('limit'))}) "
-                     f"at `{we.get('out')} = {we.get('op')}`, worst |z| {number(wz.get('z'))} at "
+                     f"at `{we.get('out')} = {we.get('op')}`, worst deviation "
+                     f"{number(wd.get('deviation'))} (bound {number((g.get('bounds') or {}).get('deviation'))}) "
+                     f"at `{wd.get('out')}`, worst |z| {number(wz.get('z'))} at "
                      f"`{wz.get('out')}`, min cosine {number(mc.get('cosine'))}, "
                      f"{g.get('ops_failing', 0)} op(s) failing")
     o = r.get("output") or {}
