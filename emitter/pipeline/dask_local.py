@@ -3,7 +3,8 @@
 Its workers are forked from one forkserver process that has imported torch, the lock code and
 Distributed already (multiprocessing's forkserver, preloaded), so a worker's first check pays no
 import and the imports are paid once, not once per worker; they run without Dask's statistical
-profiler (a stack sample of the running lock every 10 ms), without Dask's MALLOC_TRIM_THRESHOLD_
+profiler (a stack sample of the running lock every 10 ms) or its 20 ms event-loop tick, without
+Dask's MALLOC_TRIM_THRESHOLD_
 (a lock's large arrays went back to the system on every free: a smollm2 lock 2.2x slower), and
 take one check at a time, so the longest waiting check goes to the next free worker.
 """
@@ -16,7 +17,11 @@ LOCAL_CONFIG = {"distributed.worker.profile.enabled": False,
                 "distributed.worker.multiprocessing-method": "forkserver",
                 # a worker holds no check beyond the one it runs: the next free one takes the
                 # longest waiting (at Dask's default 1.1, each took a second one when it started)
-                "distributed.scheduler.worker-saturation": 1.0}
+                "distributed.scheduler.worker-saturation": 1.0,
+                # the event loop's 20 ms latency tick takes the GIL from the running check 50 times
+                # a second, a wait for a free core each time on a machine the workers fill: 2 s
+                # (the real models' 9 checks 4-5% faster, 5 of 6 alternated runs)
+                "distributed.admin.tick.interval": "2s"}
 _PKG = __name__.rsplit(".", 2)[0]   # the emitter package, as this process imports it
 WARM_IMPORTS = ("distributed", "numpy", "torch", "threadpoolctl", f"{_PKG}.verify.lock",
                 f"{_PKG}.pipeline.check_worker")
