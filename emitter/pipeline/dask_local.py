@@ -4,9 +4,9 @@ Its workers are forked from one forkserver process that has imported torch, the 
 Distributed already (multiprocessing's forkserver, preloaded), so a worker's first check pays no
 import and the imports are paid once, not once per worker; they run without Dask's statistical
 profiler (a stack sample of the running lock every 10 ms) or its 20 ms event-loop tick, without
-Dask's MALLOC_TRIM_THRESHOLD_
-(a lock's large arrays went back to the system on every free: a smollm2 lock 2.2x slower), and
-take one check at a time, so the longest waiting check goes to the next free worker.
+Dask's MALLOC_TRIM_THRESHOLD_ (a lock's large arrays went back to the system on every free: a
+smollm2 lock 2.2x slower), and take one check at a time, so the longest waiting check goes to the
+next free worker.
 """
 
 import contextlib
