@@ -51,6 +51,7 @@ def test_pages_are_let_go_after_reading_and_kept_once_written(made):
     assert _present(w) == 0            # load_weights' finiteness check let its pages go
     total = float(w.sum())             # read: every page of W's map is resident
     assert _present(w) == 64 * 1024 * 8 // PAGE
+    fds = len(os.listdir("/proc/self/fd"))
     resident = Resident(model, program.leaves)
     assert set(resident.ranges) == {"W", "x"}
     resident.release(["W"])
@@ -60,6 +61,10 @@ def test_pages_are_let_go_after_reading_and_kept_once_written(made):
     assert "W" in resident.kept and _present(w) > 0
     assert float(w.sum()) == total + 1.0
     resident.close()
+    assert len(os.listdir("/proc/self/fd")) == fds     # its pagemap handle is closed
+    empty = Resident(model, [])                           # nothing mapped: closed all the same
+    empty.close()
+    assert len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_a_module_that_writes_into_a_weight_still_fails(made):

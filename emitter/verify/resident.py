@@ -46,9 +46,10 @@ class Resident:
     """The module's leaf buffers that map a file, and `release(names)` to let their pages go."""
 
     def __init__(self, model, names):
-        self.ranges, self.kept, self.seconds = {}, set(), 0.0
+        self.ranges, self.kept, self.seconds, self._pagemap = {}, set(), 0.0, None
         try:
-            maps, self._pagemap, self._libc = _file_maps(), os.open("/proc/self/pagemap", os.O_RDONLY), _libc()
+            maps, self._libc = _file_maps(), _libc()
+            self._pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
         except (OSError, AttributeError):
             return
         for name in names:
@@ -62,9 +63,9 @@ class Resident:
                 self.ranges[name] = (max(vma[0], lo - lo % PAGE), min(vma[1], -(-hi // PAGE) * PAGE))
 
     def close(self):
-        if self.ranges:
+        if self._pagemap is not None:
             os.close(self._pagemap)
-            self.ranges = {}
+        self._pagemap, self.ranges = None, {}
 
     def release(self, names):
         start = time.perf_counter()
