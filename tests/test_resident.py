@@ -62,8 +62,8 @@ def test_pages_are_let_go_after_reading_and_kept_once_written(made):
     assert float(w.sum()) == total + 1.0
     resident.close()
     assert len(os.listdir("/proc/self/fd")) == fds     # its pagemap handle is closed
-    empty = Resident(model, [])                           # nothing mapped: closed all the same
-    empty.close()
+    with Resident(model, []):                             # nothing mapped: closed all the same
+        pass
     assert len(os.listdir("/proc/self/fd")) == fds
 
 

@@ -353,23 +353,20 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                               f"is {result['program']!r}: emit it again")
         torch_dtype = getattr(torch, dtype)
         model = _build(torch, module, program, weights_dir, torch_dtype, allow_nonfinite)
-        resident = Resident(model, program.leaves)
-        result["load"] = load = _load_stage(torch, model, program, leaves.values, torch_dtype, tol,
-                                            resident)
-        result["timings"]["setup_s"] = time.perf_counter() - start
-        gate = None
-        if dtype == "bfloat16":
-            gate = _gate(module, program, precision, bf16_bounds)
-            gate["model"] = model if load["pass"] else None   # its leaves: the floors' weights
-        keep = None
-        if golden is not None:
-            from .golden import Golden
-            keep = Golden(os.path.join(bundle_dir, "golden"), program, weights_dir, golden)
-        try:
+        with Resident(model, program.leaves) as resident:
+            result["load"] = load = _load_stage(torch, model, program, leaves.values, torch_dtype,
+                                                tol, resident)
+            result["timings"]["setup_s"] = time.perf_counter() - start
+            gate = None
+            if dtype == "bfloat16":
+                gate = _gate(module, program, precision, bf16_bounds)
+                gate["model"] = model if load["pass"] else None   # its leaves: the floors' weights
+            keep = None
+            if golden is not None:
+                from .golden import Golden
+                keep = Golden(os.path.join(bundle_dir, "golden"), program, weights_dir, golden)
             details, stages, first, output = _run(torch, model, torch_dtype, program, leaves.values,
                                                   steps, tol, result["timings"], resident, keep, gate)
-        finally:
-            resident.close()
         if keep is not None:
             keep.write()
         if load["failed"]:

@@ -62,6 +62,12 @@ class Resident:
             if vma is not None:   # pages wholly inside this file's map (it maps nothing else)
                 self.ranges[name] = (max(vma[0], lo - lo % PAGE), min(vma[1], -(-hi // PAGE) * PAGE))
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def close(self):
         if self._pagemap is not None:
             os.close(self._pagemap)
