@@ -253,8 +253,8 @@ def test_history_db_versions(tmp_path):
     con.execute("INSERT INTO runs (at, name, dtype, verdict, result) VALUES ('t', 'p', 'float64', 'pass', '{}')")
     con.commit()
     con.close()
-    results.record(str(old), {"name": "p", "dtype": "float64", "verdict": "fail",
-                              "worst": {"stage": 3, "op": "matmul", "ratio": 2.5}})
+    results.record_all(str(old), [{"name": "p", "dtype": "float64", "verdict": "fail",
+                                   "worst": {"stage": 3, "op": "matmul", "ratio": 2.5}}])
     rows = results.history(str(old), "p")
     assert [r["verdict"] for r in rows] == ["pass", "fail"] and rows[1]["worst_ratio"] == 2.5
     newer = tmp_path / "newer.sqlite"

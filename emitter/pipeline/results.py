@@ -83,11 +83,6 @@ def _bundle_sha(hashes):
     return "|".join(f"{k}={b[k]}" for k in sorted(b))
 
 
-def record(db, r, at=None):
-    """Append one RESULT.json dict as a run; returns its id."""
-    return record_all(db, [r], at)[0]
-
-
 def record_all(db, rs, at=None):
     """Append RESULT.json dicts as runs, in one transaction (one commit per lock task, not per
     check); returns their ids."""
