@@ -35,8 +35,8 @@ from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
 from .gguf import MASK, _lit, _printable, decode_head, decode_start, head_padding, run_import
-from .gguf_file import (checkpoint_file, field_value, gguf_leaves, open_gguf, shortest_f32,
-                        write_weights)
+from .gguf_file import (checkpoint_file, field_value, gguf_leaves, import_record, open_gguf,
+                        shortest_f32, write_weights)
 from .packages import chunks
 
 DEFAULT_CONTEXT = 256
@@ -216,11 +216,8 @@ def import_gemma3(checkpoint, program, out_dir):
     with checkpoint_file(checkpoint, out_dir) as path:
         reader = open_gguf(path)
         meta = gemma3_meta(reader)
-        record = {"checkpoint": checkpoint[:2000], "meta": meta, "program": program.path}
-        if chunks(checkpoint) is None:
-            record["path"] = os.path.abspath(path)
         leaves = itertools.chain(gguf_leaves(program, reader), derived_leaves(program, meta).items())
-        return write_weights(out_dir, leaves, record)
+        return write_weights(out_dir, leaves, import_record(checkpoint, path, meta, program))
 
 
 def write_program(checkpoint, program_path, context=DEFAULT_CONTEXT, window=None, scratch=None):

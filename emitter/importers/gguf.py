@@ -41,7 +41,8 @@ import numpy as np
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
-from .gguf_file import checkpoint_file, field_value, gguf_leaves, open_gguf, shortest_f32, write_weights
+from .gguf_file import (checkpoint_file, field_value, gguf_leaves, import_record, open_gguf,
+                        shortest_f32, write_weights)
 from .packages import resolve_checkpoint
 
 MASK = -1e5            # a not-yet-written cache row's key in the mask column
@@ -279,9 +280,8 @@ def import_gguf(checkpoint, program, out_dir):
         meta = llama_meta(reader)
         leaves = gguf_leaves(program, reader, ALIASES.get(meta["arch"]), _unpermuter(meta))
         derived = derived_leaves(program, meta).items()
-        record = {"checkpoint": checkpoint, "path": os.path.abspath(path), "meta": meta,
-                  "program": program.path}
-        return write_weights(out_dir, itertools.chain(leaves, derived), record)
+        return write_weights(out_dir, itertools.chain(leaves, derived),
+                             import_record(checkpoint, path, meta, program))
 
 
 def write_program(checkpoint, program_path, context=DEFAULT_CONTEXT):

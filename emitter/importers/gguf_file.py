@@ -37,6 +37,13 @@ def checkpoint_file(checkpoint, scratch):
             os.unlink(path)
 
 
+def import_record(checkpoint, path, meta, program):
+    """What `.import.json` says of an import: the spec, the file read (not for a chunked spec,
+    whose join is deleted after), the metadata and the program."""
+    where = {"path": os.path.abspath(path)} if chunks(checkpoint) is None else {}
+    return {"checkpoint": checkpoint[:2000], **where, "meta": meta, "program": program.path}
+
+
 def open_gguf(path):
     from gguf import GGUFReader
     try:
