@@ -167,3 +167,85 @@ def test_token_ids_stay_exact_in_bfloat16(tmp_path):
     write_bundle(emit_program(program, {}), str(tmp_path / "b"))
     r = lock_bundle(str(tmp_path / "b"), str(tmp_path / "p.logos"), str(w), "bfloat16", 1)
     assert r["verdict"] == "pass" and r["load"]["pass"], (r["reason"], r["first_divergence"])
+
+
+MOVES = ("Let tok be a 1 by 1 tensor of Int.\nLet emb be a 300 by 8 tensor of Real.\n"
+         "Let r be a 1 by 8 tensor of Real.\nLet x be row tok of emb.\nLet s be x plus r.\nLet sT be transpose of s.\n"
+         "Let embT be transpose of emb.\nLet y be x matmul embT.\n")
+
+
+@pytest.mark.parametrize("policy", [{}, {"transpose": ["bf16", "fp32"], "embedding": ["bf16", "fp32"]}])
+def test_ops_that_only_move_values_take_them_uncast_where_that_changes_nothing(tmp_path, policy):
+    """A view or a gather gets its operand without the compute cast where tap's output rounding
+    makes that cast a no-op (the table's transpose is the held buffer itself, no widened copy), and
+    with it where it rounds what the output keeps (bf16 compute of an fp32 value, fp32 out)."""
+    import torch
+    from conftest import load_model
+    (tmp_path / "p.logos").write_text(MOVES)
+    program = read_file(str(tmp_path / "p.logos"))
+    write_bundle(emit_program(program, policy), str(tmp_path / "b"))
+    model_py = (tmp_path / "b" / "model.py").read_text()
+    assert "embT = self.tap(3, self.cast(3, emb, moved=True).transpose(0, 1))" in model_py
+    assert "row_of(self.cast(0, emb, moved=True), tok)" in model_py
+    assert "self.cast(4, x) @ self.cast(4, embT)" in model_py              # a computing op: cast
+    mod = load_model(str(tmp_path / "b"))
+    rng = np.random.default_rng(3)
+    emb = torch.from_numpy(rng.standard_normal((300, 8)))
+    r = torch.from_numpy(rng.standard_normal((1, 8)))
+    m = mod.LogosModule({"tok": torch.tensor([[211.0]]), "emb": emb, "r": r}, dtype=torch.bfloat16)
+    seen = {}
+    m.probe = lambda stage, value: seen.setdefault(stage, value)
+    m()
+    held = m.leaf_emb                                                         # bf16
+    s = held[211:212].float() + m.leaf_r.float()                             # plus: fp32 out
+    if not policy:
+        assert seen[3].dtype == torch.bfloat16 and seen[3].data_ptr() == held.data_ptr()
+        assert torch.equal(seen[0], held[211:212])
+        assert torch.equal(seen[2], s.T.to(torch.bfloat16))
+    else:   # compute bf16, output fp32: an fp32 operand is rounded, a bf16 one is only widened
+        assert torch.equal(seen[2], s.to(torch.bfloat16).float().T) and not torch.equal(seen[2], s.T)
+        assert torch.equal(seen[3], held.float().T) and torch.equal(seen[0], held[211:212].float())
+    w = tmp_path / "w"
+    w.mkdir()
+    np.array([[211.0]]).astype("<f8").tofile(w / "tok.f64")
+    emb.numpy().astype("<f4").tofile(w / "emb.f32")
+    r.numpy().astype("<f4").tofile(w / "r.f32")
+    r = lock_bundle(str(tmp_path / "b"), str(tmp_path / "p.logos"), str(w), "bfloat16", 1,
+                    precision=policy)
+    assert r["verdict"] == "pass", (r["reason"], r["first_divergence"])
+
+
+def test_a_tables_floor_is_rounded_a_block_at_a_time(tmp_path, monkeypatch):
+    """A matmul's large B operand (a tied embedding's transposed table, a wide weight) is rounded
+    and widened a block at a time as the VM's matmul reads it, never whole in float64; the floor
+    equals the hand computation; a view the probe found exact gets no floor."""
+    import torch
+    from emitter.ops.base import WIDEN_BYTES
+    src = ("Let emb be a 20000 by 64 tensor of Real.\nLet W be a 64 by 20000 tensor of Real.\n"
+           "Let x be a 1 by 64 tensor of Real.\nLet embT be transpose of emb.\n"
+           "Let logits be x matmul embT.\nLet z be x matmul W.\n")
+    (tmp_path / "p.logos").write_text(src)
+    program = read_file(str(tmp_path / "p.logos"))
+    rng = np.random.default_rng(5)
+    emb = rng.standard_normal((20000, 64)).astype(np.float32)
+    W = rng.standard_normal((64, 20000)).astype(np.float32)
+    x = rng.standard_normal((1, 64))
+    leaves = {"emb": emb, "W": W, "x": x}
+    stages = [emb.T, x @ emb.T.astype(np.float64), x @ W.astype(np.float64)]
+    largest = []
+    real_rounded = bf16.rounded
+
+    def watched(torch_, v, precision):
+        largest.append(np.asarray(v).size)
+        return real_rounded(torch_, v, precision)
+    monkeypatch.setattr(bf16, "rounded", watched)
+    got = bf16.floors(torch, program, leaves, stages, stage_precisions(program, {}), exact={0})
+    assert got[0] is None
+    assert 8 * max(largest) <= WIDEN_BYTES < 8 * emb.size
+    fp32 = _bf16(x) @ _bf16(emb.T.astype(np.float64))       # the logits: fp32 out
+    assert np.allclose(got[1], fp32, rtol=2 ** -23, atol=0)
+    assert np.array_equal(got[1], got[1].astype(np.float32).astype(np.float64))
+    want = _bf16(x) @ _bf16(W.astype(np.float64))
+    assert np.allclose(got[2], want, rtol=2 ** -7, atol=1e-6) and np.array_equal(got[2], _bf16(got[2]))
+    # the unrounded product is far from it: the rounding was applied to every block
+    assert not np.allclose(got[2], x @ W.astype(np.float64), rtol=2 ** -12, atol=0)

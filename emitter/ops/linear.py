@@ -15,7 +15,7 @@ def matmul_shape(a):
 
 def matmul_vm(a):
     b = a.held("B")
-    return a["A"] @ b if getattr(b, "dtype", None) == np.float64 else widened_product(a["A"], b)
+    return a["A"] @ b if isinstance(b, np.ndarray) and b.dtype == np.float64 else widened_product(a["A"], b)
 
 
 def matmul_call(a):

@@ -37,10 +37,12 @@ class TorchArtifact:
 
 def stage_call(p: Program, stage, cast=False):
     """The torch expression of one stage (a ProgramError naming an op that has no spelling); with
-    `cast`, each tensor operand goes through `self.cast` (the stage's precision in bfloat16)."""
+    `cast`, each tensor operand goes through `self.cast` (the stage's precision in bfloat16), told
+    when the op only moves its values (a view, a gather), so that a cast tap undoes is left out."""
     if stage.op.call is None:
         raise ProgramError(f"`{stage.text}`: {_no_spelling(stage.op.name)}", stage.line, p.path)
-    wrap = (lambda name: f"self.cast({stage.index}, {name})") if cast else None
+    moved = ", moved=True" if stage.op.view else ""
+    wrap = (lambda name: f"self.cast({stage.index}, {name}{moved})") if cast else None
     return stage.op.call(stage.args(p.shapes, wrap=wrap))
 
 

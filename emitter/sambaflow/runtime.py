@@ -159,10 +159,17 @@ class ProgramModule(nn.Module):
                     value.view(-1)[index] = item
             self.register_buffer("leaf_" + name, value)
 
-    def cast(self, stage, x):
-        """An operand in its stage's compute precision when the module runs in bfloat16."""
+    def cast(self, stage, x, moved=False):
+        """An operand in its stage's compute precision when the module runs in bfloat16. An op that
+        only `moved` its operand's values (a view, a gather) gets it uncast unless the cast rounds
+        what the output keeps (bf16 compute of a float32 operand, float32 output): a widening cast
+        is exact and tap rounds the output anyway, so the values are the same, without a widened
+        copy of a whole table each step."""
         if self.low and x.is_floating_point():
-            return x.to(torch.float32 if PRECISION.get(stage, "b")[0] == "fp32" else torch.bfloat16)
+            compute, out = PRECISION.get(stage, "bb")
+            if moved and not (compute != "fp32" and out == "fp32" and x.dtype == torch.float32):
+                return x
+            return x.to(torch.float32 if compute == "fp32" else torch.bfloat16)
         return x
 
     def tap(self, stage, value):

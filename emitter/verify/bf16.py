@@ -35,6 +35,7 @@ import math
 
 import numpy as np
 
+from ..ops.base import WIDEN_BYTES
 from .vm import bind_result, run_stage
 
 EXCESS = {"matmul": 4.0, "attention": 4.0, "full attention": 4.0, "plus": 4.0,
@@ -74,9 +75,31 @@ def rounded(torch, x, precision):
 
 
 def _operand(torch, value, held, compute):
-    """An op's input as the policy feeds it: held in `held`, cast to `compute`."""
+    """An op's input as the policy feeds it: held in `held`, cast to `compute`; a large one
+    (a table) rounded a block at a time as it is read (`Rounded`)."""
+    if isinstance(value, np.ndarray) and value.ndim == 2 and 8 * value.size > WIDEN_BYTES:
+        return Rounded(torch, value, held, compute)
     x = rounded(torch, value, held)
     return x if compute == held or held == "bf16" else rounded(torch, x, compute)
+
+
+class Rounded:
+    """A large operand as the policy feeds it, rounded when read and only what is read: the VM's
+    matmul widens its B operand a block at a time (ops.base.widened_product), so a tied
+    embedding's 262144 by 640 table is never whole in float64 each step; any other reader gets it
+    whole through __array__. `base` is the array it rounds, so the blocks' pages are released."""
+
+    def __init__(self, torch, x, held, compute):
+        self.torch, self.base, self.held, self.compute = torch, x, held, compute
+        self.shape, self.flags, self.dtype = x.shape, x.flags, x.dtype
+
+    def __getitem__(self, key):
+        return Rounded(self.torch, self.base[key], self.held, self.compute)
+
+    def __array__(self, dtype=None, copy=None):
+        x = rounded(self.torch, self.base, self.held)
+        x = x if self.compute == self.held or self.held == "bf16" else rounded(self.torch, x, self.compute)
+        return x if dtype is None else x.astype(dtype, copy=False)
 
 
 SHARED_BYTES = 64 << 20     # float64 copies of weights read by several ops, kept for a whole lock
@@ -97,10 +120,12 @@ def _weight(torch, model, name, held, compute, shared):
     return x
 
 
-def floors(torch, program, leaves, vm_stages, precisions, model=None, shared=None):
+def floors(torch, program, leaves, vm_stages, precisions, model=None, shared=None, exact=()):
     """Each stage's rounding floor on the VM's inputs (see the module docstring), as float64. With
     `model` (whose leaves passed the load stage), its buffers stand for the constant leaves;
-    `shared` (a dict kept across a lock's steps) holds those several ops read."""
+    `shared` (a dict kept across a lock's steps) holds those several ops read. The stages in
+    `exact` (views the probe found bit for bit the VM's: nothing to judge) get None, not a floor
+    (a transposed table's would be a float64 copy of it each step)."""
     env = dict(leaves)
     held = {v: ("fp32" if not program.decls[v].real else "bf16") for v in program.leaves}
     constant = set() if model is None else set(program.leaves) - set(program.states)
@@ -114,7 +139,9 @@ def floors(torch, program, leaves, vm_stages, precisions, model=None, shared=Non
     for st in program.stages:
         compute, output = precisions[st.index]
         indices = {st.bound[p] for p in st.op.index if isinstance(st.bound.get(p), str)}
-        if st.op.name == "embedding":   # a gather: rounding the gathered row rounds the table's
+        if st.index in exact:
+            out.append(None)
+        elif st.op.name == "embedding":   # a gather: rounding the gathered row rounds the table's
             table = st.bound["TABLE"]
             out.append(rounded(torch, _operand(torch, vm_stages[st.index], held[table], compute), output))
         else:
@@ -173,7 +200,7 @@ def judge(op_name, module, vm, floor, b, compute="fp32"):
 def gate_step(torch, program, current, trace, probe, gate, step, label):
     """The bf16 gate on one step's probe pass: each op's figures replace its flat-tolerance pass."""
     found = floors(torch, program, current, trace.stages, gate["precisions"], gate.get("model"),
-                   gate.setdefault("shared", {}))
+                   gate.setdefault("shared", {}), {i for i, m in probe.results.items() if m.get("view")})
     for i, m in probe.results.items():
         st = program.stages[i]
         if m.get("view"):      # a view computes nothing: the probe checked it bit for bit
