@@ -1,7 +1,8 @@
 """Beyond one machine, measured on this one: locks inline (at the best thread setting) against
 `executor=dask:local` with 2 single-threaded workers, for the issue's real models (smollm2, qwen38,
-minilm) and for the whole zoo (gemma3 too: one of its checks, bfloat16, is over half its lock
-time, so it bounds the whole zoo's ratio), a Dask round trip's overhead per check, and a fresh
+minilm), with the ceiling for the same split in plain processes (no doit, no Dask), and for the
+whole zoo (gemma3 too: its bfloat16 check is the longest, so it bounds the whole zoo's ratio), a
+Dask round trip's overhead per check, and a fresh
 clone with a warm verdict cache against a no-op run plus the emits. Each line gives the load
 average before and after: on a busy machine the ratios say little.
 
@@ -103,7 +104,7 @@ def compare(zoo, names, title, threads=(1, 2), cache=None):
           f"figures equal inline: {same}; {before} -> {load()}", flush=True)
     print(f"  => {title}: inline at {best} thread(s) {walls[best]:.1f} s / dask:local {wall:.1f} s = "
           f"{walls[best] / wall:.2f}x", flush=True)
-    return walls[best] / wall
+    return walls[best] / wall, rs
 
 
 def one_check_overhead(zoo, n=30):
@@ -135,51 +136,62 @@ def one_check_overhead(zoo, n=30):
     return statistics.median(here), statistics.median(there)
 
 
-CEILING = """
-import os, sys, time
+CAPTURE = """
+import json, os, shutil, sys
 os.chdir(sys.argv[1]); sys.path.insert(0, sys.argv[1])
+from doit.cmd_base import ModuleTaskLoader
+from doit.doit_cmd import DoitMain
 from emitter.pipeline import executors
-jobs = [{"name": n, "root": sys.argv[1], "bundle": f"build/bundles/{n}", "source": f"programs/{n}.logos",
-         "weights": f"build/weights/{n}", "golden": None, "threads": 1, "thread_env": {}, "memory": None,
-         "kwargs": {"dtype": d, "steps": int(s), "atol": None, "rtol": None, "allow_nonfinite": (),
-                    "max_tensor_bytes": None}} for n, s in (a.split(":") for a in sys.argv[2:])
-        for d in ("float64", "float32", "bfloat16")]
-executors.Inline().run(jobs[:1], 600)   # torch imported, the module compiled
-print("ready", flush=True)
-sys.stdin.readline()
-t = time.perf_counter()
-executors.Inline().run(jobs, 600)
-print(time.perf_counter() - t, flush=True)
+jobs, run = [], executors.Inline.run
+executors.Inline.run = lambda self, js, seconds: jobs.extend(js) or run(self, js, seconds)
+import dodo
+for n in sys.argv[3:]:
+    shutil.rmtree(os.path.join("build/results", n), ignore_errors=True)
+assert DoitMain(ModuleTaskLoader(dodo)).run([f"lock:{n}" for n in sys.argv[3:]] + ["threads=1"]) == 0
+with open(sys.argv[2], "w") as f:
+    json.dump([dict(j, golden=None) for j in jobs], f)
+"""
+
+PLAIN = """
+import json, os, sys
+jobs = json.load(open(sys.argv[1]))
+os.chdir(jobs[0]["root"]); sys.path.insert(0, jobs[0]["root"])
+from emitter.pipeline import executors
+for i in sys.argv[2].split(","):
+    assert executors.Inline().run([jobs[int(i)]], 600)[0]["result"]["verdict"] == "pass"
 """
 
 
-def ceiling(zoo, programs):
-    """What this machine gives a second process now, without Dask: the same locks (each real
-    model's three checks) in one process alone, then in two side by side; 2 x alone / together
-    is the most any 2-worker executor could gain here."""
-    import yaml
-    args = []
-    for n in programs:
-        with open(os.path.join(zoo, "programs", f"{n}.yaml")) as f:
-            args.append(f"{n}:{(yaml.safe_load(f) or {}).get('steps', 1)}")
+def ceiling(zoo, names, dask_results, base):
+    """What two plain processes give here for the same checks split as the Dask run split them
+    (each process's checks in the order its worker ran them), against one plain process running
+    them all in inline's order: each process imports torch itself, as inline does inside its
+    first check. Which checks run side by side matters on this machine (smollm2's bfloat16 check
+    beside its float64 one takes a third longer than beside another bfloat16 one), so this, not
+    two copies of the same work, is what any 2-worker executor could reach with this split."""
+    path = os.path.join(base, "jobs.json")
+    p = subprocess.run([sys.executable, "-c", CAPTURE, zoo, path, *names], cwd=zoo,
+                       capture_output=True, text=True, env={**os.environ, "LOGOS_PROGRESS": "names"})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    with open(path) as f:
+        jobs = json.load(f)
+    index = {(j["name"], j["kwargs"]["dtype"]): i for i, j in enumerate(jobs)}
+    split = {}
+    for (name, dtype), r in sorted(dask_results.items(), key=lambda kv: kv[1]["execution"]["started"]):
+        split.setdefault(r["execution"]["pid"], []).append(str(index[name, dtype]))
 
-    def together(k):
-        ps = [subprocess.Popen([sys.executable, "-c", CEILING, zoo, *args], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True) for _ in range(k)]
-        for p in ps:
-            assert p.stdout.readline().strip() == "ready"
-        for p in ps:
-            p.stdin.write("\n")
-            p.stdin.flush()
-        out = [float(p.stdout.readline()) for p in ps]
-        for p in ps:
-            p.wait()
-        return max(out)
+    def plain(groups):
+        t = time.perf_counter()
+        ps = [subprocess.Popen([sys.executable, "-c", PLAIN, path, ",".join(g)]) for g in groups]
+        assert all(q.wait() == 0 for q in ps)
+        return time.perf_counter() - t
     before = load()
-    alone, two = together(1), together(2)
-    print(f"ceiling: the real models' checks in one process {alone:.1f} s, in two side by side "
-          f"{two:.1f} s: 2 processes give {2 * alone / two:.2f}x the throughput of one here "
+    one = plain([[str(i) for i in range(len(jobs))]])
+    two = plain(list(split.values()))
+    print(f"ceiling: the same checks in plain processes, no doit, no Dask: one process {one:.1f} s, two "
+          f"side by side split as the Dask workers ran them {two:.1f} s: {one / two:.2f}x "
           f"({before} -> {load()})", flush=True)
+    return one / two
 
 
 def main(argv=None):
@@ -210,8 +222,9 @@ def run(base, whole=True):
     s, p = doit(zoo, "emit", "wmanifest")
     print(f"setup: emits and derived imports {s:.1f} s (rc {p.returncode})", flush=True)
 
-    ceiling(zoo, REAL)
-    compare(zoo, list(REAL), "real models (" + ", ".join(REAL) + ")")
+    ratio, rs = compare(zoo, list(REAL), "real models (" + ", ".join(REAL) + ")")
+    best = ceiling(zoo, list(REAL), rs, base)
+    print(f"  => dask:local reaches {ratio / best:.0%} of that ceiling", flush=True)
     here, there = one_check_overhead(zoo)
     print(f"per-check overhead: mlp float64 {here * 1000:.1f} ms here, {there * 1000:.1f} ms through a "
           f"warm 1-worker LocalCluster: {1000 * (there - here):.1f} ms per task (target <= 20 ms)",
