@@ -249,3 +249,42 @@ def test_a_tables_floor_is_rounded_a_block_at_a_time(tmp_path, monkeypatch):
     assert np.allclose(got[2], want, rtol=2 ** -7, atol=1e-6) and np.array_equal(got[2], _bf16(got[2]))
     # the unrounded product is far from it: the rounding was applied to every block
     assert not np.allclose(got[2], x @ W.astype(np.float64), rtol=2 ** -12, atol=0)
+
+
+def test_the_floors_read_the_modules_weights_without_a_float64_copy_each_step(tmp_path, monkeypatch):
+    """With the module's held weights standing in for the constants: a weight up to WIDEN_BYTES is
+    widened into a scratch buffer per operand slot (two in one op do not overwrite each other, and
+    a later step does not change an earlier floor), a larger one a block at a time as the matmul
+    reads it; the floors equal the hand computation on the held values."""
+    import types
+    import torch
+    from emitter.ops.base import WIDEN_BYTES
+    src = ("Let x be a 1 by 64 tensor of Real.\nLet A be a 1 by 64 tensor of Real.\n"
+           "Let B be a 1 by 64 tensor of Real.\nLet C be a 1 by 64 tensor of Real.\n"
+           "Let W be a 64 by 20000 tensor of Real.\n"
+           "Let s be A plus B.\nLet t be x hadamard C.\nLet z be x matmul W.\n")
+    (tmp_path / "p.logos").write_text(src)
+    program = read_file(str(tmp_path / "p.logos"))
+    rng = np.random.default_rng(9)
+    vals = {n: rng.standard_normal(program.shapes[n]) for n in ("x", "A", "B", "C", "W")}
+    model = types.SimpleNamespace(**{f"leaf_{n}": torch.from_numpy(v).to(torch.bfloat16)
+                                     for n, v in vals.items()})
+    h = {n: model.__dict__[f"leaf_{n}"].double().numpy() for n in vals}     # held: bf16
+    stages = [vals["A"] + vals["B"], vals["x"] * vals["C"], vals["x"] @ vals["W"]]
+    largest = []
+    real = bf16.Rounded.__array__
+
+    def watched(self, dtype=None, copy=None):
+        largest.append(int(np.prod(self.shape)))
+        return real(self, dtype, copy)
+    monkeypatch.setattr(bf16.Rounded, "__array__", watched)
+    shared = {}
+    precisions = stage_precisions(program, {})
+    first = bf16.floors(torch, program, vals, stages, precisions, model, shared)
+    kept = [f.copy() for f in first]
+    again = bf16.floors(torch, program, vals, stages, precisions, model, shared)
+    assert all(np.array_equal(a, b) and np.array_equal(a, k) for a, b, k in zip(first, again, kept))
+    assert np.array_equal(first[0], (h["A"] + h["B"]).astype(np.float32).astype(np.float64))
+    assert np.array_equal(first[1], _bf16(h["x"] * h["C"]))
+    assert np.allclose(first[2], _bf16(h["x"] @ h["W"]), rtol=2 ** -7, atol=0)
+    assert largest and 8 * max(largest) <= WIDEN_BYTES < 8 * vals["W"].size

@@ -32,6 +32,7 @@ override (`bf16:` in the program's config).
 """
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -87,17 +88,27 @@ class Rounded:
     """A large operand as the policy feeds it, rounded when read and only what is read: the VM's
     matmul widens its B operand a block at a time (ops.base.widened_product), so a tied
     embedding's 262144 by 640 table is never whole in float64 each step; any other reader gets it
-    whole through __array__. `base` is the array it rounds, so the blocks' pages are released."""
+    whole through __array__. `base` is what it reads: a VM value (rounded to `held` as read, its
+    blocks' pages released through `base`) or the module's own copy of a weight (a torch tensor,
+    already held as the policy holds it: only widened)."""
 
     def __init__(self, torch, x, held, compute):
         self.torch, self.base, self.held, self.compute = torch, x, held, compute
-        self.shape, self.flags, self.dtype = x.shape, x.flags, x.dtype
+        self.shape = tuple(x.shape)
+        if isinstance(x, np.ndarray):
+            self.flags = x.flags
+        else:
+            self.flags = SimpleNamespace(c_contiguous=x.is_contiguous(),
+                                         f_contiguous=x.dim() == 2 and x.t().is_contiguous())
 
     def __getitem__(self, key):
         return Rounded(self.torch, self.base[key], self.held, self.compute)
 
     def __array__(self, dtype=None, copy=None):
-        x = rounded(self.torch, self.base, self.held)
+        if isinstance(self.base, np.ndarray):
+            x = rounded(self.torch, self.base, self.held)
+        else:
+            x = self.base.to(self.torch.float64).numpy()
         x = x if self.compute == self.held or self.held == "bf16" else rounded(self.torch, x, self.compute)
         return x if dtype is None else x.astype(dtype, copy=False)
 
@@ -105,16 +116,32 @@ class Rounded:
 SHARED_BYTES = 64 << 20     # float64 copies of weights read by several ops, kept for a whole lock
 
 
-def _weight(torch, model, name, held, compute, shared):
+def _weight(torch, model, name, held, compute, shared, slot=0):
     """A constant leaf as the policy feeds it, from the module's own copy (checked bit for bit by
     the load stage: the leaf rounded to `held`), so a big weight is not rounded again; a weight
-    several ops read is converted once per lock (`shared`, while it holds under SHARED_BYTES)."""
+    several ops read is converted once per lock (`shared`, while it holds under SHARED_BYTES).
+    Any other weight up to WIDEN_BYTES in float64 is widened into the stage's `slot`-th scratch
+    buffer, kept for the lock (the floor copies what it computes from it), and a larger one a
+    block at a time as it is read (`Rounded`): each step's float64 copies of every weight were
+    fresh pages, 270 000 page faults of a smollm2 check's 490 000."""
     if name in shared:
         return shared[name]
-    x = getattr(model, "leaf_" + name).detach().to(torch.float64).numpy()
+    leaf = getattr(model, "leaf_" + name).detach()
+    readers = shared.setdefault("_readers", {}).get(name, 0)
+    keep = readers > 1 and shared.get("_bytes", 0) + 8 * leaf.numel() <= SHARED_BYTES
+    if 8 * leaf.numel() > WIDEN_BYTES and not keep:
+        return Rounded(torch, leaf, held, compute)
+    if keep:
+        x = leaf.to(torch.float64).numpy()
+    else:
+        scratch = shared.setdefault("_scratch", {})
+        if slot not in scratch or scratch[slot].numel() < leaf.numel():
+            scratch[slot] = torch.empty(leaf.numel(), dtype=torch.float64)
+        x = scratch[slot][:leaf.numel()].view(leaf.shape)
+        x.copy_(leaf)
+        x = x.numpy()
     x = x if compute == held or held == "bf16" else rounded(torch, x, compute)
-    if name in shared.setdefault("_readers", {}) and shared["_readers"][name] > 1 and \
-            shared.get("_bytes", 0) + x.nbytes <= SHARED_BYTES:
+    if keep:
         shared[name] = x
         shared["_bytes"] = shared.get("_bytes", 0) + x.nbytes
     return x
@@ -146,8 +173,8 @@ def floors(torch, program, leaves, vm_stages, precisions, model=None, shared=Non
             out.append(rounded(torch, _operand(torch, vm_stages[st.index], held[table], compute), output))
         else:
             renv = dict(env)
-            for name in set(st.inputs) - indices:
-                renv[name] = _weight(torch, model, name, held[name], compute, shared) if name in constant \
+            for slot, name in enumerate(sorted(set(st.inputs) - indices)):
+                renv[name] = _weight(torch, model, name, held[name], compute, shared, slot) if name in constant \
                     else _operand(torch, env[name], held[name], compute)
             out.append(rounded(torch, run_stage(program, st, renv), output))
         bind_result(st, env, vm_stages[st.index])
