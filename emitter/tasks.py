@@ -25,6 +25,7 @@ from .pipeline import actions, digests, executors, fastpath, files_io, guards, s
 from .pipeline import cache as vcache
 from .pipeline.config import discover
 from .pipeline.progress import ProgressReporter
+from .verify.threads import DEFAULT_THREADS
 
 __all__ = ["DOIT_CONFIG", "task_digest", "task_weights", "task_wmanifest", "task_emit", "task_lock",
            "task_report", "task_cachelookup", "task_cache", "standalone"]
@@ -71,7 +72,7 @@ def _run_settings():
     scheduler nobody answers at, is one line and exit 3."""
     try:
         ex = executors.parse(_var("executor"), _var("workers"))
-        threads = str(_var("threads") or executors.DEFAULT_THREADS)
+        threads = str(_var("threads") or DEFAULT_THREADS)
         if not threads.isdigit() or int(threads) < 1:
             raise executors.ExecutorError(f"threads={threads}: must be a whole number of at least 1")
         executors.probe(ex)

@@ -20,6 +20,7 @@ from .digests import check_digest
 from .files_io import dumps, sha256_text, stamp_targets, write_if_changed
 from .guards import REPORT_FILES, freeze_heap
 from .weights import known_hashes
+from ..verify.threads import DEFAULT_THREADS
 
 RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
 
@@ -115,7 +116,7 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     code = (read_json(os.path.join(digests_dir, "lock.json")) or {}).get("digest")
     from ..verify.tolerances import tolerance
     golden = {dtype: tolerance(dtype, atol, rtol) for dtype, atol, rtol, _ in checks}
-    threads = run.get("threads") or executors.DEFAULT_THREADS
+    threads = run.get("threads") or DEFAULT_THREADS
     store = cache.store(run.get("cache"))
     specs = run.get("keys") or (cache.key_specs(*run["key_of"]) if run.get("key_of") else None) or {}
     done, keys, jobs = {}, {}, []

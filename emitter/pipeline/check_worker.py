@@ -10,28 +10,10 @@ import threading
 import time
 
 from ..verify.environment import THREAD_VARS
+from ..verify.threads import thread_limits
 
 # the *_NUM_THREADS variables only size thread pools, which each check sets explicitly
 POOL_VARS = tuple(v for v in THREAD_VARS if v.endswith("_NUM_THREADS"))
-
-
-@contextlib.contextmanager
-def thread_limits(n):
-    """torch's and the BLAS's thread pools at `n` for the block (restored after); what was set."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:   # the BLAS keeps what its environment variables gave it at start
-        blas, limiter = "environment", contextlib.nullcontext()
-    else:
-        blas, limiter = "threadpoolctl", threadpool_limits(n)
-    try:
-        with limiter:
-            yield {"threads": n, "torch_threads": torch.get_num_threads(), "blas_limit": blas}
-    finally:
-        torch.set_num_threads(before)
 
 
 _CAPTURE = threading.local()

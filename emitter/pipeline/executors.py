@@ -30,7 +30,6 @@ import uuid
 
 from .check_worker import POOL_VARS, run_check
 
-DEFAULT_THREADS = 1
 CONNECT_S = 5
 
 

@@ -30,6 +30,7 @@ from . import environment, verdict, vm
 from .compare import compare, figures, worse
 from .probe import CouldNotRun, Probe
 from .resident import Releasing, Resident, reads
+from .threads import DEFAULT_THREADS, thread_limits
 from .tolerances import DEFAULT_TOLERANCES as TOLERANCES, tolerance
 
 SCHEMA, VERSION = "logos.lock.result", 2
@@ -409,12 +410,20 @@ def add_arguments(p):
     p.add_argument("--rtol", type=float, help="relative tolerance (default by dtype)")
     p.add_argument("--allow-nonfinite", action="append", default=[], metavar="LEAF",
                    help="a leaf whose file may hold NaN or Inf (repeatable)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help=f"torch's and the BLAS's threads (default {DEFAULT_THREADS}: see "
+                        "emitter/verify/threads.py)")
     p.add_argument("-o", "--out", required=True, help="RESULT.json")
 
 
 def main(args):
-    r = lock_bundle(args.bundle, args.program, args.weights, args.dtype, args.steps, args.atol,
-                    args.rtol, tuple(args.allow_nonfinite))
+    if args.threads < 1:
+        print(f"--threads must be at least 1, got {args.threads}", file=sys.stderr)
+        return 2
+    with thread_limits(args.threads) as threads:
+        r = lock_bundle(args.bundle, args.program, args.weights, args.dtype, args.steps, args.atol,
+                        args.rtol, tuple(args.allow_nonfinite))
+    r["execution"] = {"executor": "logos lock", "pid": os.getpid(), **threads}
     write_result(r, args.out)
     print(f"{r['name']} [{r['steps']} step(s)] {verdict.line(r)}",
           file=sys.stderr if r["verdict"] != "pass" else sys.stdout)

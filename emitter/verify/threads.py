@@ -1,0 +1,28 @@
+"""How many threads a lock check computes with: set explicitly (torch's pool, and the BLAS's
+through threadpoolctl) and recorded in its result, whether doit, a Dask worker or `logos lock` runs
+it. On a 2-core machine a smollm2 float32 lock took 2.7-3.3 s at 1 thread and 6-12 s at torch's
+default 2 (torch's and the BLAS's pools fight for the cores), so the default is 1: for more
+throughput, run more checks at once, not more threads per check."""
+
+import contextlib
+
+DEFAULT_THREADS = 1
+
+
+@contextlib.contextmanager
+def thread_limits(n):
+    """torch's and the BLAS's thread pools at `n` for the block (restored after); what was set."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:   # the BLAS keeps what its environment variables gave it at start
+        blas, limiter = "environment", contextlib.nullcontext()
+    else:
+        blas, limiter = "threadpoolctl", threadpool_limits(n)
+    try:
+        with limiter:
+            yield {"threads": n, "torch_threads": torch.get_num_threads(), "blas_limit": blas}
+    finally:
+        torch.set_num_threads(before)
