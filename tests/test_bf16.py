@@ -93,6 +93,12 @@ def test_each_planted_bug_is_caught_and_named(qwen, bug, token):
         assert flat["verdict"] == "pass", bug
 
 
+def _program(tmp_path, src):
+    """The program `src`, written to tmp_path/p.logos and read from there."""
+    (tmp_path / "p.logos").write_text(src)
+    return read_file(str(tmp_path / "p.logos"))
+
+
 def _bf16(x):
     """Round to bfloat16 (nearest, ties to even) by bit arithmetic on float32, as float64: an
     independent reading of what torch's conversion does."""
@@ -139,8 +145,7 @@ def test_the_floors_are_the_policy_computed_in_float64(tmp_path):
     src = ("Let tok be a 1 by 1 tensor of Int.\nLet emb be a 40 by 64 tensor of Real.\n"
            "Let W be a 64 by 64 tensor of Real.\nLet x be row tok of emb.\n"
            "Let y be x matmul W.\nLet z be y plus x.\n")
-    (tmp_path / "p.logos").write_text(src)
-    program = read_file(str(tmp_path / "p.logos"))
+    program = _program(tmp_path, src)
     rng = np.random.default_rng(1)
     emb, W = rng.standard_normal((40, 64)), rng.standard_normal((64, 64)) / 8
     leaves = {"tok": np.array([[7.0]]), "emb": emb, "W": W}
@@ -158,8 +163,7 @@ def test_token_ids_stay_exact_in_bfloat16(tmp_path):
     """bf16 holds integers exactly only up to 256: a token id is held in fp32 (load stage exact)."""
     src = ("Let tok be a 1 by 1 tensor of Int.\nLet emb be a 2000 by 4 tensor of Real.\n"
            "Let x be row tok of emb.\nLet y be silu of x.\n")
-    (tmp_path / "p.logos").write_text(src)
-    program = read_file(str(tmp_path / "p.logos"))
+    program = _program(tmp_path, src)
     w = tmp_path / "w"
     w.mkdir()
     np.array([[1999.0]]).astype("<f8").tofile(w / "tok.f64")
@@ -181,8 +185,7 @@ def test_ops_that_only_move_values_take_them_uncast_where_that_changes_nothing(t
     with it where it rounds what the output keeps (bf16 compute of an fp32 value, fp32 out)."""
     import torch
     from conftest import load_model
-    (tmp_path / "p.logos").write_text(MOVES)
-    program = read_file(str(tmp_path / "p.logos"))
+    program = _program(tmp_path, MOVES)
     write_bundle(emit_program(program, policy), str(tmp_path / "b"))
     model_py = (tmp_path / "b" / "model.py").read_text()
     assert "embT = self.tap(3, self.cast(3, emb, moved=True).transpose(0, 1))" in model_py
@@ -224,8 +227,7 @@ def test_a_tables_floor_is_rounded_a_block_at_a_time(tmp_path, monkeypatch):
     src = ("Let emb be a 20000 by 64 tensor of Real.\nLet W be a 64 by 20000 tensor of Real.\n"
            "Let x be a 1 by 64 tensor of Real.\nLet embT be transpose of emb.\n"
            "Let logits be x matmul embT.\nLet z be x matmul W.\n")
-    (tmp_path / "p.logos").write_text(src)
-    program = read_file(str(tmp_path / "p.logos"))
+    program = _program(tmp_path, src)
     rng = np.random.default_rng(5)
     emb = rng.standard_normal((20000, 64)).astype(np.float32)
     W = rng.standard_normal((64, 20000)).astype(np.float32)
@@ -263,8 +265,7 @@ def test_the_floors_read_the_modules_weights_without_a_float64_copy_each_step(tm
            "Let B be a 1 by 64 tensor of Real.\nLet C be a 1 by 64 tensor of Real.\n"
            "Let W be a 64 by 20000 tensor of Real.\n"
            "Let s be A plus B.\nLet t be x hadamard C.\nLet z be x matmul W.\n")
-    (tmp_path / "p.logos").write_text(src)
-    program = read_file(str(tmp_path / "p.logos"))
+    program = _program(tmp_path, src)
     rng = np.random.default_rng(9)
     vals = {n: rng.standard_normal(program.shapes[n]) for n in ("x", "A", "B", "C", "W")}
     model = types.SimpleNamespace(**{f"leaf_{n}": torch.from_numpy(v).to(torch.bfloat16)

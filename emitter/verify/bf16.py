@@ -80,7 +80,12 @@ def _operand(torch, value, held, compute):
     (a table) rounded a block at a time as it is read (`Rounded`)."""
     if isinstance(value, np.ndarray) and value.ndim == 2 and 8 * value.size > WIDEN_BYTES:
         return Rounded(torch, value, held, compute)
-    x = rounded(torch, value, held)
+    return _computed(torch, rounded(torch, value, held), held, compute)
+
+
+def _computed(torch, x, held, compute):
+    """A value already `held` (as float64), cast to `compute`: only fp32 held and bf16 compute
+    rounds (widening a bf16 value is exact)."""
     return x if compute == held or held == "bf16" else rounded(torch, x, compute)
 
 
@@ -109,7 +114,7 @@ class Rounded:
             x = rounded(self.torch, self.base, self.held)
         else:
             x = self.base.to(self.torch.float64).numpy()
-        x = x if self.compute == self.held or self.held == "bf16" else rounded(self.torch, x, self.compute)
+        x = _computed(self.torch, x, self.held, self.compute)
         return x if dtype is None else x.astype(dtype, copy=False)
 
 
@@ -140,7 +145,7 @@ def _weight(torch, model, name, held, compute, shared, slot=0):
         x = scratch[slot][:leaf.numel()].view(leaf.shape)
         x.copy_(leaf)
         x = x.numpy()
-    x = x if compute == held or held == "bf16" else rounded(torch, x, compute)
+    x = _computed(torch, x, held, compute)
     if keep:
         shared[name] = x
         shared["_bytes"] = shared.get("_bytes", 0) + x.nbytes
