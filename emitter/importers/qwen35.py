@@ -205,6 +205,13 @@ def make_tiny_checkpoint(out_dir, seed=0, config=None):
     extra = os.path.join(out_dir, "generation_config.json")  # nothing here reads it
     if os.path.exists(extra):
         os.unlink(extra)
+    # the config names the transformers that wrote it: left out, so the same seed gives the same
+    # bytes whatever transformers is installed (5.24 and 5.25 differed only there)
+    path = os.path.join(out_dir, "config.json")
+    with open(path, encoding="utf-8") as f:
+        written = json.load(f)
+    written.pop("transformers_version", None)
+    write_atomic(path, json.dumps(written, indent=2, sort_keys=True) + "\n")
     return out_dir
 
 
