@@ -342,11 +342,12 @@ def _current(r, parts):
             and (isinstance(parts["weights"], dict) or h.get("weights_manifest") == parts["weights"]))
 
 
-def publish_all(checks, url, digests_dir, memo_path):
+def publish_all(checks, url, digests_dir, memo_path, part=False):
     """The `cache` task: publish every current pass/fail verdict the cache lacks, including those
     of locks that did not rerun (a no-op over a restored build/ fills a new cache). `checks`:
     [(result path, key spec, status, manifest)]. What is known to be there is remembered in
-    `memo_path`, so a no-op asks the cache nothing it already answered."""
+    `memo_path`, so a no-op asks the cache nothing it already answered; `part`: `checks` are some
+    of the zoo's (a run that named its locks), so what is known of the others is kept."""
     cache = store(url)
     if cache is None:
         return True
@@ -368,7 +369,7 @@ def publish_all(checks, url, digests_dir, memo_path):
         except Exception as e:   # the verdicts stand; the cache is best effort
             failed.append(f"{path}: {type(e).__name__}: {str(e)[:200]}")
             now.discard(key)
-    keep = sorted(now)
+    keep = sorted(now | known if part else now)
     if keep != sorted(known):
         write_atomic(memo_path, json.dumps({**(memo if isinstance(memo, dict) else {}), url: keep}))
     if sent:

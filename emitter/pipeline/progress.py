@@ -191,6 +191,7 @@ class ProgressReporter(ConsoleReporter):
     def complete_run(self):
         self._tick(final=True)
         self._report_failures()
+        self._publish_named()
         from .settled import settle
         up = set(self.uptodate)
         ran = {n: self.tasks[n].values for n in self.settled if n not in up and n in self.tasks}
@@ -199,6 +200,25 @@ class ProgressReporter(ConsoleReporter):
         if note:
             self.write(note)
         super().complete_run()
+
+    def _publish_named(self):
+        """With cache=URL, a run that names its tasks (`doit lock:NAME cache=URL`) leaves out the
+        `cache` task, which publishes for the whole zoo: the verdicts of the locks this run ran
+        or found up to date are published here instead, so every run that holds the key shares
+        what it settled. Best effort, like the task: the verdicts stand whatever the cache does."""
+        task = self.tasks.get("cache")
+        if task is None or "cache" in self.reachable:
+            return
+        done = {t for n in self.settled if n.startswith("lock:") and n in self.tasks
+                for t in self.tasks[n].targets}
+        try:
+            checks, url, digests_dir, memo_path = task.actions[0].args
+            mine = [c for c in checks if c[0] in done]
+            if mine:
+                from .cache import publish_all
+                publish_all(mine, url, digests_dir, memo_path, part=True)
+        except Exception as e:
+            self.write(f"cache: not published: {type(e).__name__}: {str(e)[:200]}\n")
 
     def _report_failures(self):
         """A task that failed (or could not run because one before it failed) keeps the report
