@@ -171,13 +171,14 @@ def _make_digest():
     """Digests of the emitter's code and of the environment: what every emit, lock and import
     depends on beyond its own files (a torch or numpy upgrade reruns every lock)."""
     for kind, files in CODE.items():
-        target = f"{DIGESTS}/{kind}.json"
+        target, packages = f"{DIGESTS}/{kind}.json", digests.PACKAGES.get(kind, ())
         yield {
             "name": kind,
-            "doc": f"keep {target} the sha256 of the {kind} code ({len(files)} files)",
-            "actions": [(digests.write_digest, [target, files])],
+            "doc": f"keep {target} the sha256 of the {kind} code ({len(files)} files)" +
+                   (f" and the versions of {', '.join(packages)}" if packages else ""),
+            "actions": [(digests.write_digest, [target, files, packages])],
             "targets": [target],
-            "uptodate": [(digests.digest_current, [target, files])],
+            "uptodate": [(digests.digest_current, [target, files, packages])],
             "clean": True,
         }
     target = f"{DIGESTS}/env.json"
@@ -440,5 +441,5 @@ if fastpath.plain_run(zoo.ARGV):
     READS.update({f"wmanifest:{pc.name}": weights.weight_files(pc.weights) for pc in PROGRAMS
                   if pc.derive and not pc.error})
     # (key, specs, made, reads, named, shared): what the snapshot compares, and what each task reads
-    PARTS = fastpath.whole_parts(TASKS, STAMPED, READS, PACKAGE, digests.env_text(), ROOT)
+    PARTS = fastpath.whole_parts(TASKS, STAMPED, READS, PACKAGE, digests.run_env_text(), ROOT)
     settled.whole(*PARTS, DOIT_CONFIG["dep_file"])

@@ -238,3 +238,46 @@ def test_a_hand_edited_key_is_never_published(tmp_path):
     entries = {e.stem for e in (tmp_path / "cache").rglob("*.json")}
     assert true_key in entries and "0" * 64 not in entries and len(entries) == 6
     assert json.loads(path.read_text())["cache"]["key"] == true_key
+
+
+def test_a_run_that_names_its_locks_publishes_what_it_settled(tmp_path):
+    """`doit lock:NAME cache=URL` leaves out the `cache` task: the verdicts of the locks it names,
+    run or up to date, are published all the same, and no other program's; a later whole run
+    publishes the rest and keeps knowing what the named run sent."""
+    url, key = (tmp_path / "cache").as_uri(), {"LOGOS_CACHE_KEY": "ci-secret"}
+    z = _zoo(tmp_path)
+    assert doit(z)[0] == 0
+    keys = {k: r["cache"]["key"] for k, r in _results(z).items() if r.get("cache", {}).get("key")}
+    rc, ran, out = doit(z, "lock:a", "lock:d", f"cache={url}", env=key)
+    assert rc == 0 and "cache" not in ran and "published 4 verdict(s)" in out, out
+    entries = {e.stem for e in (tmp_path / "cache").rglob("*.json")}
+    assert len(entries) == 4 and keys[("d", "float64")] in entries, entries
+    rc, ran, out = doit(z, "lock:a", f"cache={url}", env=key)
+    assert rc == 0 and "published" not in out, out
+    rc, ran, out = doit(z, f"cache={url}", env=key)
+    assert rc == 0 and "published 2 verdict(s)" in out, out
+    assert len({e.stem for e in (tmp_path / "cache").rglob("*.json")}) == 6
+
+
+def test_an_importer_library_upgrade_re_derives_and_changes_the_key(tmp_path):
+    """The import digest holds the versions of the libraries the importers compute with (gguf's
+    dequantisation makes the numbers as much as the importer does): a new gguf re-derives the
+    weights, even on a plain no-op run, and a derived program's cached verdicts no longer match,
+    while the others' still do."""
+    url, key = (tmp_path / "cache").as_uri(), {"LOGOS_CACHE_KEY": "ci-secret"}
+    fake = tmp_path / "site"
+    (fake / "gguf-99.0.dist-info").mkdir(parents=True)
+    upgraded = {"PYTHONPATH": str(fake)}
+    z = _zoo(tmp_path)
+    assert doit(z, f"cache={url}", env=key)[0] == 0
+    rc, ran, out = doit(z, env=upgraded)
+    assert rc == 0 and {"digest:import", "weights:d"} <= ran and "lock:a" not in ran, out
+    assert json.loads((z / "build/digests/import.json").read_text())["packages"]["gguf"] == "99.0"
+    rc, ran, out = doit(z, env=upgraded)
+    assert rc == 0 and not {"digest:import", "weights:d"} & ran, out
+
+    dev = _zoo(tmp_path, "dev")
+    rc, ran, out = doit(dev, f"cache={url}", env={**key, **upgraded})
+    assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
+    cached = {k: r.get("from_cache", False) for k, r in _results(dev).items()}
+    assert cached == {(n, d): n != "d" for n in "dab" for d in ("float64", "float32")}, cached

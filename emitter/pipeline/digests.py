@@ -11,6 +11,9 @@ CODE = {
     "lock": ("files.py", "ops", "language", "sambaflow", "verify", "pipeline/check_worker.py"),
     "import": ("importers",),
 }
+# the libraries whose code makes an import's numbers as much as the importers' own: a gguf upgrade
+# that dequantises differently must re-derive the weights and change the verdict cache's keys
+PACKAGES = {"import": ("gguf", "safetensors", "ml_dtypes", "numpy", "torch")}
 
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the emitter package
@@ -40,23 +43,27 @@ def code_files(root, kind):
     return sorted(out)
 
 
-def _digest_of(files):
+def _digest_of(files, packages=()):
     shas = {f: sha256_file(f) for f in files}
-    return {"files": shas, "digest": sha256_text(dumps(shas))}
+    if not packages:
+        return {"files": shas, "digest": sha256_text(dumps(shas))}
+    versions = environment.versions(packages)
+    return {"files": shas, "packages": versions, "digest": sha256_text(dumps([shas, versions]))}
 
 
 @uptodate_check
-def digest_current(task, values, target, files):
-    """Up to date when `target` already holds the digest of `files` (hashing a few sources is cheap)."""
+def digest_current(task, values, target, files, packages=()):
+    """Up to date when `target` already holds the digest of `files` and the installed versions of
+    `packages` (hashing a few sources is cheap)."""
     try:
         with open(target, encoding="utf-8") as f:
-            return f.read() == dumps(_digest_of(files))
+            return f.read() == dumps(_digest_of(files, packages))
     except OSError:
         return False
 
 
-def write_digest(target, files):
-    write_if_changed(target, dumps(_digest_of(files)))
+def write_digest(target, files, packages=()):
+    write_if_changed(target, dumps(_digest_of(files, packages)))
     return stamp_targets([target])   # (what a plain run's stat snapshot records of it)
 
 
@@ -74,6 +81,12 @@ def env_text():
     """What build/digests/env.json holds for this environment."""
     fp = environment.fingerprint()
     return dumps({"fingerprint": fp, "digest": environment.digest(fp)})
+
+
+def run_env_text():
+    """What a no-op's snapshot keys on beyond the files: the environment, and the versions of the
+    libraries a digest task reads (an upgrade of one hands doit its tasks again)."""
+    return env_text() + dumps({k: environment.versions(v) for k, v in sorted(PACKAGES.items())})
 
 
 def write_env(target):

@@ -27,7 +27,7 @@ def _isa():
     return "unknown"
 
 
-def _versions(names):
+def versions(names):
     """Installed distributions' versions, read from their dist-info folder names on sys.path
     (importlib.metadata takes ~50 ms per lookup; this lists each folder once)."""
     found = {}
@@ -54,7 +54,7 @@ def fingerprint():
         "system": sys.platform,
         "isa": _isa(),
         "cpu_count": os.cpu_count(),
-        **_versions(("numpy", "torch")),
+        **versions(("numpy", "torch")),
         "thread_env": {k: os.environ[k] for k in THREAD_VARS if k in os.environ},
     }
 
