@@ -89,8 +89,9 @@ def memory_need(manifest_path):
 
 
 # how much longer a check of each dtype takes than a float32 one of the same program (measured on
-# smollm2 and gemma3: the float64 VM-side copies, the bf16 gate's floors)
-DTYPE_COST = {"float32": 1.0, "float64": 1.5, "bfloat16": 3.0}
+# smollm2 and gemma3 on 2026-12-03, one check alone at 1 thread: float64 1.55x and 1.74x, the
+# module's float64 copy of the weights; bfloat16 1.6x and 1.9x, the gate's floors)
+DTYPE_COST = {"float32": 1.0, "float64": 1.65, "bfloat16": 1.75}
 
 
 def cost(job, need=None):
@@ -98,7 +99,7 @@ def cost(job, need=None):
     last check is a short one and no worker idles while another finishes a long one."""
     need = need or job.get("memory") or 0
     k = job["kwargs"]
-    return int(need * (k.get("steps") or 1) * DTYPE_COST.get(k.get("dtype"), 1.0) / (1 << 20))
+    return int(need * (k.get("steps") or 1) * DTYPE_COST.get(k.get("dtype"), 1.0) / (1 << 10))
 
 
 # --- the driver's side --------------------------------------------------------------------------
