@@ -184,31 +184,53 @@ def _wait_port(port, proc, seconds=60):
     raise AssertionError(f"nothing listens on {port}")
 
 
+def _workers(z, port, logs, env, n=2):
+    return [subprocess.Popen(
+        [f"{BIN}/dask", "worker", f"tcp://127.0.0.1:{port}", "--host", "127.0.0.1", "--nthreads", "1",
+         "--nworkers", "1", "--no-dashboard", "--resources", f"MEMORY={2 << 30}", "--name", f"w{i}"],
+        stdout=logs, stderr=logs, env=env, cwd=z) for i in range(n)]
+
+
+def _stop(procs):
+    for p in reversed(procs):
+        p.terminate()
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _wait_workers(port, n):
+    from distributed import Client
+    with Client(f"tcp://127.0.0.1:{port}", timeout=30) as c:
+        c.wait_for_workers(n, timeout=60)
+        return c.scheduler_info()["workers"]
+
+
 def test_a_scheduler_and_two_workers_started_by_hand(tmp_path):
     """`dask scheduler` and two `dask worker --resources MEMORY=…` processes: each lock declares
-    its MEMORY, both workers take locks, and a lock bigger than any worker is refused at once."""
-    from distributed import Client
+    its MEMORY, both workers take locks, and a lock bigger than any worker is refused at once.
+    Workers keep the code they loaded: after an edit of the lock code, their checks are errors
+    that say so (not verdicts on the new code) until they are restarted; and a verdict computed by
+    a worker in another environment (another torch) is not published under this checkout's key."""
     from emitter.pipeline import executors
     z = _zoo(tmp_path)
     port = _free_port()
     env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False", "PYTHONPATH": str(z)}
     logs = open(tmp_path / "dask.log", "w")
-    procs = [subprocess.Popen([f"{BIN}/dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                               "--no-dashboard"], stdout=logs, stderr=logs, env=env, cwd=z)]
+    tcp = f"executor=dask:tcp://127.0.0.1:{port}"
+    scheduler = subprocess.Popen([f"{BIN}/dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                  "--no-dashboard"], stdout=logs, stderr=logs, env=env, cwd=z)
+    workers = []
     try:
-        _wait_port(port, procs[0])
-        for i in range(2):
-            procs.append(subprocess.Popen(
-                [f"{BIN}/dask", "worker", f"tcp://127.0.0.1:{port}", "--host", "127.0.0.1",
-                 "--nthreads", "1", "--nworkers", "1", "--no-dashboard", "--resources",
-                 f"MEMORY={2 << 30}", "--name", f"w{i}"], stdout=logs, stderr=logs, env=env, cwd=z))
-        with Client(f"tcp://127.0.0.1:{port}", timeout=30) as c:
-            c.wait_for_workers(2, timeout=60)
-            assert all(w["resources"] == {"MEMORY": 2 << 30} for w in c.scheduler_info()["workers"].values())
-        rc, ran, out = doit(z, f"executor=dask:tcp://127.0.0.1:{port}", "-n", "4")
+        _wait_port(port, scheduler)
+        workers = _workers(z, port, logs, env)
+        assert all(w["resources"] == {"MEMORY": 2 << 30} for w in _wait_workers(port, 2).values())
+        rc, ran, out = doit(z, tcp, "-n", "4")
         assert rc == 0, out + (tmp_path / "dask.log").read_text()[-3000:]
-        workers = {_result(z, n, d)["execution"]["worker"] for n in "ab" for d in ("float64", "float32")}
-        assert len(workers) == 2 and all(w.startswith("tcp://127.0.0.1:") for w in workers)
+        where = {_result(z, n, d)["execution"]["worker"] for n in "ab" for d in ("float64", "float32")}
+        assert len(where) == 2 and all(w.startswith("tcp://127.0.0.1:") for w in where)
         ex = executors.Dask(executors.parse(f"dask:tcp://127.0.0.1:{port}"))
         try:
             big = _job(tmp_path, "big", PROG_B, memory=3 << 30)
@@ -219,12 +241,37 @@ def test_a_scheduler_and_two_workers_started_by_hand(tmp_path):
             assert time.monotonic() - t < 10
         finally:
             ex.close()
+
+        with open(z / "emitter/verify/compare.py", "a") as f:   # the lock code changes here
+            f.write("\n# an edit the running workers never loaded\n")
+        rc, ran, out = doit(z, tcp, "-n", "4")
+        assert rc != 0 and {"lock:a", "lock:b"} <= ran, out
+        for n in "ab":
+            r = _result(z, n, "float64")
+            assert r["verdict"] == "error" and "other lock code than this checkout's" in r["reason"], r
+            assert "tcp://127.0.0.1:" in r["reason"] and "restart the Dask workers" in r["reason"]
+        _stop(workers)
+        workers = _workers(z, port, logs, env)
+        _wait_workers(port, 2)
+        rc, ran, out = doit(z, tcp, "-n", "4")
+        assert rc == 0 and all(_result(z, n, d)["verdict"] == "pass" for n in "ab"
+                               for d in ("float64", "float32")), out
+
+        _stop(workers)
+        fake = tmp_path / "site"
+        (fake / "torch-9.9.9.dist-info").mkdir(parents=True)
+        workers = _workers(z, port, logs, {**env, "PYTHONPATH": f"{fake}{os.pathsep}{z}"})
+        _wait_workers(port, 2)
+        shutil.rmtree(z / "build/results")
+        url = (tmp_path / "cache").as_uri()
+        rc, ran, out = doit(z, tcp, "-n", "4", f"cache={url}", env={"LOGOS_CACHE_KEY": "k"})
+        assert rc == 0 and out.count("computed in another environment") == 4, out
+        r = _result(z, "a", "float64")   # a verdict all the same, in the report too
+        assert r["verdict"] == "pass" and r["environment"]["torch"] == "9.9.9"
+        here = json.loads((z / "build/digests/env.json").read_text())["digest"]
+        assert r["hashes"]["environment"] != here and r["execution"]["driver_environment"] == here
+        assert json.loads((z / "build/report.json").read_text())["counts"]["pass"] == 4
+        assert not list((tmp_path / "cache").rglob("*.json"))
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(workers + [scheduler])
         logs.close()

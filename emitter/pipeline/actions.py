@@ -16,7 +16,7 @@ import os
 import sys
 
 from ..files import BUNDLE_FILES, json_lines, read_json, write_atomic, write_files
-from .digests import check_digest
+from .digests import check_digest, package_digest
 from .files_io import dumps, sha256_text, stamp_targets, write_if_changed
 from .guards import REPORT_FILES, freeze_heap
 from .weights import known_hashes
@@ -114,12 +114,13 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     state = read_json(status) or {"status": "error", "reason": f"{status}: missing or unreadable"}
     man = read_json(manifest) if manifest else None
     code = (read_json(os.path.join(digests_dir, "lock.json")) or {}).get("digest")
+    here = (read_json(os.path.join(digests_dir, "env.json")) or {}).get("digest")
     from ..verify.tolerances import tolerance
     golden = {dtype: tolerance(dtype, atol, rtol) for dtype, atol, rtol, _ in checks}
     threads = run.get("threads") or DEFAULT_THREADS
     store = cache.store(run.get("cache"))
     specs = run.get("keys") or (cache.key_specs(*run["key_of"]) if run.get("key_of") else None) or {}
-    done, keys, jobs = {}, {}, []
+    done, keys, envs, jobs = {}, {}, {}, []
     known = known_hashes(weights, manifest) if weights and manifest else None
     for dtype, atol, rtol, out in checks:
         if state.get("status") != "ok":
@@ -128,6 +129,7 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
         if dtype in specs:
             parts = cache.key_parts(specs[dtype], status, manifest, digests_dir, threads)
             keys[dtype] = parts and cache.check_key(parts)
+            envs[dtype] = parts and parts["environment"]
             hit = store.get(keys[dtype]) if keys[dtype] and store is not None else None
             if hit is not None:
                 done[dtype] = hit
@@ -153,14 +155,24 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     except executors.ExecutorError as e:
         outcomes = [{"error": str(e), "infrastructure": True}] * len(jobs)
     wrote_golden = False
+    own = None
     for job, o in zip(jobs, outcomes):
         dtype = job["kwargs"]["dtype"]
+        ran = "error" not in o and o["execution"].get("code")
+        if ran and ran != (own := own or package_digest("lock")):
+            o = {"error": f"the {dtype} lock check ran on worker {o['execution'].get('worker')} with "
+                          f"other lock code than this checkout's (digest {ran[:12]}, here "
+                          f"{own[:12]}): a worker keeps the code it loaded; restart the Dask workers "
+                          "after the emitter changes, or install this emitter on them",
+                 "infrastructure": True}
         if "error" in o:
             done[dtype] = error_result(name, source, dtype, steps, o["error"])
             lost = lost or (o["error"] if o.get("infrastructure") else None)
             continue
         done[dtype] = r = o["result"]
         r["execution"] = o["execution"]
+        if ran:   # computed on a worker, maybe in another environment: which run it belongs to
+            r["execution"]["driver_environment"] = here
         if o.get("golden") and not wrote_golden:
             write_files(os.path.join(bundle_dir, "golden"), o["golden"])
             wrote_golden = True
@@ -176,8 +188,14 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
                 r["from_cache"] = False
         os.makedirs(os.path.dirname(out), exist_ok=True)
         write_atomic(out, json_lines(r))
-        if store is not None and keys.get(dtype) and not r.get("from_cache") \
-                and r["verdict"] in cache.CACHEABLE:
+        publish = store is not None and keys.get(dtype) and not r.get("from_cache") \
+            and r["verdict"] in cache.CACHEABLE
+        if publish and r["hashes"].get("environment") != envs.get(dtype):
+            publish = False   # computed elsewhere (a worker unlike this machine): not this key's
+            sys.stderr.write(f"lock:{name}: [{dtype}] not published to {store.url}: computed in "
+                             "another environment than this checkout's (a worker with other "
+                             "versions or another CPU); the key names this one\n")
+        if publish:
             try:
                 store.put(keys[dtype], r)
             except Exception as e:   # the verdict stands; the cache is best effort

@@ -66,6 +66,19 @@ def _malloc_as_usual():
         libc.mallopt(-3, 32 << 20)   # M_MMAP_THRESHOLD (its largest)
 
 
+_LOADED = {}
+
+
+def loaded_code():
+    """The digest of the lock code this process runs, taken once, after its first check imported
+    it: a long-lived worker whose files change later keeps running (and reporting) what it loaded,
+    which the driver then refuses to take for a verdict on the new code."""
+    if "lock" not in _LOADED:
+        from .digests import package_digest
+        _LOADED["lock"] = package_digest("lock")
+    return _LOADED["lock"]
+
+
 def run_check(job):
     """One lock check, on whichever process runs it: {"result", "golden", "execution"}.
 
@@ -115,4 +128,5 @@ def run_check(job):
                  "cpu_seconds": round(time.process_time() - cpu, 3), "started": round(began, 3)}
     if remote:
         execution["worker_thread_env"] = own_env
+        execution["code"] = loaded_code()
     return {"result": r, "golden": box or None, "execution": execution}

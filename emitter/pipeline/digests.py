@@ -43,6 +43,14 @@ def code_files(root, kind):
     return sorted(out)
 
 
+def package_digest(kind):
+    """The sha256 of the `kind` code as the package holds it, wherever it is installed (its paths
+    relative to the package): what a Dask worker reports of the lock code it loaded, and what the
+    driver compares with its own."""
+    shas = {rel: sha256_file(os.path.join(PACKAGE, rel)) for rel in code_files(PACKAGE, kind)}
+    return sha256_text(dumps(shas))
+
+
 def _digest_of(files, packages=()):
     shas = {f: sha256_file(f) for f in files}
     if not packages:

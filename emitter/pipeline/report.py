@@ -29,6 +29,7 @@ def _slim(r):
             "worst": r.get("worst"),
             "output": {k: out.get(k) for k in _OUTPUT if k in out} if out else None,
             "hashes": {k: (r.get("hashes") or {}).get(k) for k in _HASHES},
+            "driver_environment": (r.get("execution") or {}).get("driver_environment"),
             "bf16": {k: (r.get("bf16") or {}).get(k) for k in ("worst_excess", "worst_z", "min_cosine",
                                                                "ops_failing")} if r.get("bf16") else None,
             "seconds": (r.get("timings") or {}).get("total_s"),
@@ -68,7 +69,10 @@ def _stale(r, now):
     if r.get("version") != RESULT_VERSION:
         return [f"its format (version {r.get('version')}; this project reads {RESULT_VERSION})"]
     h = r.get("hashes") or {}
-    return [what for what, want in now.items() if h.get(what) != want]
+    # a Dask worker's verdict names the environment it was computed in; the run that asked for it
+    # was launched from this one
+    ok = {"environment": r.get("driver_environment")}
+    return [what for what, want in now.items() if h.get(what) != want and ok.get(what, h.get(what)) != want]
 
 
 def _row(e, check, verdict, reason, path=None, **extra):
@@ -86,7 +90,7 @@ def build_rows(entries, cache_path=None, build_dir="build", failures=None):
     now is refused as an error; so is every check of a program one of whose tasks failed in this
     run (`failures`: {task name: message}), and a failed task of no program is a row of its own.
     `cache_path`, if given, keeps slim copies of the files read between runs."""
-    cache = StampedCache(cache_path, 3)   # v3: rows carry the bf16 gate
+    cache = StampedCache(cache_path, 4)   # v4: rows carry the driver environment of a worker's verdict
     failures = dict(failures or {})
     code = (read_json(os.path.join(build_dir, "digests", "lock.json")) or {}).get("digest")
     env = (read_json(os.path.join(build_dir, "digests", "env.json")) or {}).get("digest")
