@@ -176,9 +176,9 @@ def _make_digest():
             "name": kind,
             "doc": f"keep {target} the sha256 of the {kind} code ({len(files)} files)" +
                    (f" and the versions of {', '.join(packages)}" if packages else ""),
-            "actions": [(digests.write_digest, [target, files, packages])],
+            "actions": [(digests.write_digest, [target, files, packages, kind])],
             "targets": [target],
-            "uptodate": [(digests.digest_current, [target, files, packages])],
+            "uptodate": [(digests.digest_current, [target, files, packages, kind])],
             "clean": True,
         }
     target = f"{DIGESTS}/env.json"

@@ -281,3 +281,23 @@ def test_an_importer_library_upgrade_re_derives_and_changes_the_key(tmp_path):
     assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
     cached = {k: r.get("from_cache", False) for k, r in _results(dev).items()}
     assert cached == {(n, d): n != "d" for n in "dab" for d in ("float64", "float32")}, cached
+
+
+def test_derived_weights_edited_by_hand_are_locked_but_never_cached(tmp_path):
+    """Derived weights stand, in the cache, for "this checkpoint through this importer": once they
+    are not what the import made (an edit by hand), the lock runs on what is there, and its
+    verdicts are neither taken from nor given to the cache."""
+    url, key = (tmp_path / "cache").as_uri(), {"LOGOS_CACHE_KEY": "ci-secret"}
+    z = _zoo(tmp_path)
+    assert doit(z)[0] == 0
+    _weights(str(z / "build/weights/d/w.f64"), 9)
+    rc, ran, out = doit(z, f"cache={url}", env=key)
+    assert rc == 0 and "lock:d" in ran and "is not what its import wrote" in out, out
+    entries = {e.stem for e in (tmp_path / "cache").rglob("*.json")}
+    assert len(entries) == 4 and not {r["cache"]["key"] for (n, _), r in _results(z).items()
+                                      if n == "d" and r.get("cache")} & entries, entries
+    assert all(r["verdict"] == "pass" and not r.get("from_cache") for r in _results(z).values())
+    shutil.rmtree(z / "build/weights/d")    # made again by its import: cached as before
+    rc, ran, out = doit(z, f"cache={url}", env=key)
+    assert rc == 0 and {"weights:d", "lock:d"} <= ran and "is not what its import" not in out, out
+    assert len(list((tmp_path / "cache").rglob("*.json"))) == 6

@@ -96,6 +96,32 @@ def test_a_dead_worker_a_slow_check_and_a_too_big_one_are_errors_not_hangs(tmp_p
         ex.close()
 
 
+WATCH = """
+import json, sys
+from emitter.pipeline import check_worker
+from emitter.pipeline.digests import package_digest
+seen = []
+class Watch:   # what the worker had taken of its code when the lock's import began
+    def find_spec(self, name, path=None, target=None):
+        if name.endswith("verify.lock"):
+            seen.append(dict(check_worker._LOADED))
+sys.meta_path.insert(0, Watch())
+out = check_worker.run_check(json.loads(sys.argv[1]))
+print(json.dumps({"seen": seen, "code": out["execution"]["code"], "now": package_digest("lock")}))
+"""
+
+
+def test_a_worker_takes_its_code_digest_before_it_imports_the_lock(tmp_path):
+    """The digest a worker reports is taken before its first check imports the lock code, so an
+    edit landing while that check runs is not what the worker reports (it ran the old code)."""
+    job = _job(tmp_path, "ok", PROG_B, remote=True)
+    p = subprocess.run([sys.executable, "-c", WATCH, json.dumps(job)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.splitlines()[-1])
+    assert got["seen"] and got["seen"][0].get("lock") == got["code"] == got["now"], got
+
+
 def _in_worker():
     import sys
     return {m: m in sys.modules for m in ("torch", "emitter.verify.lock")}
@@ -248,7 +274,7 @@ def test_a_scheduler_and_two_workers_started_by_hand(tmp_path):
         assert rc != 0 and {"lock:a", "lock:b"} <= ran, out
         for n in "ab":
             r = _result(z, n, "float64")
-            assert r["verdict"] == "error" and "other lock code than this checkout's" in r["reason"], r
+            assert r["verdict"] == "error" and "other lock code than this run's" in r["reason"], r
             assert "tcp://127.0.0.1:" in r["reason"] and "restart the Dask workers" in r["reason"]
         _stop(workers)
         workers = _workers(z, port, logs, env)

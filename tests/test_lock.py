@@ -260,3 +260,18 @@ def test_known_hashes_stand_only_while_the_stat_is_the_same(tmp_path):
     os.utime(w / "W.f32", ns=(st.st_atime_ns, st.st_mtime_ns))
     real = hashlib.sha256((w / "W.f32").read_bytes()).hexdigest()
     assert weights_digest(str(w), {"W": "W.f32"}) == hashlib.sha256(f"W.f32\0{real}\n".encode()).hexdigest()
+
+
+def test_weights_changed_after_their_manifest_are_an_error(zoo):
+    """A lock told the weights manifest's hashes (doit's locks are) checks the files it read
+    against them: weights edited after the manifest was taken (say while the run waited for a
+    worker) give an error, not a verdict that the manifest and its cache key would pin on other
+    weights."""
+    import hashlib
+    w = zoo["weights"]
+    shas = {f: hashlib.sha256(open(os.path.join(w, f), "rb").read()).hexdigest() for f in os.listdir(w)}
+    assert lock_bundle(zoo["bundle"], zoo["program"], w, "float64", 1, weights_shas=shas)["verdict"] == "pass"
+    moved = sorted(shas)[0]
+    r = lock_bundle(zoo["bundle"], zoo["program"], w, "float64", 1, weights_shas={**shas, moved: "0" * 64})
+    assert r["verdict"] == "error" and moved in r["reason"], r["reason"]
+    assert "changed after the weights manifest was taken" in r["reason"]

@@ -16,10 +16,10 @@ import os
 import sys
 
 from ..files import BUNDLE_FILES, json_lines, read_json, write_atomic, write_files
-from .digests import check_digest, package_digest
+from .digests import check_digest
 from .files_io import dumps, sha256_text, stamp_targets, write_if_changed
 from .guards import REPORT_FILES, freeze_heap
-from .weights import known_hashes
+from .weights import known_hashes, made_by_import
 from ..verify.threads import DEFAULT_THREADS
 
 RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
@@ -113,7 +113,8 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     run = run or {}
     state = read_json(status) or {"status": "error", "reason": f"{status}: missing or unreadable"}
     man = read_json(manifest) if manifest else None
-    code = (read_json(os.path.join(digests_dir, "lock.json")) or {}).get("digest")
+    stamped = read_json(os.path.join(digests_dir, "lock.json")) or {}
+    code, own = stamped.get("digest"), stamped.get("package")   # own: what workers must have run
     here = (read_json(os.path.join(digests_dir, "env.json")) or {}).get("digest")
     from ..verify.tolerances import tolerance
     golden = {dtype: tolerance(dtype, atol, rtol) for dtype, atol, rtol, _ in checks}
@@ -122,12 +123,19 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     specs = run.get("keys") or (cache.key_specs(*run["key_of"]) if run.get("key_of") else None) or {}
     done, keys, envs, jobs = {}, {}, {}, []
     known = known_hashes(weights, manifest) if weights and manifest else None
+    shas = {n: f.get("sha256") for n, f in (man.get("files") or {}).items()} \
+        if weights and isinstance(man, dict) else None
+    edited = None   # derived weights that are not what their import wrote: no key stands for them
     for dtype, atol, rtol, out in checks:
         if state.get("status") != "ok":
             done[dtype] = error_result(name, source, dtype, steps, state.get("reason"))
             continue
         if dtype in specs:
             parts = cache.key_parts(specs[dtype], status, manifest, digests_dir, threads)
+            if parts and isinstance(parts["weights"], dict):
+                if edited is None:   # (no folder or manifest yet: the cache may spare the import)
+                    edited = bool(man) and os.path.isdir(weights) and not made_by_import(weights, man)
+                parts = None if edited else parts
             keys[dtype] = parts and cache.check_key(parts)
             envs[dtype] = parts and parts["environment"]
             hit = store.get(keys[dtype]) if keys[dtype] and store is not None else None
@@ -141,13 +149,16 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
         kwargs = dict(dtype=dtype, steps=steps, atol=atol, rtol=rtol,
                       allow_nonfinite=tuple(allow_nonfinite), max_tensor_bytes=limits["tensor_bytes"],
                       bf16_bounds=bf16, precision=precision,
-                      known_hashes=known)
+                      known_hashes=known, weights_shas=shas)
         # the VM's outputs are the same for every dtype: golden/ is written once
         jobs.append({"name": name, "root": os.getcwd(), "bundle": bundle_dir, "source": source,
                      "weights": weights, "kwargs": kwargs, "golden": golden, "threads": threads,
                      "thread_env": {k: os.environ[k] for k in executors.POOL_VARS if k in os.environ},
                      "memory": executors.memory_need(os.path.join(bundle_dir, "manifest.json"))})
         golden = golden if (run.get("executor") or "inline") != "inline" else None
+    if edited:
+        sys.stderr.write(f"lock:{name}: {weights} is not what its import wrote (edited by hand?): "
+                         "its verdicts are not looked up in, nor published to, a verdict cache\n")
     lost = None
     try:
         ex = executors.executor(run.get("executor"), run.get("workers"))
@@ -155,15 +166,14 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     except executors.ExecutorError as e:
         outcomes = [{"error": str(e), "infrastructure": True}] * len(jobs)
     wrote_golden = False
-    own = None
     for job, o in zip(jobs, outcomes):
         dtype = job["kwargs"]["dtype"]
         ran = "error" not in o and o["execution"].get("code")
-        if ran and ran != (own := own or package_digest("lock")):
+        if ran and ran != own:
             o = {"error": f"the {dtype} lock check ran on worker {o['execution'].get('worker')} with "
-                          f"other lock code than this checkout's (digest {ran[:12]}, here "
-                          f"{own[:12]}): a worker keeps the code it loaded; restart the Dask workers "
-                          "after the emitter changes, or install this emitter on them",
+                          f"other lock code than this run's (digest {ran[:12]}, this run's "
+                          f"{str(own)[:12]}): a worker keeps the code it loaded; restart the Dask "
+                          "workers after the emitter changes, or install this emitter on them",
                  "infrastructure": True}
         if "error" in o:
             done[dtype] = error_result(name, source, dtype, steps, o["error"])

@@ -5,6 +5,7 @@ recorded in its result."""
 
 import contextlib
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -70,13 +71,18 @@ _LOADED = {}
 
 
 def loaded_code():
-    """The digest of the lock code this process runs, taken once, after its first check imported
-    it: a long-lived worker whose files change later keeps running (and reporting) what it loaded,
-    which the driver then refuses to take for a verdict on the new code."""
+    """The digest of the lock code this process runs, taken once, no later than its import (by the
+    first check, before it imports the lock; by a forkserver that preloaded it, when it imports
+    this module): a long-lived worker whose files change later keeps running, and reporting, what
+    it loaded, which the driver then refuses to take for a verdict on the new code."""
     if "lock" not in _LOADED:
         from .digests import package_digest
         _LOADED["lock"] = package_digest("lock")
     return _LOADED["lock"]
+
+
+if f"{__package__.rsplit('.', 1)[0]}.verify.lock" in sys.modules:   # preloaded before this module
+    loaded_code()
 
 
 def run_check(job):
@@ -85,8 +91,9 @@ def run_check(job):
     `job`: {"root", "bundle", "source", "weights", "kwargs" (lock_bundle's), "golden" (tolerances,
     or None), "threads", "thread_env" (the driver's *_NUM_THREADS), "key"}. Paths are relative to
     `root`, the driver's folder (a worker elsewhere sees it through a shared filesystem)."""
-    from ..verify.lock import lock_bundle
     remote = job.get("remote", False)
+    code = loaded_code() if remote else None   # before the lock code is imported
+    from ..verify.lock import lock_bundle
     worker = None
     if remote:
         try:
@@ -128,5 +135,5 @@ def run_check(job):
                  "cpu_seconds": round(time.process_time() - cpu, 3), "started": round(began, 3)}
     if remote:
         execution["worker_thread_env"] = own_env
-        execution["code"] = loaded_code()
+        execution["code"] = code
     return {"result": r, "golden": box or None, "execution": execution}

@@ -14,6 +14,7 @@ CODE = {
 # the libraries whose code makes an import's numbers as much as the importers' own: a gguf upgrade
 # that dequantises differently must re-derive the weights and change the verdict cache's keys
 PACKAGES = {"import": ("gguf", "safetensors", "ml_dtypes", "numpy", "torch")}
+PACKAGE_CHECKED = ("lock",)   # code a Dask worker runs: its digest.json says it independent of paths
 
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the emitter package
@@ -51,27 +52,32 @@ def package_digest(kind):
     return sha256_text(dumps(shas))
 
 
-def _digest_of(files, packages=()):
+def _digest_of(files, packages=(), kind=None):
+    """The digest of `files` (and of `packages`' versions); with `kind`, also the location-free
+    `package_digest` of that code, which Dask workers' reports are compared with."""
     shas = {f: sha256_file(f) for f in files}
+    out = {"files": shas}
+    if kind in PACKAGE_CHECKED:
+        out["package"] = package_digest(kind)
     if not packages:
-        return {"files": shas, "digest": sha256_text(dumps(shas))}
+        return {**out, "digest": sha256_text(dumps(shas))}
     versions = environment.versions(packages)
-    return {"files": shas, "packages": versions, "digest": sha256_text(dumps([shas, versions]))}
+    return {**out, "packages": versions, "digest": sha256_text(dumps([shas, versions]))}
 
 
 @uptodate_check
-def digest_current(task, values, target, files, packages=()):
+def digest_current(task, values, target, files, packages=(), kind=None):
     """Up to date when `target` already holds the digest of `files` and the installed versions of
     `packages` (hashing a few sources is cheap)."""
     try:
         with open(target, encoding="utf-8") as f:
-            return f.read() == dumps(_digest_of(files, packages))
+            return f.read() == dumps(_digest_of(files, packages, kind))
     except OSError:
         return False
 
 
-def write_digest(target, files, packages=()):
-    write_if_changed(target, dumps(_digest_of(files, packages)))
+def write_digest(target, files, packages=(), kind=None):
+    write_if_changed(target, dumps(_digest_of(files, packages, kind)))
     return stamp_targets([target])   # (what a plain run's stat snapshot records of it)
 
 

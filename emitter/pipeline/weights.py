@@ -83,6 +83,20 @@ def write_weights_manifest(weights_dir, manifest):
     return stamp_targets([manifest])
 
 
+DERIVED = ".derived.json"   # what `import_weights` made: each file's sha256
+
+
+def made_by_import(weights_dir, man):
+    """Whether a derived weights folder holds just what its import made (the `.derived.json` that
+    `import_weights` wrote), as `man`, its weights manifest, lists it: a verdict on weights edited
+    by hand does not stand for "this checkpoint through this importer", the derived cache key."""
+    record = read_json(os.path.join(weights_dir, DERIVED))
+    files = man.get("files") if isinstance(man, dict) else None
+    if not isinstance(record, dict) or not isinstance(files, dict):
+        return False
+    return record.get("files") == {n: (f or {}).get("sha256") for n, f in files.items()}
+
+
 def known_hashes(weights_dir, manifest):
     """{name: [size, mtime_ns, ctime_ns, inode, sha256]} of the files the manifest hashed, each
     with the stat taken before hashing it (so a file changed since has another stat): what a lock
@@ -135,6 +149,10 @@ def import_weights(importer, checkpoint, source, out_dir, identity=None, seconds
         if done.returncode != 0:
             last = [x for x in done.stderr.splitlines() if x.strip()][-1:] or [""]
             return TaskFailed(f"{' '.join(cmd[1:])} exited {done.returncode}: {last[0][:300]}")
+        made = os.path.join(tmp, "out")
+        write_atomic(os.path.join(made, DERIVED), dumps(
+            {"schema": "logos.derived", "version": 1,
+             "files": {e.name: sha256_file(e.path) for e in _weight_entries(made)}}))
         old = None
         if os.path.exists(out_dir):
             old = os.path.join(tmp, "old")

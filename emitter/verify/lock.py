@@ -307,7 +307,7 @@ def _worst(stages, load, gate=None):
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
                 rtol=None, allow_nonfinite=(), max_tensor_bytes=None, golden=None, bf16_bounds=None,
-                precision=None, known_hashes=None):
+                precision=None, known_hashes=None, weights_shas=None):
     """Lock one bundle, as it stands on disk, against its program; the RESULT.json dict (verdict
     pass, fail or error). A program whose tensors take more than `max_tensor_bytes` (float64) is
     refused before anything is allocated. With `golden` ({dtype: tolerance}), the VM's outputs
@@ -346,6 +346,11 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         if weights_dir is not None:
             remember(weights_dir, known_hashes)
             result["hashes"]["weights"] = weights_digest(weights_dir, leaves.sources)
+            moved = [f for f in sorted(set(leaves.sources.values()) - {"declared"})
+                     if weights_shas is not None and _sha(os.path.join(weights_dir, f)) != weights_shas.get(f)]
+            if moved:   # the verdict would stand for weights its manifest (and cache key) do not name
+                raise CouldNotRun(f"{weights_dir}: {', '.join(moved[:3])}{' and more' if moved[3:] else ''} "
+                                  "changed after the weights manifest was taken; run doit again")
         import torch
         result["environment"] = environment.describe(np, torch)
         module = load_bundle_module(bundle_dir)
