@@ -7,6 +7,7 @@ The pipeline scenarios run real `doit` in a temporary copy of a small zoo."""
 import json
 import os
 import sqlite3
+import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -286,3 +287,26 @@ def test_an_edited_target_is_rebuilt_even_after_a_run_that_did_not_select_it(zoo
     rc, ran, out = doit(zoo)
     assert rc == 0 and "lock:a" in ran, out
     assert json.loads(result.read_text())["output"] == json.loads(locked)["output"]   # the lock's own
+
+
+def test_the_environment_names_numpys_bundled_blas(tmp_path, monkeypatch):
+    """The same numpy version built against another BLAS is another environment: the fingerprint
+    names the libraries its wheel carries (numpy.libs/, the OpenBLAS build in the file name), as
+    found beside the numpy that import takes, without importing it."""
+    import numpy
+    from emitter.verify import environment
+    beside = os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "numpy.libs")
+    real = sorted(os.listdir(beside)) if os.path.isdir(beside) else None
+    assert environment.fingerprint()["numpy_libs"] == real
+    prints = []
+    for blas in ("libopenblas-aaaa.so", "libopenblas-bbbb.so"):
+        site = tmp_path / blas
+        (site / "numpy").mkdir(parents=True)
+        (site / "numpy" / "__init__.py").write_text("")
+        (site / "numpy.libs").mkdir()
+        (site / "numpy.libs" / blas).write_text("")
+        monkeypatch.setattr(sys, "path", [str(site)] + sys.path)
+        prints.append(environment.fingerprint())
+        monkeypatch.undo()
+    assert [p["numpy_libs"] for p in prints] == [["libopenblas-aaaa.so"], ["libopenblas-bbbb.so"]]
+    assert environment.digest(prints[0]) != environment.digest(prints[1])

@@ -45,6 +45,20 @@ def versions(names):
     return {n: found.get(n) for n in names}
 
 
+def bundled_libraries(name):
+    """The shared libraries a wheel of `name` carries beside it (`<name>.libs/`, as auditwheel lays
+    them out: numpy's OpenBLAS, its build hash in the file name), from the first `name` on sys.path:
+    the same numpy version against another BLAS is another environment. None when there are none
+    (a source or conda build links the system's)."""
+    for base in sys.path:
+        if os.path.isfile(os.path.join(base or ".", name, "__init__.py")):   # the one import takes
+            try:
+                return sorted(os.listdir(os.path.join(base or ".", f"{name}.libs")))
+            except OSError:
+                return None
+    return None
+
+
 def fingerprint():
     """The environment a lock's numbers depend on, as far as it is known without importing them."""
     return {
@@ -55,6 +69,7 @@ def fingerprint():
         "isa": _isa(),
         "cpu_count": os.cpu_count(),
         **versions(("numpy", "torch")),
+        "numpy_libs": bundled_libraries("numpy"),
         "thread_env": {k: os.environ[k] for k in THREAD_VARS if k in os.environ},
     }
 
