@@ -157,8 +157,10 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
                      "memory": executors.memory_need(os.path.join(bundle_dir, "manifest.json"))})
         golden = golden if (run.get("executor") or "inline") != "inline" else None
     if edited:
-        sys.stderr.write(f"lock:{name}: {weights} is not what its import wrote (edited by hand?): "
-                         "its verdicts are not looked up in, nor published to, a verdict cache\n")
+        sys.stderr.write(f"lock:{name}: {weights} is not what its import wrote (its .derived.json is "
+                         "missing or lists other files: edited by hand, or imported by an older "
+                         "version; delete the folder to import it again): its verdicts are not "
+                         "looked up in, nor published to, a verdict cache\n")
     lost = None
     try:
         ex = executors.executor(run.get("executor"), run.get("workers"))
