@@ -208,7 +208,8 @@ def _make_weights():
         }
         if d.checkpoint.startswith("package:"):
             # a package file's absolute path differs per install: depend on its identity instead
-            identity = weights.checkpoint_identity(d.checkpoint, d.checkpoint_path)
+            identity = weights.checkpoint_identity(d.checkpoint, d.checkpoint_path, vcache.checkpoint_sha(
+                d, f"{BUILD}/.cache-checkpoints.json"))
             task["uptodate"] = [(weights.checkpoint_same, [identity])]
         else:
             identity = None
@@ -239,8 +240,10 @@ def _make_wmanifest():
             task["uptodate"] = INTACT + [(weights.weights_current, [pc.weights, p["manifest"]])]
         else:
             # the directory's files as listed now: doit's md5 checker sees edits, touches cost a
-            # hash and no rerun, and an added or removed file changes the set and reruns it
+            # hash and no rerun, and an added or removed file changes the set and reruns it; the
+            # stat cache's ctimes see an edit that put its mtime back, which md5's check does not
             task["file_dep"] = weights.weight_files(pc.weights)
+            task["uptodate"] = INTACT + [(weights.weights_current, [pc.weights, p["manifest"]])]
         yield task
 
 

@@ -275,3 +275,20 @@ def test_weights_changed_after_their_manifest_are_an_error(zoo):
     r = lock_bundle(zoo["bundle"], zoo["program"], w, "float64", 1, weights_shas={**shas, moved: "0" * 64})
     assert r["verdict"] == "error" and moved in r["reason"], r["reason"]
     assert "changed after the weights manifest was taken" in r["reason"]
+
+
+def test_weights_rewritten_while_the_lock_runs_are_an_error(zoo, tmp_path):
+    """The weights are maps of their files, read to the end of the check: a file rewritten in place
+    after the first look (here by the bundle's own import) is an error too, said as such."""
+    import hashlib
+    w, bundle = tmp_path / "w", tmp_path / "b"
+    shutil.copytree(zoo["weights"], w)
+    shutil.copytree(zoo["bundle"], bundle)
+    shas = {f: hashlib.sha256((w / f).read_bytes()).hexdigest() for f in os.listdir(w)}
+    victim = sorted(shas)[0]
+    head = (w / victim).read_bytes()[:8]
+    with open(bundle / "model.py", "a") as f:
+        f.write(f"\nwith open({str(w / victim)!r}, 'r+b') as _f:\n    _f.write({bytes(255 - b for b in head)!r})\n")
+    r = lock_bundle(str(bundle), zoo["program"], str(w), "float64", 1, weights_shas=shas)
+    assert r["verdict"] == "error" and r["stale_weights"] == [victim], r["reason"]
+    assert "changed after the weights manifest was taken" in r["reason"]

@@ -356,3 +356,19 @@ def test_the_lock_digest_covers_the_code_that_runs_a_check_anywhere():
     files = {f.replace(os.sep, "/").split("emitter/", 1)[-1] for f in code_files(ROOT, "lock")}
     assert {"verify/lock.py", "verify/resident.py", "pipeline/check_worker.py", "files.py"} <= files
     assert not {"pipeline/report.py", "pipeline/executors.py", "importers/gguf.py"} & files
+
+
+def test_a_weights_edit_that_puts_its_mtime_back_is_locked_again(zoo):
+    """doit's md5 check takes a file whose mtime did not move as unchanged: the weights manifest's
+    stat cache (with ctimes, which no write keeps) sees the edit, so the manifest and the lock run
+    again, on the new weights, rather than an error every run or a verdict on the old ones."""
+    assert doit(zoo)[0] == 0
+    w = zoo / "weights" / "a" / "w.f64"
+    st = os.stat(w)
+    _weights(str(w), 7)
+    os.utime(w, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and {"wmanifest:a", "lock:a"} <= ran, out
+    r = json.loads((zoo / "build/results/a/float64.json").read_text())
+    man = json.loads((zoo / "build/weights-manifests/a.json").read_text())
+    assert r["verdict"] == "pass" and r["hashes"]["weights_manifest"] == man["digest"]

@@ -170,10 +170,11 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     wrote_golden = False
     for job, o in zip(jobs, outcomes):
         dtype = job["kwargs"]["dtype"]
-        ran = "error" not in o and o["execution"].get("code")
-        if ran and ran != own:
+        remote = "error" not in o and o["execution"].get("executor", "inline") != "inline"
+        ran = o["execution"].get("code") if remote else None
+        if remote and ran != own:
             o = {"error": f"the {dtype} lock check ran on worker {o['execution'].get('worker')} with "
-                          f"other lock code than this run's (digest {ran[:12]}, this run's "
+                          f"other lock code than this run's (digest {str(ran)[:12]}, this run's "
                           f"{str(own)[:12]}): a worker keeps the code it loaded; restart the Dask "
                           "workers after the emitter changes, or install this emitter on them",
                  "infrastructure": True}
@@ -183,8 +184,10 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
             continue
         done[dtype] = r = o["result"]
         r["execution"] = o["execution"]
-        if ran:   # computed on a worker, maybe in another environment: which run it belongs to
+        if remote:   # computed on a worker, maybe in another environment: which run it belongs to
             r["execution"]["driver_environment"] = here
+        if r.get("stale_weights"):   # an error this run's manifest caused: the next run tries again
+            lost = lost or r["reason"]
         if o.get("golden") and not wrote_golden:
             write_files(os.path.join(bundle_dir, "golden"), o["golden"])
             wrote_golden = True

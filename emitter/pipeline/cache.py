@@ -77,7 +77,7 @@ def key_specs(pc, checks, memo_path=None):
     from .digests import check_digest
     derive = None
     if pc.derive:
-        sha = _checkpoint_sha(pc.derive, memo_path)
+        sha = checkpoint_sha(pc.derive, memo_path)
         if not sha:
             return None
         derive = {"importer": pc.derive.importer, "checkpoint": pc.derive.checkpoint, "sha256": sha}
@@ -89,7 +89,7 @@ def key_specs(pc, checks, memo_path=None):
             for dtype, atol, rtol, _ in checks}
 
 
-def _checkpoint_sha(derive, memo_path):
+def checkpoint_sha(derive, memo_path):
     """A `package:` checkpoint's sha256 from its distribution's RECORD (nothing read but that); a
     repository file's hashed, remembered under its (mtime, size) in `memo_path`."""
     from ..importers.packages import chunks

@@ -5,7 +5,6 @@ recorded in its result."""
 
 import contextlib
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -67,22 +66,11 @@ def _malloc_as_usual():
         libc.mallopt(-3, 32 << 20)   # M_MMAP_THRESHOLD (its largest)
 
 
-_LOADED = {}
-
-
 def loaded_code():
-    """The digest of the lock code this process runs, taken once, no later than its import (by the
-    first check, before it imports the lock; by a forkserver that preloaded it, when it imports
-    this module): a long-lived worker whose files change later keeps running, and reporting, what
-    it loaded, which the driver then refuses to take for a verdict on the new code."""
-    if "lock" not in _LOADED:
-        from .digests import package_digest
-        _LOADED["lock"] = package_digest("lock")
-    return _LOADED["lock"]
-
-
-if f"{__package__.rsplit('.', 1)[0]}.verify.lock" in sys.modules:   # preloaded before this module
-    loaded_code()
+    """The digest of the lock code this process loaded (`worker_code`: all of it, at its first
+    import, before any check of this process ran)."""
+    from .worker_code import LOADED
+    return LOADED
 
 
 def run_check(job):

@@ -23,7 +23,7 @@ LOCAL_CONFIG = {"distributed.worker.profile.enabled": False,
                 # (the real models' 9 checks 4-5% faster, 5 of 6 alternated runs)
                 "distributed.admin.tick.interval": "2s"}
 _PKG = __name__.rsplit(".", 2)[0]   # the emitter package, as this process imports it
-WARM_IMPORTS = ("distributed", "numpy", "torch", "threadpoolctl", f"{_PKG}.verify.lock",
+WARM_IMPORTS = ("distributed", "numpy", "torch", "threadpoolctl", f"{_PKG}.pipeline.worker_code",
                 f"{_PKG}.pipeline.check_worker")
 
 

@@ -110,14 +110,16 @@ def known_hashes(weights_dir, manifest):
 
 # --- derived weights ------------------------------------------------------------------------------
 
-def checkpoint_identity(spec, path):
-    """What stands for a package checkpoint's content across machines: its spec and size (its
-    absolute path and mtime differ per install, and hashing hundreds of MB each run costs seconds)."""
+def checkpoint_identity(spec, path, sha=None):
+    """What stands for a package checkpoint's content across machines: its spec, size and the sha256
+    its distribution's RECORD gives (`sha`: what the derived cache key names; its absolute path and
+    mtime differ per install, and hashing hundreds of MB each run costs seconds). A new release of
+    the same size imports again."""
     try:
         size = os.path.getsize(path)
     except OSError:
         size = None
-    return f"{spec}|{size}"
+    return f"{spec}|{size}|{sha}"
 
 
 @uptodate_check

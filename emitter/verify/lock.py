@@ -69,6 +69,18 @@ def weights_digest(weights_dir, sources):
     return h.hexdigest()
 
 
+def _as_manifest(result, weights_dir, sources, shas):
+    """The weights files read are those the weights manifest (and a cache key) name, else an
+    error: one changed after the manifest was taken, before or during the check (a file's memo
+    holds while its stat does, so a file unchanged costs a stat)."""
+    moved = [f for f in sorted(set(sources.values()) - {"declared"})
+             if shas is not None and _sha(os.path.join(weights_dir, f)) != shas.get(f)]
+    if moved:
+        result["stale_weights"] = moved
+        raise CouldNotRun(f"{weights_dir}: {', '.join(moved[:3])}{' and more' if moved[3:] else ''} "
+                          "changed after the weights manifest was taken; run doit again")
+
+
 def load_bundle_module(bundle_dir):
     """The bundle's model.py as a fresh module (its own LogosModule, loader and helpers)."""
     path = os.path.join(bundle_dir, "model.py")
@@ -346,11 +358,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         if weights_dir is not None:
             remember(weights_dir, known_hashes)
             result["hashes"]["weights"] = weights_digest(weights_dir, leaves.sources)
-            moved = [f for f in sorted(set(leaves.sources.values()) - {"declared"})
-                     if weights_shas is not None and _sha(os.path.join(weights_dir, f)) != weights_shas.get(f)]
-            if moved:   # the verdict would stand for weights its manifest (and cache key) do not name
-                raise CouldNotRun(f"{weights_dir}: {', '.join(moved[:3])}{' and more' if moved[3:] else ''} "
-                                  "changed after the weights manifest was taken; run doit again")
+            _as_manifest(result, weights_dir, leaves.sources, weights_shas)
         import torch
         result["environment"] = environment.describe(np, torch)
         module = load_bundle_module(bundle_dir)
@@ -373,6 +381,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                 keep = Golden(os.path.join(bundle_dir, "golden"), program, weights_dir, golden)
             details, stages, first, output = _run(torch, model, torch_dtype, program, leaves.values,
                                                   steps, tol, result["timings"], resident, keep, gate)
+        if weights_dir is not None:   # the maps read the files to the end: still those hashed?
+            _as_manifest(result, weights_dir, leaves.sources, weights_shas)
         if keep is not None:
             keep.write()
         if load["failed"]:
