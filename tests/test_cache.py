@@ -9,6 +9,7 @@ import os
 import shutil
 import sqlite3
 
+import numpy as np
 import pytest
 
 from test_pipeline import FAKE_IMPORTER, PROG_A, PROG_B, _weights, doit, make_zoo
@@ -301,3 +302,39 @@ def test_derived_weights_edited_by_hand_are_locked_but_never_cached(tmp_path):
     rc, ran, out = doit(z, f"cache={url}", env=key)
     assert rc == 0 and {"weights:d", "lock:d"} <= ran and "is not what its import" not in out, out
     assert len(list((tmp_path / "cache").rglob("*.json"))) == 6
+
+
+def _ship(site, version, seed):
+    """A distribution `ckptpkg` of one checkpoint file, with its RECORD (as pip installs it)."""
+    import base64
+    import hashlib
+    shutil.rmtree(site, ignore_errors=True)
+    (site / "ckptpkg").mkdir(parents=True)
+    (site / "ckptpkg/__init__.py").write_text("")
+    data = np.random.default_rng(seed).standard_normal(16).astype("<f8").tobytes()
+    (site / "ckptpkg/w.bin").write_bytes(data)
+    info = site / f"ckptpkg-{version}.dist-info"
+    info.mkdir()
+    (info / "top_level.txt").write_text("ckptpkg\n")
+    sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    (info / "RECORD").write_text(f"ckptpkg/__init__.py,,\nckptpkg/w.bin,sha256={sha},{len(data)}\n")
+    return data
+
+
+def test_a_new_release_of_a_package_checkpoint_of_the_same_size_imports_again(tmp_path):
+    """A package checkpoint stands for its RECORD's sha256 (what the derived cache key names), not
+    its size: a new release with other numbers in a file of the same size is imported again, so
+    the old checkpoint's weights are never locked, nor cached, under the new one's key."""
+    site = tmp_path / "site"
+    z = make_zoo(tmp_path / "zoo", {"d": (PROG_A, "derive:\n  importer: fake\n"
+                                                  "  checkpoint: package:ckptpkg/w.bin\n")})
+    (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER)
+    with open(z / "emitter/importers/__init__.py", "a") as f:
+        f.write('\nIMPORTERS["fake"] = ("emitter.importers.fake", "test importer")\n')
+    env = {"PYTHONPATH": str(site)}
+    _ship(site, "1.0", 1)
+    assert doit(z, env=env)[0] == 0
+    new = _ship(site, "1.1", 2)
+    rc, ran, out = doit(z, env=env)
+    assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
+    assert (z / "build/weights/d/w.f64").read_bytes() == new
