@@ -372,3 +372,55 @@ def test_a_weights_edit_that_puts_its_mtime_back_is_locked_again(zoo):
     r = json.loads((zoo / "build/results/a/float64.json").read_text())
     man = json.loads((zoo / "build/weights-manifests/a.json").read_text())
     assert r["verdict"] == "pass" and r["hashes"]["weights_manifest"] == man["digest"]
+
+
+def _one_lock(tmp_path, **run):
+    from emitter.pipeline import actions as pipeline, weights
+    src = tmp_path / "a.logos"
+    src.write_text(PROG_A)
+    (tmp_path / "w").mkdir()
+    _weights(str(tmp_path / "w" / "w.f64"), 1)
+    weights.write_weights_manifest(str(tmp_path / "w"), str(tmp_path / "m.json"))
+    b, st = str(tmp_path / "bundle"), str(tmp_path / "status.json")
+    pipeline.emit_bundle("a", str(src), b, st)
+    out = tmp_path / "r.json"
+    got = pipeline.lock_program("a", str(src), b, st, str(tmp_path / "w"),
+                                [("float64", None, None, str(out))], 1, str(tmp_path / "h.sqlite"),
+                                manifest=str(tmp_path / "m.json"), run=run or None,
+                                digests_dir=str(tmp_path / "digests"))
+    return got, json.loads(out.read_text())
+
+
+def test_weights_moved_after_their_manifest_fail_the_lock_task_so_it_runs_again(tmp_path):
+    """The error of weights that are not the manifest's is this run's doing, not the bundle's: the
+    lock task fails (its result says why), so the next run locks again rather than keeping it."""
+    from doit.exceptions import TaskFailed
+    got, r = _one_lock(tmp_path)
+    assert not isinstance(got, TaskFailed) and r["verdict"] == "pass"
+    _weights(str(tmp_path / "w" / "w.f64"), 2)     # after its manifest was taken
+    from emitter.pipeline import actions as pipeline
+    got = pipeline.lock_program("a", str(tmp_path / "a.logos"), str(tmp_path / "bundle"),
+                                str(tmp_path / "status.json"), str(tmp_path / "w"),
+                                [("float64", None, None, str(tmp_path / "r.json"))], 1,
+                                str(tmp_path / "h.sqlite"), manifest=str(tmp_path / "m.json"),
+                                digests_dir=str(tmp_path / "digests"))
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert isinstance(got, TaskFailed) and "changed after the weights manifest" in str(got.message)
+    assert r["verdict"] == "error" and r["stale_weights"] == ["w.f64"]
+
+
+def test_a_remote_result_that_names_no_code_is_refused(tmp_path, monkeypatch):
+    """A worker's result must say which lock code it ran: one that does not (an older emitter on
+    the worker) is an error naming the worker, and the task fails so the next run tries again."""
+    from doit.exceptions import TaskFailed
+    from emitter.pipeline import executors
+
+    class Older:
+        def run(self, jobs, seconds):
+            return [{"result": {"verdict": "pass", "hashes": {}}, "golden": None,
+                     "execution": {"executor": "dask:tcp://w:8786", "worker": "tcp://10.0.0.9:4000"}}
+                    for _ in jobs]
+    monkeypatch.setattr(executors, "executor", lambda *a, **k: Older())
+    got, r = _one_lock(tmp_path, executor="dask:tcp://w:8786")
+    assert isinstance(got, TaskFailed) and r["verdict"] == "error"
+    assert "other lock code than this run's" in r["reason"] and "tcp://10.0.0.9:4000" in r["reason"]

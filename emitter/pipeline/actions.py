@@ -16,7 +16,7 @@ import os
 import sys
 
 from ..files import BUNDLE_FILES, json_lines, read_json, write_atomic, write_files
-from .digests import check_digest
+from .digests import check_digest, package_digest
 from .files_io import dumps, sha256_text, stamp_targets, write_if_changed
 from .guards import REPORT_FILES, freeze_heap
 from .weights import known_hashes, made_by_import
@@ -114,7 +114,8 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     state = read_json(status) or {"status": "error", "reason": f"{status}: missing or unreadable"}
     man = read_json(manifest) if manifest else None
     stamped = read_json(os.path.join(digests_dir, "lock.json")) or {}
-    code, own = stamped.get("digest"), stamped.get("package")   # own: what workers must have run
+    code = stamped.get("digest")
+    own = stamped.get("package") or package_digest("lock")   # what workers must have run
     here = (read_json(os.path.join(digests_dir, "env.json")) or {}).get("digest")
     from ..verify.tolerances import tolerance
     golden = {dtype: tolerance(dtype, atol, rtol) for dtype, atol, rtol, _ in checks}
