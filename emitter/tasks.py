@@ -231,19 +231,17 @@ def _make_wmanifest():
             "doc": f"keep {p['manifest']} current with {pc.weights}/",
             "actions": [(weights.write_weights_manifest, [pc.weights, p["manifest"]])],
             "targets": [p["manifest"]],
-            "uptodate": INTACT,
+            # the stat cache's ctimes see an edit that put its mtime back (doit's md5 check does not)
+            "uptodate": INTACT + [(weights.weights_current, [pc.weights, p["manifest"]])],
             "clean": [(files_io.remove_files, [[p["manifest"], p["manifest"] + ".stat"]])],
         }
         if pc.derive:
             # made by weights:NAME during the run: listed when this task runs, not at load
             task["task_dep"] = [f"weights:{pc.name}"]
-            task["uptodate"] = INTACT + [(weights.weights_current, [pc.weights, p["manifest"]])]
         else:
             # the directory's files as listed now: doit's md5 checker sees edits, touches cost a
-            # hash and no rerun, and an added or removed file changes the set and reruns it; the
-            # stat cache's ctimes see an edit that put its mtime back, which md5's check does not
+            # hash and no rerun, and an added or removed file changes the set and reruns it
             task["file_dep"] = weights.weight_files(pc.weights)
-            task["uptodate"] = INTACT + [(weights.weights_current, [pc.weights, p["manifest"]])]
         yield task
 
 

@@ -122,7 +122,7 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     threads = run.get("threads") or DEFAULT_THREADS
     store = cache.store(run.get("cache"))
     specs = run.get("keys") or (cache.key_specs(*run["key_of"]) if run.get("key_of") else None) or {}
-    done, keys, envs, jobs = {}, {}, {}, []
+    done, keys, parts_of, jobs = {}, {}, {}, []
     known = known_hashes(weights, manifest) if weights and manifest else None
     shas = {n: f.get("sha256") for n, f in (man.get("files") or {}).items()} \
         if weights and isinstance(man, dict) else None
@@ -137,8 +137,7 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
                 if edited is None:   # (no folder or manifest yet: the cache may spare the import)
                     edited = bool(man) and os.path.isdir(weights) and not made_by_import(weights, man)
                 parts = None if edited else parts
-            keys[dtype] = parts and cache.check_key(parts)
-            envs[dtype] = parts and parts["environment"]
+            keys[dtype], parts_of[dtype] = parts and cache.check_key(parts), parts
             hit = store.get(keys[dtype]) if keys[dtype] and store is not None else None
             if hit is not None:
                 done[dtype] = hit
@@ -206,11 +205,14 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
         write_atomic(out, json_lines(r))
         publish = store is not None and keys.get(dtype) and not r.get("from_cache") \
             and r["verdict"] in cache.CACHEABLE
-        if publish and r["hashes"].get("environment") != envs.get(dtype):
-            publish = False   # computed elsewhere (a worker unlike this machine): not this key's
-            sys.stderr.write(f"lock:{name}: [{dtype}] not published to {store.url}: computed in "
-                             "another environment than this checkout's (a worker with other "
-                             "versions or another CPU); the key names this one\n")
+        if publish and not cache.current(r, parts_of[dtype]):   # as the `cache` task checks
+            publish = False
+            why = ("computed in another environment than this checkout's (a worker with other "
+                   "versions or another CPU)"
+                   if r["hashes"].get("environment") != parts_of[dtype]["environment"] else
+                   "its recorded digests are not those its key names")
+            sys.stderr.write(f"lock:{name}: [{dtype}] not published to {store.url}: {why}; the key "
+                             "names this one\n")
         if publish:
             try:
                 store.put(keys[dtype], r)

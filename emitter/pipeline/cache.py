@@ -329,11 +329,11 @@ def result_key(r, spec, status, manifest, digests_dir):
     key = check_key(parts)
     recorded = (r.get("cache") or {}).get("key")
     if isinstance(parts["weights"], dict):   # derived weights: only a key recorded by the lock vouches
-        return key if recorded == key and _current(r, parts) else None
-    return key if recorded in (None, key) and _current(r, parts) else None
+        return key if recorded == key and current(r, parts) else None
+    return key if recorded in (None, key) and current(r, parts) else None
 
 
-def _current(r, parts):
+def current(r, parts):
     """The result's own recorded digests agree with the key's parts (so it is not stale)."""
     h = r.get("hashes") or {}
     return (h.get("source") == parts["source"] and h.get("bundle") == parts["bundle"]

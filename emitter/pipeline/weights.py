@@ -110,7 +110,7 @@ def known_hashes(weights_dir, manifest):
 
 # --- derived weights ------------------------------------------------------------------------------
 
-def checkpoint_identity(spec, path, sha=None):
+def checkpoint_identity(spec, path, sha):
     """What stands for a package checkpoint's content across machines: its spec, size and the sha256
     its distribution's RECORD gives (`sha`: what the derived cache key names; its absolute path and
     mtime differ per install, and hashing hundreds of MB each run costs seconds). A new release of
