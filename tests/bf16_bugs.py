@@ -22,9 +22,9 @@ def _all(text, pattern, replace):
 
 
 def mlp_gain(text, layer):
-    """A 0.4% gain in one layer's MLP down projection (`… @ self.cast(i, Wd<layer>)`)."""
-    return _once(text, rf"(= self\.tap\((\d+), self\.cast\(\2, \w+\) @ self\.cast\(\2, Wd{layer}\))\)",
-                 r"\1 * 1.004)")
+    """A 0.4% gain in one layer's MLP down projection (`self.matmul(…, self.cast(i, Wd<layer>, …))`)."""
+    return _once(text, rf"(= self\.tap\((\d+), self\.matmul\(self\.cast\(\2, \w+\), self\.cast\(\2, Wd{layer}, "
+                 r"widened=True\)\))\)", r"\1 * 1.004)")
 
 
 def eps_tenfold(text, layer):
@@ -73,7 +73,8 @@ def swiglu_bf16(text, layer):
 
 def logits_bf16(text, layer):
     """The logits rounded to bf16 (the policy keeps them fp32)."""
-    return _once(text, r"(logits = self\.tap\((\d+), )(self\.cast\(\2, \w+\) @ self\.cast\(\2, \w+\))\)",
+    return _once(text, r"(logits = self\.tap\((\d+), )(self\.matmul\(self\.cast\(\2, \w+\), self\.cast\(\2, \w+, "
+                 r"widened=True\)\))\)",
                  r"\1(\3).to(torch.bfloat16))")
 
 

@@ -190,7 +190,7 @@ def test_ops_that_only_move_values_take_them_uncast_where_that_changes_nothing(t
     model_py = (tmp_path / "b" / "model.py").read_text()
     assert "embT = self.tap(3, self.cast(3, emb, moved=True).transpose(0, 1))" in model_py
     assert "row_of(self.cast(0, emb, moved=True), tok)" in model_py
-    assert "self.cast(4, x) @ self.cast(4, embT)" in model_py              # a computing op: cast
+    assert "self.matmul(self.cast(4, x), self.cast(4, embT, widened=True))" in model_py  # computes
     mod = load_model(str(tmp_path / "b"))
     rng = np.random.default_rng(3)
     emb = torch.from_numpy(rng.standard_normal((300, 8)))
@@ -289,3 +289,47 @@ def test_the_floors_read_the_modules_weights_without_a_float64_copy_each_step(tm
     assert np.array_equal(first[1], _bf16(h["x"] * h["C"]))
     assert np.allclose(first[2], _bf16(h["x"] @ h["W"]), rtol=2 ** -7, atol=0)
     assert largest and 8 * max(largest) <= WIDEN_BYTES < 8 * vals["W"].size
+
+
+def _peak_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+@pytest.mark.parametrize("layout", ["table", "weight"])
+def test_the_modules_matmul_widens_a_bf16_weight_a_block_at_a_time(tmp_path, layout):
+    """In bfloat16 a matmul reads its bf16 weight as held and widens it a block of columns at a
+    time: the product is the fp32 one (each value within fp32 accumulation of a float64 reference
+    on the held values), and the process's peak grows by far less than the weight widened whole
+    (a tied table's transpose, or a row-major weight)."""
+    import torch
+    from conftest import load_model
+    if layout == "table":
+        src = ("Let x be a 1 by 256 tensor of Real.\nLet emb be a 200000 by 256 tensor of Real.\n"
+               "Let embT be transpose of emb.\nLet y be x matmul embT.\n")
+    else:
+        src = "Let x be a 1 by 256 tensor of Real.\nLet W be a 256 by 200000 tensor of Real.\nLet y be x matmul W.\n"
+    program = _program(tmp_path, src)
+    write_bundle(emit_program(program, {}), str(tmp_path / "b"))
+    assert "self.matmul(self.cast(" in (tmp_path / "b" / "model.py").read_text()
+    mod = load_model(str(tmp_path / "b"))
+    rng = np.random.default_rng(11)
+    big = "emb" if layout == "table" else "W"
+    weights = {"x": torch.from_numpy(rng.standard_normal((1, 256))),
+               big: torch.from_numpy(rng.standard_normal(program.shapes[big]))}
+    m = mod.LogosModule(weights, dtype=torch.bfloat16)
+    held = getattr(m, "leaf_" + big)
+    assert held.dtype == torch.bfloat16
+    with torch.no_grad():
+        m()                         # the first call's own allocations (torch's, numpy's) settle
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")            # the peak (VmHWM) starts again from the resident size
+        before = _peak_kib()
+        y = m()
+        grew = _peak_kib() - before
+    whole_kib = 4 * held.numel() // 1024                  # the weight widened whole: 200 MB
+    assert grew < whole_kib // 8, (grew, whole_kib)
+    b = held.double() if layout == "weight" else held.double().T
+    want = m.leaf_x.double() @ b
+    bound = 256 * 2 ** -24 * (m.leaf_x.double().abs() @ b.abs())    # fp32 accumulation of 256 terms
+    assert y.dtype == torch.bfloat16 and bool(((y.double() - want).abs() <= bound + want.abs() * 2 ** -8).all())

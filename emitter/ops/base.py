@@ -37,7 +37,7 @@ class Args:
         return p in self.bound
 
     def name(self, p):
-        return self.bound[p] if self.wrap is None else self.wrap(self.bound[p])
+        return self.bound[p] if self.wrap is None else self.wrap(self.bound[p], p)
 
     def int(self, p):
         return self.bound[p]
@@ -119,6 +119,7 @@ class Op:
     writes: Optional[str] = None
     inputs_order: tuple = ()
     view: bool = False                      # the torch call may return a view of its input
+    widens: tuple = ()                      # operands the torch call widens itself, a block at a time
     integer: bool = False                   # the result holds integers (an index), whatever its type
 
     def placeholders(self):

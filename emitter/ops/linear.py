@@ -19,7 +19,11 @@ def matmul_vm(a):
 
 
 def matmul_call(a):
-    return f"{a.name('A')} @ {a.name('B')}"
+    """`a @ b`; in a module that follows a bfloat16 policy (its operands cast), through the module's
+    `matmul`, which widens a bf16 weight a block at a time."""
+    if a.wrap is None:
+        return f"{a.name('A')} @ {a.name('B')}"
+    return f"self.matmul({a.name('A')}, {a.name('B')})"
 
 
 def broadcast_shape(a):
@@ -65,7 +69,7 @@ def transpose_call(a):
 
 OPS = (
     Op("matmul", "A matmul B", shape=matmul_shape, vm=matmul_vm, call=matmul_call, spelling="a @ b",
-       params=("B",)),
+       params=("B",), widens=("B",)),
     Op("plus", "A plus B", shape=broadcast_shape, vm=plus_vm, call=plus_call, spelling="a + b",
        params=("B",)),
     Op("hadamard", "A hadamard B", shape=broadcast_shape, vm=hadamard_vm, call=hadamard_call,

@@ -38,12 +38,16 @@ class TorchArtifact:
 def stage_call(p: Program, stage, cast=False):
     """The torch expression of one stage (a ProgramError naming an op that has no spelling); with
     `cast`, each tensor operand goes through `self.cast` (the stage's precision in bfloat16), told
-    when the op only moves its values (a view, a gather), so that a cast tap undoes is left out."""
+    when the op only moves its values (a view, a gather), so that a cast tap undoes is left out,
+    and when the op widens the operand itself (so that no whole widened copy is made)."""
     if stage.op.call is None:
         raise ProgramError(f"`{stage.text}`: {_no_spelling(stage.op.name)}", stage.line, p.path)
     moved = ", moved=True" if stage.op.view else ""
-    wrap = (lambda name: f"self.cast({stage.index}, {name}{moved})") if cast else None
-    return stage.op.call(stage.args(p.shapes, wrap=wrap))
+
+    def wrap(name, placeholder):
+        widened = ", widened=True" if placeholder in stage.op.widens else ""
+        return f"self.cast({stage.index}, {name}{moved}{widened})"
+    return stage.op.call(stage.args(p.shapes, wrap=wrap if cast else None))
 
 
 def _no_spelling(name):

@@ -159,18 +159,35 @@ class ProgramModule(nn.Module):
                     value.view(-1)[index] = item
             self.register_buffer("leaf_" + name, value)
 
-    def cast(self, stage, x, moved=False):
+    def cast(self, stage, x, moved=False, widened=False):
         """An operand in its stage's compute precision when the module runs in bfloat16. An op that
         only `moved` its operand's values (a view, a gather) gets it uncast unless the cast rounds
         what the output keeps (bf16 compute of a float32 operand, float32 output): a widening cast
         is exact and tap rounds the output anyway, so the values are the same, without a widened
-        copy of a whole table each step."""
+        copy of a whole table each step. An operand the op `widened` itself (matmul's weight, a
+        block at a time) is left as it is held where the stage computes in fp32."""
         if self.low and x.is_floating_point():
             compute, out = PRECISION.get(stage, "bb")
             if moved and not (compute != "fp32" and out == "fp32" and x.dtype == torch.float32):
                 return x
+            if widened and compute == "fp32":
+                return x
             return x.to(torch.float32 if compute == "fp32" else torch.bfloat16)
         return x
+
+    def matmul(self, a, b):
+        """a @ b. In bfloat16, where b is held narrower than a (a bf16 weight beside fp32
+        activations: the RDU reads its weights as they are and accumulates in fp32), b is widened a
+        block of columns at a time (about 1 MiB in fp32), never whole: gemma3's tied 262144 by 640
+        table widened whole was 671 MB of fresh pages at every step, a third of its bf16 check."""
+        if not self.low or a.dtype == b.dtype:
+            return a @ b
+        wide = torch.promote_types(a.dtype, b.dtype)
+        a, step = a.to(wide), max(1, (1 << 18) // max(1, b.shape[0]))
+        out = torch.empty(a.shape[0], b.shape[1], dtype=wide)   # written in place: the blocks'
+        for j in range(0, b.shape[1], step):                     # memory is reused, not scattered
+            out[:, j:j + step] = a @ b[:, j:j + step].to(wide)
+        return out
 
     def tap(self, stage, value):
         """Each stage's value passes here: rounded to its output precision when the module runs in
