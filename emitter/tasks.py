@@ -45,7 +45,7 @@ guards.pause_collector()
 DOIT_CONFIG = {
     "dep_file": f"{BUILD}/.doit.db",
     "backend": "sqlite3",
-    "check_file_uptodate": "md5",
+    "check_file_uptodate": files_io.StatMD5Checker,   # doit's md5, the ctime seen too
     "continue": True,          # one program's failure never stops the others
     "reporter": ProgressReporter,
     # `doit` alone walks the report's dependencies program by program (emit, lock, then the next),

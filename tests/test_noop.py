@@ -342,3 +342,16 @@ def test_damaged_snapshots_and_dotted_doit_keys(zoo, tmp_path, monkeypatch):
     assert not fastpath.plain_run(None)              # doit honours the dotted spelling too
     (tmp_path / "pyproject.toml").write_text("[tool.black]\nline-length = 99\n")
     assert fastpath.plain_run(None)
+
+
+def test_a_program_edit_that_keeps_size_and_mtime_reruns_its_tasks(zoo):
+    """The snapshot saw such an edit and handed doit the program's tasks, but doit's md5 checker
+    takes an unchanged mtime for unchanged content: the old bundle and verdict stood for the new
+    program. Its states hold the ctime too, which no write keeps."""
+    assert doit(zoo)[0] == 0 and FAST in doit(zoo)[2]
+    _same_stat_edit(zoo / "programs/b.logos", "to 2.", "to 3.")
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and {"emit:b", "lock:b"} <= ran and not ran & {"emit:a", "lock:a"}, out
+    assert "3.0" in (zoo / "build/bundles/b/model.py").read_text()
+    rc, ran, out = doit(zoo)
+    assert (rc, ran) == (0, set()) and FAST in out, out

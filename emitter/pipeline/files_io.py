@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 
+from doit.dependency import MD5Checker, get_file_md5
+
 from ..files import write_atomic
 
 
@@ -84,6 +86,27 @@ def targets_intact(task, values):
         if not same and sha256_file(path)[:STAMP_HEX] != rec[2]:
             return False
     return True
+
+
+class StatMD5Checker(MD5Checker):
+    """doit's md5 checker (`check_file_uptodate`), its file states keyed on the (mtime, ctime,
+    inode) instead of the mtime alone: doit's takes an unchanged mtime for unchanged content, so an
+    edit that keeps size and mtime (`cp -p`, `touch -r`, `tar x` of another version) left the old
+    bundle and verdict standing for the new program. No write keeps the ctime: such an edit, and
+    a restored build/ (new ctimes), cost the md5 of the file, which decides."""
+
+    def check_modified(self, file_path, file_stat, state):
+        stamp, size, md5 = state
+        if stamp == [file_stat.st_mtime_ns, file_stat.st_ctime_ns, file_stat.st_ino]:
+            return False
+        return file_stat.st_size != size or get_file_md5(file_path) != md5
+
+    def get_state(self, dep, current_state):
+        st = os.stat(dep)
+        stamp = [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        if current_state and current_state[0] == stamp:
+            return None
+        return stamp, st.st_size, get_file_md5(dep)
 
 
 def remove_dir(path):
