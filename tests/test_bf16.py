@@ -296,30 +296,33 @@ def _peak_kib():
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
 
 
-@pytest.mark.parametrize("layout", ["table", "weight"])
+@pytest.mark.parametrize("layout", ["table", "weight", "tall weight"])
 def test_the_modules_matmul_widens_a_bf16_weight_a_block_at_a_time(tmp_path, layout):
-    """In bfloat16 a matmul reads its bf16 weight as held and widens it a block of columns at a
-    time: the product is the fp32 one (each value within fp32 accumulation of a float64 reference
-    on the held values), and the process's peak grows by far less than the weight widened whole
-    (a tied table's transpose, or a row-major weight)."""
+    """In bfloat16 a matmul reads its bf16 weight as held and widens it a block at a time (columns
+    of a tied table's transpose or of a wide row-major weight, rows of a tall one): the product is
+    the fp32 one (each value within fp32 accumulation of a float64 reference on the held values),
+    and the process's peak grows by far less than the weight widened whole."""
     import torch
     from conftest import load_model
+    k, n = (256, 200000) if layout != "tall weight" else (32768, 512)
     if layout == "table":
-        src = ("Let x be a 1 by 256 tensor of Real.\nLet emb be a 200000 by 256 tensor of Real.\n"
+        src = (f"Let x be a 1 by {k} tensor of Real.\nLet emb be a {n} by {k} tensor of Real.\n"
                "Let embT be transpose of emb.\nLet y be x matmul embT.\n")
     else:
-        src = "Let x be a 1 by 256 tensor of Real.\nLet W be a 256 by 200000 tensor of Real.\nLet y be x matmul W.\n"
+        src = (f"Let x be a 1 by {k} tensor of Real.\nLet W be a {k} by {n} tensor of Real.\n"
+               "Let y be x matmul W.\n")
     program = _program(tmp_path, src)
     write_bundle(emit_program(program, {}), str(tmp_path / "b"))
     assert "self.matmul(self.cast(" in (tmp_path / "b" / "model.py").read_text()
     mod = load_model(str(tmp_path / "b"))
     rng = np.random.default_rng(11)
     big = "emb" if layout == "table" else "W"
-    weights = {"x": torch.from_numpy(rng.standard_normal((1, 256))),
+    weights = {"x": torch.from_numpy(rng.standard_normal((1, k))),
                big: torch.from_numpy(rng.standard_normal(program.shapes[big]))}
     m = mod.LogosModule(weights, dtype=torch.bfloat16)
     held = getattr(m, "leaf_" + big)
     assert held.dtype == torch.bfloat16
+    x = m.leaf_x.double()
     with torch.no_grad():
         m()                         # the first call's own allocations (torch's, numpy's) settle
         with open("/proc/self/clear_refs", "w") as f:
@@ -327,9 +330,33 @@ def test_the_modules_matmul_widens_a_bf16_weight_a_block_at_a_time(tmp_path, lay
         before = _peak_kib()
         y = m()
         grew = _peak_kib() - before
-    whole_kib = 4 * held.numel() // 1024                  # the weight widened whole: 200 MB
+    whole_kib = 4 * held.numel() // 1024
     assert grew < whole_kib // 8, (grew, whole_kib)
-    b = held.double() if layout == "weight" else held.double().T
-    want = m.leaf_x.double() @ b
-    bound = 256 * 2 ** -24 * (m.leaf_x.double().abs() @ b.abs())    # fp32 accumulation of 256 terms
+    b = held.double() if layout != "table" else held.double().T
+    want = x @ b
+    bound = k * 2 ** -24 * (x.abs() @ b.abs())      # fp32 accumulation of k terms
     assert y.dtype == torch.bfloat16 and bool(((y.double() - want).abs() <= bound + want.abs() * 2 ** -8).all())
+
+
+def test_the_modules_matmul_computes_in_its_stages_precision_whatever_it_is_handed(tmp_path):
+    """A float64 B handed to forward in bfloat16 (an input: the program reads it as data too) is
+    computed with in fp32, as the policy says, not in float64 (the logits stage keeps its fp32
+    output, where the two differ); on the meta device the module runs and stays there."""
+    import torch
+    from conftest import load_model
+    program = _program(tmp_path, "Let x be a 1 by 64 tensor of Real.\nLet W be a 64 by 64 tensor of Real.\n"
+                                 "Let s be W plus W.\nLet logits be x matmul W.\n")
+    write_bundle(emit_program(program, {}), str(tmp_path / "b"))
+    mod = load_model(str(tmp_path / "b"))
+    assert set(mod.INPUTS) == {"x", "W"}
+    rng = np.random.default_rng(2)
+    x, W = (torch.from_numpy(rng.standard_normal((1, 64))), torch.from_numpy(rng.standard_normal((64, 64))))
+    m = mod.LogosModule({"x": x, "W": W}, dtype=torch.bfloat16)
+    with torch.no_grad():
+        got = m(x=m.leaf_x, W=W)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, m.leaf_x.float() @ W.float())
+    assert not torch.equal(got, (m.leaf_x.double() @ W).float())     # float64 compute differs here
+    meta = mod.LogosModule({"x": x, "W": W}, dtype=torch.bfloat16).to("meta")
+    with torch.no_grad():
+        assert meta().device.type == "meta"

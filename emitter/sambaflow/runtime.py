@@ -176,17 +176,24 @@ class ProgramModule(nn.Module):
         return x
 
     def matmul(self, a, b):
-        """a @ b. In bfloat16, where b is held narrower than a (a bf16 weight beside fp32
-        activations: the RDU reads its weights as they are and accumulates in fp32), b is widened a
-        block of columns at a time (about 1 MiB in fp32), never whole: gemma3's tied 262144 by 640
-        table widened whole was 671 MB of fresh pages at every step, a third of its bf16 check."""
+        """a @ b. In bfloat16, where b is held otherwise than a (a bf16 weight beside the stage's
+        fp32 activations: the RDU reads its weights as they are and accumulates in fp32), b is
+        widened to a's precision a block at a time (about 1 MiB in fp32), never whole: gemma3's
+        tied 262144 by 640 table widened whole was 671 MB of fresh pages at every step, a third of
+        its bf16 check. The blocks follow b's layout: columns of a transposed table or of a
+        row-major b with short columns (each block reads whole cache lines), else rows, their
+        products summed."""
         if not self.low or a.dtype == b.dtype:
             return a @ b
-        wide = torch.promote_types(a.dtype, b.dtype)
-        a, step = a.to(wide), max(1, (1 << 18) // max(1, b.shape[0]))
-        out = torch.empty(a.shape[0], b.shape[1], dtype=wide)   # written in place: the blocks'
-        for j in range(0, b.shape[1], step):                     # memory is reused, not scattered
-            out[:, j:j + step] = a @ b[:, j:j + step].to(wide)
+        (k, n), out = b.shape, a.new_zeros((a.shape[0], b.shape[1]))
+        cols = max(1, (1 << 18) // max(1, k))
+        if b.stride(0) == 1 or cols >= 64:
+            for j in range(0, n, cols):
+                out[:, j:j + cols] = a @ b[:, j:j + cols].to(a.dtype)
+        else:
+            rows = max(1, (1 << 18) // max(1, n))
+            for i in range(0, k, rows):
+                out += a[:, i:i + rows] @ b[i:i + rows].to(a.dtype)
         return out
 
     def tap(self, stage, value):
