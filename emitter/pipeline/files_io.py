@@ -95,18 +95,21 @@ class StatMD5Checker(MD5Checker):
     bundle and verdict standing for the new program. No write keeps the ctime: such an edit, and
     a restored build/ (new ctimes), cost the md5 of the file, which decides."""
 
+    @staticmethod
+    def _stamp(st):
+        return [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
     def check_modified(self, file_path, file_stat, state):
         stamp, size, md5 = state
-        if stamp == [file_stat.st_mtime_ns, file_stat.st_ctime_ns, file_stat.st_ino]:
+        if stamp == self._stamp(file_stat):
             return False
         return file_stat.st_size != size or get_file_md5(file_path) != md5
 
     def get_state(self, dep, current_state):
         st = os.stat(dep)
-        stamp = [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-        if current_state and current_state[0] == stamp:
+        if current_state and current_state[0] == self._stamp(st):
             return None
-        return stamp, st.st_size, get_file_md5(dep)
+        return self._stamp(st), st.st_size, get_file_md5(dep)
 
 
 def remove_dir(path):

@@ -185,12 +185,14 @@ class ProgramModule(nn.Module):
         products summed."""
         if not self.low or a.dtype == b.dtype:
             return a @ b
-        (k, n), out = b.shape, a.new_zeros((a.shape[0], b.shape[1]))
+        k, n = b.shape
         cols = max(1, (1 << 18) // max(1, k))
         if b.stride(0) == 1 or cols >= 64:
+            out = a.new_empty((a.shape[0], n))     # every column written once
             for j in range(0, n, cols):
                 out[:, j:j + cols] = a @ b[:, j:j + cols].to(a.dtype)
         else:
+            out = a.new_zeros((a.shape[0], n))     # the rows' products summed into it
             rows = max(1, (1 << 18) // max(1, n))
             for i in range(0, k, rows):
                 out += a[:, i:i + rows] @ b[i:i + rows].to(a.dtype)
