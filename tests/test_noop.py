@@ -355,3 +355,6 @@ def test_a_program_edit_that_keeps_size_and_mtime_reruns_its_tasks(zoo):
     assert "3.0" in (zoo / "build/bundles/b/model.py").read_text()
     rc, ran, out = doit(zoo)
     assert (rc, ran) == (0, set()) and FAST in out, out
+    _same_stat_edit(zoo / "programs/a.yaml", "[float64, float32]", "[float32, float64]")   # a config
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and "emit:a" in ran and not ran & {"emit:b", "lock:b"}, out
