@@ -5,9 +5,17 @@ text → `language` (reader, Program IR) → `sambaflow` (the bundle) | `verify`
 verdict → `pipeline` (doit tasks, results, report); `ops` defines every op once; `importers` make
 weights directories from checkpoints. The public names below load on first use (PEP 562), so
 importing a submodule such as `emitter.pipeline.config` does not pay for the op table and numpy.
+
+Before any submodule loads, the package's .pyc files are made checked-hash (`bytecode`): the code
+that runs is always the source that was hashed, even after an edit that kept size and mtime.
 """
 
 import importlib
+import os
+
+from .bytecode import check_sources
+
+check_sources(os.path.dirname(os.path.abspath(__file__)))
 
 __version__ = "0.2.0"
 

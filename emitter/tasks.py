@@ -21,7 +21,9 @@ import os
 import sys
 
 from . import zoo
-from .pipeline import actions, digests, executors, fastpath, files_io, guards, settled, weights
+from . import fingerprint
+from .importers import declared_reads
+from .pipeline import actions, digests, executors, fastpath, files_io, guards, keys, settled, weights
 from .pipeline import cache as vcache
 from .pipeline.config import discover
 from .pipeline.progress import ProgressReporter
@@ -41,11 +43,12 @@ guards.exclusive(BUILD)
 guards.sweep(BUILD)
 guards.install_sigterm(BUILD)
 guards.pause_collector()
+fingerprint.bind(f"{BUILD}/.fingerprints.json")
 
 DOIT_CONFIG = {
     "dep_file": f"{BUILD}/.doit.db",
     "backend": "sqlite3",
-    "check_file_uptodate": files_io.StatMD5Checker,   # doit's md5, the ctime seen too
+    "check_file_uptodate": files_io.FingerprintChecker,   # the one fingerprint rule
     "continue": True,          # one program's failure never stops the others
     "reporter": ProgressReporter,
     # `doit` alone walks the report's dependencies program by program (emit, lock, then the next),
@@ -147,23 +150,18 @@ def _intact(task_name):
     return INTACT if task_name in MOVED else []
 
 
-# with cache=: each check's cache-key parts known at load ({name: {dtype: spec}}, or None)
-KEYS = {pc.name: vcache.key_specs(pc, CHECKS[pc.name], f"{BUILD}/.cache-checkpoints.json")
-        for pc in PROGRAMS if not pc.error} if RUN["cache"] else {}
+# each check's key parts known from its config ({name: {dtype: spec}}): the rest is read when it runs
+KEYS = {pc.name: keys.key_specs(pc, CHECKS[pc.name]) for pc in PROGRAMS if not pc.error}
 
 
 def _skips_import(pc):
     """With cache=, a derived program's lock looks its verdicts up before its weights are made."""
-    return bool(RUN["cache"] and pc.derive and not pc.error and KEYS.get(pc.name))
+    return bool(RUN["cache"] and pc.derive and not pc.error)
 
 
 def _run(pc):
-    """What the lock action needs of the run's settings (executor, threads, cache and its keys).
-    A derived program's lock records its checks' keys even with no cache (worked out when it runs,
-    not at load): only a recorded key vouches for derived weights, so a later run holding the
-    cache's key can publish verdicts that were computed without it."""
-    if not RUN["cache"] and pc.derive and not pc.error:
-        return {**RUN, "keys": {}, "key_of": (pc, CHECKS[pc.name], f"{BUILD}/.cache-checkpoints.json")}
+    """What the lock action needs of the run's settings (executor, threads, cache) and its checks'
+    key parts."""
     return {**RUN, "keys": KEYS.get(pc.name) or {}}
 
 
@@ -206,16 +204,12 @@ def _make_weights():
             "targets": [pc.weights],
             "clean": [(files_io.remove_dir, [pc.weights])],
         }
-        if d.checkpoint.startswith("package:"):
-            # a package file's absolute path differs per install: depend on its identity instead
-            identity = weights.checkpoint_identity(d.checkpoint, d.checkpoint_path, vcache.checkpoint_sha(
-                d, f"{BUILD}/.cache-checkpoints.json"))
-            task["uptodate"] = [(weights.checkpoint_same, [identity])]
-        else:
-            identity = None
-            task["file_dep"] = [d.checkpoint_path] + deps
+        # every file the importer reads, by its fingerprint and its key (.derived.json records it)
+        task["file_dep"] = [path for _, path in declared_reads(d.importer, d.checkpoint, d.checkpoint_path)
+                            if not os.path.isabs(path)] + deps
+        task["uptodate"] = [(weights.import_current, [pc.weights, d, DIGESTS])]
         task["actions"] = [(weights.import_weights, [d.importer, d.checkpoint_path, pc.source,
-                                                     pc.weights, identity, pc.limits["seconds"],
+                                                     pc.weights, d, DIGESTS, pc.limits["seconds"],
                                                      f"{BUILD}/tmp"])]
         yield task
 
@@ -253,13 +247,14 @@ def _make_emit():
             "name": pc.name,
             "doc": f"emit {pc.source} to {p['bundle']}/",
             "actions": [(actions.emit_bundle, [pc.name, pc.source, p["bundle"], p["status"],
-                                               pc.error, pc.limits, pc.precision])],
+                                               pc.error, pc.limits, pc.precision, DIGESTS])],
             # a refused config is refused whatever the program holds: its text is no dependency
             "file_dep": ([] if pc.error else [pc.source]) + _config_files(pc) + [f"{DIGESTS}/emit.json"],
             # the bundle's files are stamped by the action (a refused program has none, and a
             # missing target would rerun it on every run); the status records them
             "targets": [p["status"]],
-            "uptodate": _intact(f"emit:{pc.name}"),
+            "uptodate": _intact(f"emit:{pc.name}") + [(actions.emit_current, [
+                pc.source, p["status"], pc.error, pc.limits, pc.precision, DIGESTS])],
             "clean": [(files_io.remove_files, [[p["status"]] + [f"{p['bundle']}/{f}" for f in
                                                                 ("model.py", "manifest.json", "compile.py")]])],
         }
@@ -293,7 +288,11 @@ def _make_lock():
                                                 pc.precision], {"run": _run(pc)})],
             "file_dep": deps,
             "targets": [c[3] for c in checks],
-            "uptodate": _intact(f"lock:{pc.name}"),
+            # current when each check's result holds a pass under the key of its inputs as they
+            # are now (a fail or error reruns)
+            "uptodate": _intact(f"lock:{pc.name}") + [(keys.lock_current, [
+                [(c[3], KEYS[pc.name][c[0]]) for c in checks] if pc.name in KEYS else None,
+                p["status"], manifest, DIGESTS, RUN["threads"]])],
             # the history in results.sqlite stays: `logos results --prune` drops a program's
             "clean": [(files_io.remove_files, [[c[3] for c in checks]]),
                       (files_io.remove_dir, [f"{p['bundle']}/golden"])],
@@ -327,7 +326,7 @@ def task_cache():
         return None
     checks = [(c[3], KEYS[pc.name][c[0]], PATHS[pc.name]["status"],
                PATHS[pc.name]["manifest"] if pc.weights and not pc.derive else None)
-              for pc in PROGRAMS if KEYS.get(pc.name) for c in CHECKS[pc.name]]
+              for pc in PROGRAMS if KEYS.get(pc.name) and pc.lock for c in CHECKS[pc.name]]
     return {
         "doc": f"publish the verdicts {RUN['cache']} lacks",
         "actions": [(vcache.publish_all, [checks, RUN["cache"], DIGESTS,
@@ -347,7 +346,8 @@ def report_entries():
         entries.append({"name": pc.name, "source": pc.source, "status": p["status"],
                         "manifest": p["manifest"] if pc.weights and not pc.error else None,
                         "steps": pc.steps, "weights": pc.weights,
-                        "allow_nonfinite": pc.allow_nonfinite, "bf16": pc.bf16, "checks": checks})
+                        "allow_nonfinite": pc.allow_nonfinite, "bf16": pc.bf16, "checks": checks,
+                        "keys": KEYS.get(pc.name), "threads": RUN["threads"]})
     return entries
 
 

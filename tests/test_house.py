@@ -11,7 +11,7 @@ from conftest import ROOT, emit_bundle, load_model, write_weights
 from emitter.language.reader import read_file
 
 # bottom to top: a module may import its own part and the parts before it, never one after
-LAYERS = ["files", "ops", "language", "sambaflow", "verify", "importers", "pipeline", "cli"]
+LAYERS = ["files", "fingerprint", "bytecode", "ops", "language", "sambaflow", "verify", "importers", "pipeline", "cli"]
 TOP = {"__init__": "cli", "__main__": "cli", "tasks": "cli", "zoo": "cli"}
 
 

@@ -12,4 +12,33 @@ IMPORTERS = {
 
 from .packages import chunked_spec, chunks, resolve_checkpoint, resolve_package_file  # noqa: E402
 
-__all__ = ["IMPORTERS", "chunked_spec", "chunks", "resolve_checkpoint", "resolve_package_file"]
+__all__ = ["IMPORTERS", "READS", "declared_reads", "chunked_spec", "chunks", "resolve_checkpoint", "resolve_package_file"]
+
+
+# What each importer reads of its checkpoint beyond the file itself (the program it is handed is
+# the task's own dependency): "file" the checkpoint alone, "hf" a Hugging Face folder's
+# *.safetensors (or the one file named) and the config.json beside them. These files are the
+# derived weights' inputs: every one is in their import key, so an edit of any re-derives them.
+# An importer not listed reads its checkpoint file alone.
+READS = {"qwen35": "hf"}
+
+
+def declared_reads(importer, spec, path):
+    """[(name, path)] of every file `importer` reads of the checkpoint `spec` (as a config writes
+    it) resolved to `path`: the name is the spec's own (a `package:` spec, a repository path), so
+    a key built from names and contents is the same on every clone."""
+    import os
+    import posixpath
+    found = chunks(spec)
+    if found is not None:
+        return [(p, resolve_package_file(p[len("package:"):])) for p in found[0]]
+    if READS.get(importer, "file") == "file":
+        return [(spec, path)]
+    if os.path.isdir(path):
+        base_spec, base = spec.rstrip("/"), path
+        files = [(f"{base_spec}/{f}", os.path.join(base, f)) for f in sorted(os.listdir(base))
+                 if f.endswith(".safetensors")]
+    else:
+        base_spec, base = posixpath.dirname(spec), os.path.dirname(path)
+        files = [(spec, path)]
+    return files + [(posixpath.join(base_spec, "config.json"), os.path.join(base, "config.json"))]

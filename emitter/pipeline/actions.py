@@ -17,9 +17,9 @@ import sys
 
 from ..files import BUNDLE_FILES, json_lines, read_json, write_atomic, write_files
 from .digests import check_digest, package_digest
-from .files_io import dumps, sha256_text, stamp_targets, write_if_changed
+from .files_io import dumps, sha256_text, stamp_targets, uptodate_check, write_if_changed
 from .guards import REPORT_FILES, freeze_heap
-from .weights import known_hashes, made_by_import
+from .weights import made_by_import
 from ..verify.threads import DEFAULT_THREADS
 
 RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
@@ -34,7 +34,8 @@ def _too_big(program, limits):
             f"{have / 2**30:.1f} GiB (limits.tensor_bytes; the default is half this machine's memory)")
 
 
-def emit_bundle(name, source, bundle_dir, status, config_error=None, limits=None, policy=None):
+def emit_bundle(name, source, bundle_dir, status, config_error=None, limits=None, policy=None,
+                digests_dir=None):
     """Write NAME's bundle and its status (ok + the source's and bundle's hashes, or the refusal).
 
     A refused program or config leaves no bundle (a stale one is removed, so nothing locks it) and
@@ -47,6 +48,7 @@ def emit_bundle(name, source, bundle_dir, status, config_error=None, limits=None
     limits = {**LIMITS, **(limits or {})}
     state = {"schema": "logos.pipeline.emit", "version": 2, "name": name, "source": source,
              "source_sha": None}
+    key = emit_key(source, config_error, limits, policy, digests_dir)   # the inputs as read now
     error = config_error
     if error is None:
         try:
@@ -77,8 +79,29 @@ def emit_bundle(name, source, bundle_dir, status, config_error=None, limits=None
                 pass
         state.update(status="error", reason=error, bundle=None)
         sys.stderr.write(f"emit:{name}: {error}\n")
+    # a program edited while it was emitted is not recorded as done: the next run emits it again
+    state["key"] = key if key == emit_key(source, config_error, limits, policy, digests_dir) else None
     write_if_changed(status, dumps(state))
     return stamp_targets(targets)
+
+
+def emit_key(source, config_error, limits, policy, digests_dir):
+    """The key of an emit: the program's bytes, what of the config it uses (a refusal, the limits,
+    the precision policy) and the emit code; what its status records, and its up-to-date check
+    compares with the inputs as they are when it is asked."""
+    from ..fingerprint import sha256_or_none
+    from .keys import digest
+    code = (read_json(os.path.join(digests_dir, "emit.json")) or {}).get("digest") if digests_dir else None
+    limits = {k: (limits or {}).get(k) for k in ("program_bytes", "tensor_bytes")}
+    return digest({"source": None if config_error else sha256_or_none(source), "error": config_error,
+                   "limits": limits, "policy": policy, "code": code})
+
+
+@uptodate_check
+def emit_current(task, values, source, status, config_error, limits, policy, digests_dir):
+    """doit's `uptodate` of an emit: its status records the key of the inputs as they are now."""
+    return (read_json(status) or {}).get("key") == emit_key(source, config_error, limits, policy,
+                                                               digests_dir)
 
 
 def error_result(name, source, dtype, steps, reason):
@@ -107,7 +130,7 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     freeze_heap()
     from doit.exceptions import TaskFailed
     from ..verify import verdict
-    from . import cache, executors, results as history
+    from . import cache, executors, keys as keys_mod, results as history
     from .config import LIMITS
     limits = {**LIMITS, **(limits or {})}
     run = run or {}
@@ -121,9 +144,8 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     golden = {dtype: tolerance(dtype, atol, rtol) for dtype, atol, rtol, _ in checks}
     threads = run.get("threads") or DEFAULT_THREADS
     store = cache.store(run.get("cache"))
-    specs = run.get("keys") or (cache.key_specs(*run["key_of"]) if run.get("key_of") else None) or {}
+    specs = run.get("keys") or {}
     done, keys, parts_of, jobs = {}, {}, {}, []
-    known = known_hashes(weights, manifest) if weights and manifest else None
     shas = {n: f.get("sha256") for n, f in (man.get("files") or {}).items()} \
         if weights and isinstance(man, dict) else None
     edited = None   # derived weights that are not what their import wrote: no key stands for them
@@ -131,17 +153,17 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
         if state.get("status") != "ok":
             done[dtype] = error_result(name, source, dtype, steps, state.get("reason"))
             continue
-        if dtype in specs:
-            parts = cache.key_parts(specs[dtype], status, manifest, digests_dir, threads)
-            if parts and isinstance(parts["weights"], dict):
-                if edited is None:   # (no folder or manifest yet: the cache may spare the import)
-                    edited = bool(man) and os.path.isdir(weights) and not made_by_import(weights, man)
-                parts = None if edited else parts
-            keys[dtype], parts_of[dtype] = parts and cache.check_key(parts), parts
-            hit = store.get(keys[dtype]) if keys[dtype] and store is not None else None
-            if hit is not None:
-                done[dtype] = hit
-                continue
+        parts = keys_mod.key_parts(specs[dtype], status, manifest, digests_dir, threads) \
+            if dtype in specs else None
+        if parts and isinstance(parts["weights"], dict):
+            if edited is None:   # (no folder or manifest yet: the cache may spare the import)
+                edited = bool(man) and os.path.isdir(weights) and not made_by_import(weights, man)
+            parts = None if edited else parts
+        keys[dtype], parts_of[dtype] = parts and keys_mod.check_key(parts), parts
+        hit = store.get(keys[dtype]) if keys[dtype] and store is not None else None
+        if hit is not None:
+            done[dtype] = hit
+            continue
         if weights and not os.path.isdir(weights):
             done[dtype] = error_result(name, source, dtype, steps,
                                        f"{weights}: the weights directory does not exist")
@@ -149,7 +171,7 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
         kwargs = dict(dtype=dtype, steps=steps, atol=atol, rtol=rtol,
                       allow_nonfinite=tuple(allow_nonfinite), max_tensor_bytes=limits["tensor_bytes"],
                       bf16_bounds=bf16, precision=precision,
-                      known_hashes=known, weights_shas=shas)
+                      weights_shas=shas)
         # the VM's outputs are the same for every dtype: golden/ is written once
         jobs.append({"name": name, "root": os.getcwd(), "bundle": bundle_dir, "source": source,
                      "weights": weights, "kwargs": kwargs, "golden": golden, "threads": threads,
@@ -197,6 +219,9 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
         r["hashes"].update(weights_manifest=man.get("digest") if man else None, code=code,
                            config=check_digest(dtype, steps, atol, rtol, weights, allow_nonfinite, bf16),
                            environment=(r.get("environment") or {}).get("digest"))
+        if keys.get(dtype) and not _about(r, parts_of[dtype]):
+            keys[dtype] = None   # the files it read are not those the key names: changed meanwhile
+        r["key"], r["inputs"] = keys.get(dtype), parts_of.get(dtype) if keys.get(dtype) else None
         if keys.get(dtype) and not r.get("from_cache"):
             r["cache"] = {"url": store and store.url, "key": keys[dtype]}
             if store is not None:
@@ -205,14 +230,11 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
         write_atomic(out, json_lines(r))
         publish = store is not None and keys.get(dtype) and not r.get("from_cache") \
             and r["verdict"] in cache.CACHEABLE
-        if publish and not cache.current(r, parts_of[dtype]):   # as the `cache` task checks
+        if publish and not cache.publishable(r, parts_of[dtype]):
             publish = False
-            why = ("computed in another environment than this checkout's (a worker with other "
-                   "versions or another CPU)"
-                   if r["hashes"].get("environment") != parts_of[dtype]["environment"] else
-                   "its recorded digests are not those its key names")
-            sys.stderr.write(f"lock:{name}: [{dtype}] not published to {store.url}: {why}; the key "
-                             "names this one\n")
+            sys.stderr.write(f"lock:{name}: [{dtype}] not published to {store.url}: computed in "
+                             "another environment than this checkout's (a worker with other "
+                             "versions or another CPU); the key names this one\n")
         if publish:
             try:
                 store.put(keys[dtype], r)
@@ -229,6 +251,13 @@ def lock_program(name, source, bundle_dir, status, weights, checks, steps, db, m
     if lost:
         return TaskFailed(f"lock:{name}: {lost} (recorded as an error; the next run tries again)")
     return {**stamps, **(run.get("values") or {})}
+
+
+def _about(r, parts):
+    """Whether a result is about the inputs its key names: the program text and the bundle files
+    it read are those the key was computed from (a file edited between the two is not)."""
+    h = r.get("hashes") or {}
+    return r.get("from_cache") or (h.get("source") == parts["source"] and h.get("bundle") == parts["bundle"])
 
 
 def make_report(entries, out_dir, failures=None):

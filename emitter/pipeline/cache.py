@@ -26,6 +26,7 @@ import threading
 import uuid
 
 from ..files import read_json, write_atomic
+from .keys import canonical, check_key, key_parts
 
 SCHEMA, VERSION = "logos.verdict-cache", 1
 KEY_ENV = "LOGOS_CACHE_KEY"
@@ -35,89 +36,6 @@ CACHEABLE = ("pass", "fail")   # an error says something about the run, not abou
 
 class CacheError(Exception):
     """A cache URL that cannot be used (no such fsspec protocol, a bad URL): one line."""
-
-
-def canonical(obj):
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True, ensure_ascii=True)
-
-
-def check_key(parts):
-    """The cache key of one check: sha256 of the canonical JSON of what its verdict depends on."""
-    return hashlib.sha256(canonical({"schema": f"{SCHEMA}.key", "version": VERSION,
-                                     **parts}).encode("ascii")).hexdigest()
-
-
-def _digest(digests_dir, kind):
-    return (read_json(os.path.join(digests_dir, f"{kind}.json")) or {}).get("digest")
-
-
-def key_parts(spec, status, manifest, digests_dir, threads):
-    """Everything a check's verdict depends on, from the task's static `spec` (dtype, steps,
-    tolerance, config digest, precision, derive) and the files build/ holds now; None when the
-    program has no bundle (an emit error is not cached)."""
-    st = read_json(status) or {}
-    if st.get("status") != "ok" or not st.get("source_sha") or not st.get("bundle"):
-        return None
-    parts = {k: v for k, v in spec.items() if k != "derive"}
-    if spec.get("derive"):
-        weights = {**spec["derive"], "import_code": _digest(digests_dir, "import")}
-    else:
-        weights = (read_json(manifest) or {}).get("digest") if manifest else None
-    parts.update(source=st["source_sha"], bundle=st["bundle"], weights=weights,
-                 code=_digest(digests_dir, "lock"), environment=_digest(digests_dir, "env"),
-                 threads=threads)
-    return parts
-
-
-def key_specs(pc, checks, memo_path=None):
-    """{dtype: the static parts of its check's key} for a ProgramConfig `pc` and its checks
-    [(dtype, atol, rtol, path)], worked out at load; None when the program cannot be cached (a
-    derived checkpoint whose sha256 is not known)."""
-    from ..verify.tolerances import tolerance
-    from .digests import check_digest
-    derive = None
-    if pc.derive:
-        sha = checkpoint_sha(pc.derive, memo_path)
-        if not sha:
-            return None
-        derive = {"importer": pc.derive.importer, "checkpoint": pc.derive.checkpoint, "sha256": sha}
-    precision = getattr(pc, "precision", None)
-    return {dtype: {"dtype": dtype, "steps": pc.steps, "tolerance": tolerance(dtype, atol, rtol),
-                    "config": check_digest(dtype, pc.steps, atol, rtol, pc.weights, pc.allow_nonfinite,
-                                           getattr(pc, "bf16", None)),
-                    "precision": precision, "derive": derive}
-            for dtype, atol, rtol, _ in checks}
-
-
-def checkpoint_sha(derive, memo_path):
-    """A `package:` checkpoint's sha256 from its distribution's RECORD (nothing read but that); a
-    repository file's hashed, remembered under its (mtime, size) in `memo_path`."""
-    from ..importers.packages import chunks
-    if chunks(derive.checkpoint):
-        return chunks(derive.checkpoint)[1]     # the joined file's, which the importer verifies
-    if derive.checkpoint.startswith("package:"):
-        from ..importers.packages import package_file
-        try:
-            return package_file(derive.checkpoint[len("package:"):])[1]
-        except ValueError:
-            return None
-    from ..files import StampedCache
-    from .files_io import sha256_file
-    try:
-        st = os.stat(derive.checkpoint_path)
-    except OSError:
-        return None
-    memo = _MEMOS.get(memo_path) or _MEMOS.setdefault(memo_path, StampedCache(memo_path, 1))
-    stamp = [st.st_mtime_ns, st.st_size]
-    sha = memo.get(derive.checkpoint_path, stamp)
-    if sha is None:
-        sha = sha256_file(derive.checkpoint_path)
-        memo.put(derive.checkpoint_path, stamp, sha)
-    memo.save()
-    return sha
-
-
-_MEMOS = {}
 
 
 def lookup_deps(name, checks, status, digests_dir, threads, url, manifest, keys_file):
@@ -136,7 +54,7 @@ def lookup_deps(name, checks, status, digests_dir, threads, url, manifest, keys_
             return {}
         key = keys[spec["dtype"]] = check_key(parts)
         r = read_json(path)
-        if isinstance(r, dict) and r.get("verdict") in CACHEABLE and (r.get("cache") or {}).get("key") == key:
+        if isinstance(r, dict) and r.get("verdict") in CACHEABLE and r.get("key") == key:
             continue
         if cache is None or not cache.has(key):
             return need
@@ -315,31 +233,13 @@ def store(url):
         return _STORES[url]
 
 
-def result_key(r, spec, status, manifest, digests_dir):
-    """The key a written RESULT.json `r` stands for now, or None when it is not cacheable: not a
-    pass or fail, or not about what build/ holds now (its recorded key differs from the current)."""
-    if not isinstance(r, dict) or r.get("verdict") not in CACHEABLE:
-        return None
-    threads = (r.get("execution") or {}).get("threads")
-    if threads is None:
-        return None
-    parts = key_parts(spec, status, manifest, digests_dir, threads)
-    if parts is None:
-        return None
-    key = check_key(parts)
-    recorded = (r.get("cache") or {}).get("key")
-    if isinstance(parts["weights"], dict):   # derived weights: only a key recorded by the lock vouches
-        return key if recorded == key and current(r, parts) else None
-    return key if recorded in (None, key) and current(r, parts) else None
-
-
-def current(r, parts):
-    """The result's own recorded digests agree with the key's parts (so it is not stale)."""
-    h = r.get("hashes") or {}
-    return (h.get("source") == parts["source"] and h.get("bundle") == parts["bundle"]
-            and h.get("code") == parts["code"] and h.get("environment") == parts["environment"]
-            and h.get("config") == parts.get("config")
-            and (isinstance(parts["weights"], dict) or h.get("weights_manifest") == parts["weights"]))
+def publishable(r, parts):
+    """Whether the result `r` may be published under the key of `parts`: a pass or fail recorded
+    under exactly that key, computed in the environment the key names (a Dask worker elsewhere
+    computed it in its own)."""
+    return (isinstance(r, dict) and r.get("verdict") in CACHEABLE and parts is not None
+            and r.get("key") == check_key(parts)
+            and (r.get("hashes") or {}).get("environment") == parts["environment"])
 
 
 def publish_all(checks, url, digests_dir, memo_path, part=False):
@@ -356,9 +256,11 @@ def publish_all(checks, url, digests_dir, memo_path, part=False):
     now, sent, failed = set(), 0, []
     for path, spec, status, manifest in checks:
         r = read_json(path)
-        key = result_key(r, spec, status, manifest, digests_dir)
-        if key is None:
+        threads = (r.get("execution") or {}).get("threads") if isinstance(r, dict) else None
+        parts = key_parts(spec, status, manifest, digests_dir, threads)
+        if not publishable(r, parts):
             continue
+        key = r["key"]
         now.add(key)
         if key in known:
             continue

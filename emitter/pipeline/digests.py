@@ -4,7 +4,8 @@ import os
 
 from ..verify import environment
 from ..verify.tolerances import tolerance
-from .files_io import uptodate_check, dumps, sha256_file, sha256_text, stamp_targets, write_if_changed
+from ..fingerprint import sha256 as sha256_file
+from .files_io import uptodate_check, dumps, sha256_text, stamp_targets, write_if_changed
 
 CODE = {
     "emit": ("files.py", "ops", "language", "sambaflow"),

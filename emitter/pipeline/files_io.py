@@ -7,8 +7,9 @@ import json
 import os
 import shutil
 
-from doit.dependency import MD5Checker, get_file_md5
+from doit.dependency import FileChangedChecker
 
+from .. import fingerprint
 from ..files import write_atomic
 
 
@@ -88,28 +89,17 @@ def targets_intact(task, values):
     return True
 
 
-class StatMD5Checker(MD5Checker):
-    """doit's md5 checker (`check_file_uptodate`), its file states keyed on the (mtime, ctime,
-    inode) instead of the mtime alone: doit's takes an unchanged mtime for unchanged content, so an
-    edit that keeps size and mtime (`cp -p`, `touch -r`, `tar x` of another version) left the old
-    bundle and verdict standing for the new program. No write keeps the ctime: such an edit, and
-    a restored build/ (new ctimes), cost the md5 of the file, which decides."""
-
-    @staticmethod
-    def _stamp(st):
-        return [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+class FingerprintChecker(FileChangedChecker):
+    """doit's file checker (`check_file_uptodate`) as the one fingerprint rule: a dependency's
+    state is its sha256 (`emitter.fingerprint`), so an edit that keeps size and mtime (`cp -p`,
+    `touch -r`, `tar x`) is seen, and a touch or a restored build/ costs one hash and no rerun."""
 
     def check_modified(self, file_path, file_stat, state):
-        stamp, size, md5 = state
-        if stamp == self._stamp(file_stat):
-            return False
-        return file_stat.st_size != size or get_file_md5(file_path) != md5
+        return fingerprint.sha256(file_path) != state
 
     def get_state(self, dep, current_state):
-        st = os.stat(dep)
-        if current_state and current_state[0] == self._stamp(st):
-            return None
-        return self._stamp(st), st.st_size, get_file_md5(dep)
+        sha = fingerprint.sha256(dep)
+        return None if sha == current_state else sha
 
 
 def remove_dir(path):

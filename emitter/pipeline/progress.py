@@ -100,6 +100,7 @@ class ProgressReporter(ConsoleReporter):
         self.work, self.bar = Work([]), None
         self.settled = []   # tasks found up to date or run with success: their files are as checked
         self.uptodate = []
+        self.ignored = []   # `doit ignore`d, or skipped as following one that was
 
     def initialize(self, tasks, selected_tasks):
         self.tasks = tasks
@@ -183,6 +184,7 @@ class ProgressReporter(ConsoleReporter):
         self._tick()
 
     def skip_ignore(self, task):
+        self.ignored.append(task.name)
         self.done += 1
         if not self.line:
             return super().skip_ignore(task)
@@ -221,16 +223,19 @@ class ProgressReporter(ConsoleReporter):
             self.write(f"cache: not published: {type(e).__name__}: {str(e)[:200]}\n")
 
     def _report_failures(self):
-        """A task that failed (or could not run because one before it failed) keeps the report
-        task from running: write the report here, with those tasks' programs as errors that say
-        why, so the report is always this run's and never an earlier run's green."""
+        """A task that failed (or could not run because one before it failed), or one that doit
+        ignores, keeps the report task from running: write the report here, with failed tasks'
+        programs as errors that say why and every other check as current or not, so the report is
+        always this run's and never an earlier run's green."""
         failed = self.failed_tasks
-        if "report" not in self.reachable or not failed or \
-                (set(failed) == {"report"} and not failed["report"].startswith("UnmetDependency")):
+        ignored = "report" in self.ignored
+        if "report" not in self.reachable or not (failed or ignored) or (
+                set(failed) == {"report"} and not failed["report"].startswith("UnmetDependency")):
             return
         from .actions import make_report
         action = self.tasks["report"].actions[0]
         entries, build_dir = action.args[:2]
         make_report(entries, build_dir, failed)
-        self.write(f"report: written with {len(failed) - ('report' in failed)} "
-                   f"failed task(s) as errors (see {build_dir}/summary.md)\n")
+        why = [f"{len(failed) - ('report' in failed)} failed task(s) as errors"] if failed else []
+        why += ["ignored tasks' checks as current or not"] if ignored else []
+        self.write(f"report: written with {' and '.join(why)} (see {build_dir}/summary.md)\n")

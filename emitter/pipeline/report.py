@@ -10,7 +10,8 @@ import xml.etree.ElementTree as ET
 
 from ..files import StampedCache, json_lines, read_json, write_files
 from ..verify.verdict import describe, number, one_minus_cos, short
-from .digests import check_digest
+from ..fingerprint import sha256_or_none
+from .keys import check_key, key_parts, moved
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
 RESULT_VERSION = 2
@@ -34,17 +35,16 @@ def _slim(r):
                                                                "ops_failing")} if r.get("bf16") else None,
             "seconds": (r.get("timings") or {}).get("total_s"),
             "steps": r.get("steps"), "tolerance": r.get("tolerance"), "program": r.get("program"),
+            "key": r.get("key"), "inputs": r.get("inputs"),
             **({"from_cache": True, "cache": r.get("cache")} if r.get("from_cache") else {})}
 
 
 def _stamped(cache, path, make):
-    """`make(json)` of one file, from `cache` while its (mtime_ns, size) stay: a rebuild after one
-    edit re-reads one program's files, not the zoo's."""
-    try:
-        st = os.stat(path)
-    except OSError:
+    """`make(json)` of one file, from `cache` while its content (its fingerprint) stays: a rebuild
+    after one edit re-reads one program's files, not the zoo's."""
+    stamp = sha256_or_none(path)
+    if stamp is None:
         return None
-    stamp = [st.st_mtime_ns, st.st_size]
     value = cache.get(path, stamp)
     if value is None:
         r = read_json(path)
@@ -64,17 +64,6 @@ def _emit_status(cache, path):
         {"status": "error", "reason": f"{path}: not written (emit did not run)"}
 
 
-def _stale(r, now):
-    """What of a result's recorded digests differs from build/ now ([] when it is current)."""
-    if r.get("version") != RESULT_VERSION:
-        return [f"its format (version {r.get('version')}; this project reads {RESULT_VERSION})"]
-    h = r.get("hashes") or {}
-    # a Dask worker's verdict names the environment it was computed in; the run that asked for it
-    # was launched from this one
-    ok = {"environment": r.get("driver_environment")}
-    return [what for what, want in now.items() if h.get(what) != want and ok.get(what, h.get(what)) != want]
-
-
 def _row(e, check, verdict, reason, path=None, **extra):
     return {"name": e["name"], "source": e["source"], "check": check, "verdict": verdict,
             "reason": reason, "first_divergence": None, "worst": None, "output": None,
@@ -90,10 +79,8 @@ def build_rows(entries, cache_path=None, build_dir="build", failures=None):
     now is refused as an error; so is every check of a program one of whose tasks failed in this
     run (`failures`: {task name: message}), and a failed task of no program is a row of its own.
     `cache_path`, if given, keeps slim copies of the files read between runs."""
-    cache = StampedCache(cache_path, 4)   # v4: rows carry the driver environment of a worker's verdict
+    cache = StampedCache(cache_path, 5)   # v5: rows carry their key and its record
     failures = dict(failures or {})
-    code = (read_json(os.path.join(build_dir, "digests", "lock.json")) or {}).get("digest")
-    env = (read_json(os.path.join(build_dir, "digests", "env.json")) or {}).get("digest")
     rows = []
     for e in entries:
         failed = [(t, failures.pop(f"{t}:{e['name']}")) for t in PROGRAM_TASKS
@@ -103,7 +90,6 @@ def build_rows(entries, cache_path=None, build_dir="build", failures=None):
             ok = status.get("status") == "ok"
             rows.append(_row(e, "emit", "pass" if ok else "error", status.get("reason")))
         manifest = e.get("manifest")
-        man_digest = _stamped(cache, manifest, lambda m: m.get("digest")) if manifest else None
         for dtype, path, atol, rtol in e["checks"]:
             r = _stamped(cache, path, _slim)
             if r is None:
@@ -112,15 +98,16 @@ def build_rows(entries, cache_path=None, build_dir="build", failures=None):
                 r = _row(e, dtype, "error", reason, path)
             else:
                 r = {**_row(e, dtype, r["verdict"], r["reason"], path), **r}
-                now = {"source": status.get("source_sha"), "bundle": status.get("bundle"),
-                       "weights_manifest": man_digest, "code": code, "environment": env,
-                       "config": check_digest(dtype, e["steps"], atol, rtol, e["weights"],
-                                              e.get("allow_nonfinite", ()), e.get("bf16"))}
-                stale = _stale(r, now) if r["verdict"] in ("pass", "fail") else []
-                if stale:
-                    r.update(verdict="error", reason=f"{path}: refused: its {', '.join(stale)} "
-                             f"{'differ' if len(stale) > 1 else 'differs'} from what build/ holds "
-                             "now; run doit to lock it again")
+                parts = spec = (e.get("keys") or {}).get(dtype)
+                if spec is not None:
+                    parts = key_parts(spec, e["status"], manifest, build_dir + "/digests", e.get("threads"))
+                r["current"] = bool(parts) and r.get("key") == check_key(parts)
+                if not r["current"] and r["verdict"] in ("pass", "fail"):
+                    stale = moved(r.pop("inputs", None), parts)
+                    r.update(verdict="error", reason=f"{path}: refused: not current: its "
+                             f"{', '.join(stale)} {'differ' if len(stale) > 1 else 'differs'} from "
+                             "what the inputs are now; run doit to lock it again")
+            r.pop("inputs", None)
             rows.append(r)
         if failed:   # the first of its tasks to fail says why (the later ones waited for it)
             task, message = failed[0]

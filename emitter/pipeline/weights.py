@@ -8,7 +8,9 @@ import sys
 import tempfile
 
 from ..files import read_json, write_atomic
-from .files_io import uptodate_check, dumps, sha256_file, sha256_text, stamp_targets, write_if_changed
+from ..fingerprint import sha256, sha256_or_none
+from .files_io import uptodate_check, dumps, sha256_text, stamp_targets, write_if_changed
+from .keys import import_key
 from .guards import freeze_heap
 
 def _weight_entries(weights_dir):
@@ -21,13 +23,6 @@ def _weight_entries(weights_dir):
                       key=lambda e: e.name)
 
 
-def _listing(weights_dir):
-    """name -> (size, mtime_ns, ctime_ns, inode) of a weights directory's files (as
-    `_weight_entries` counts them): an edit that puts its mtime back still moves the ctime."""
-    return {e.name: (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-            for e in _weight_entries(weights_dir) for st in (e.stat(),)}
-
-
 def weight_files(weights_dir):
     """A weights directory's files (as `_weight_entries` counts them) as paths, with no stat: the
     dodo lists a thousand of these on every run. An unreadable directory lists none."""
@@ -37,49 +32,33 @@ def weight_files(weights_dir):
         return []
 
 
-def _stat_path(manifest):
-    return manifest + ".stat"
+def _files(weights_dir):
+    """name -> size of a weights directory's files (as `_weight_entries` counts them)."""
+    return {e.name: e.stat().st_size for e in _weight_entries(weights_dir)}
 
 
 @uptodate_check
 def weights_current(task, values, weights_dir, manifest):
-    """Up to date when the directory's names, sizes and contents match the manifest.
-
-    Files whose mtime moved are re-hashed; if their content is unchanged the stat cache is updated
-    here, so a touched (or freshly cloned) weight file reruns nothing and is hashed only once."""
-    man, cache = read_json(manifest), read_json(_stat_path(manifest))
-    if man is None or cache is None or man.get("dir") != weights_dir:
+    """Up to date when the directory's names, sizes and contents (fingerprints) match the manifest."""
+    man = read_json(manifest)
+    if not isinstance(man, dict) or man.get("dir") != weights_dir:
         return False
-    listing = _listing(weights_dir)
-    files = man.get("files", {})
+    listing, files = _files(weights_dir), man.get("files") or {}
     if set(listing) != set(files):
         return False
-    moved = {}
-    for name, stamp in listing.items():
-        if files[name]["size"] != stamp[0]:
-            return False
-        if cache.get(name) != list(stamp):
-            moved[name] = stamp
-    for name in moved:
-        if sha256_file(os.path.join(weights_dir, name)) != files[name]["sha256"]:
-            return False
-    if moved:
-        cache.update({n: list(v) for n, v in moved.items()})
-        write_atomic(_stat_path(manifest), dumps(cache))
-    return True
+    return all(files[n].get("size") == size and files[n].get("sha256") == sha256_or_none(
+        os.path.join(weights_dir, n)) for n, size in listing.items())
 
 
 def write_weights_manifest(weights_dir, manifest):
     """names, sizes and sha256 of the weights directory; rewritten only when they change."""
     freeze_heap()
-    listing = _listing(weights_dir)
-    files = {n: {"size": s, "sha256": sha256_file(os.path.join(weights_dir, n))}
-             for n, (s, *_) in listing.items()}
+    files = {n: {"size": size, "sha256": sha256(os.path.join(weights_dir, n))}
+             for n, size in _files(weights_dir).items()}
     body = {"schema": "logos.weights.manifest", "version": 1, "dir": weights_dir,
             "exists": bool(weights_dir) and os.path.isdir(weights_dir), "files": files,
             "digest": sha256_text(dumps(files))}
     write_if_changed(manifest, dumps(body))
-    write_atomic(_stat_path(manifest), dumps({n: list(v) for n, v in listing.items()}))
     return stamp_targets([manifest])
 
 
@@ -97,46 +76,37 @@ def made_by_import(weights_dir, man):
     return record.get("files") == {n: (f or {}).get("sha256") for n, f in files.items()}
 
 
-def known_hashes(weights_dir, manifest):
-    """{name: [size, mtime_ns, ctime_ns, inode, sha256]} of the files the manifest hashed, each
-    with the stat taken before hashing it (so a file changed since has another stat): what a lock
-    need not hash again."""
-    man, stats = read_json(manifest), read_json(_stat_path(manifest))
-    if not isinstance(man, dict) or not isinstance(stats, dict) or man.get("dir") != weights_dir:
-        return {}
-    return {n: [*stats[n], f["sha256"]] for n, f in (man.get("files") or {}).items()
-            if isinstance(stats.get(n), list) and len(stats[n]) == 4 and stats[n][0] == f.get("size")}
-
-
-# --- derived weights ------------------------------------------------------------------------------
-
-def checkpoint_identity(spec, path, sha):
-    """What stands for a package checkpoint's content across machines: its spec, size and the sha256
-    its distribution's RECORD gives (`sha`: what the derived cache key names; its absolute path and
-    mtime differ per install, and hashing hundreds of MB each run costs seconds). A new release of
-    the same size imports again."""
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        size = None
-    return f"{spec}|{size}|{sha}"
-
-
 @uptodate_check
-def checkpoint_same(task, values, identity):
-    return values.get("checkpoint") == identity
+def import_current(task, values, out_dir, derive, digests_dir):
+    """Up to date when `out_dir` holds what an import of the checkpoint as it is now made: its
+    .derived.json names the current import key (every file the importer reads, its code and
+    libraries) and each file it lists is still that file (a hand edit re-derives the folder)."""
+    record = read_json(os.path.join(out_dir, DERIVED))
+    if not isinstance(record, dict) or record.get("key") != import_key(derive, digests_dir):
+        return False
+    files = record.get("files")
+    if not isinstance(files, dict):
+        return False
+    try:
+        listed = {e.name for e in _weight_entries(out_dir)}
+    except OSError:
+        return False
+    return listed == set(files) and all(sha256_or_none(os.path.join(out_dir, n)) == sha
+                                        for n, sha in files.items())
 
 
-def import_weights(importer, checkpoint, source, out_dir, identity=None, seconds=3600,
+def import_weights(importer, checkpoint, source, out_dir, derive, digests_dir, seconds=3600,
                    tmp_root="build/tmp"):
     """`python -m emitter import-IMPORTER CHECKPOINT --program SOURCE -o DIR` into a fresh folder
     under `tmp_root` (the importer's own temporary files go there too), then swapped into place:
     the old weights stay until the new exist, and what a killed import leaves is swept at the next
-    run. An import that runs past `seconds` is stopped and fails."""
+    run. An import that runs past `seconds` is stopped and fails; so does one whose inputs changed
+    while it ran (its key, taken before, is what .derived.json records)."""
     freeze_heap()
     from doit.exceptions import TaskFailed
     os.makedirs(tmp_root, exist_ok=True)
     os.makedirs(os.path.dirname(out_dir) or ".", exist_ok=True)
+    key = import_key(derive, digests_dir)
     tmp = tempfile.mkdtemp(dir=tmp_root, prefix=f"import-{os.path.basename(out_dir)}.")
     try:
         cmd = [sys.executable, "-m", "emitter", f"import-{importer}", checkpoint, "--program", source,
@@ -151,16 +121,19 @@ def import_weights(importer, checkpoint, source, out_dir, identity=None, seconds
         if done.returncode != 0:
             last = [x for x in done.stderr.splitlines() if x.strip()][-1:] or [""]
             return TaskFailed(f"{' '.join(cmd[1:])} exited {done.returncode}: {last[0][:300]}")
+        if key is None or import_key(derive, digests_dir) != key:
+            return TaskFailed(f"the checkpoint {derive.checkpoint} (or a file its importer reads) "
+                              "changed or could not be read while it was imported: run doit again")
         made = os.path.join(tmp, "out")
         write_atomic(os.path.join(made, DERIVED), dumps(
-            {"schema": "logos.derived", "version": 1,
-             "files": {e.name: sha256_file(e.path) for e in _weight_entries(made)}}))
+            {"schema": "logos.derived", "version": 2, "key": key,
+             "files": {e.name: sha256(e.path) for e in _weight_entries(made)}}))
         old = None
         if os.path.exists(out_dir):
             old = os.path.join(tmp, "old")
             os.rename(out_dir, old)
         os.rename(os.path.join(tmp, "out"), out_dir)
-        return {"checkpoint": identity}
+        return True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

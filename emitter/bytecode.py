@@ -1,0 +1,44 @@
+"""The code that runs is the code that was hashed: Python's default bytecode cache trusts a .pyc
+while its source keeps its mtime and size, so an edit that puts both back (`cp -p`, `touch -r`,
+`tar x`) would run the old code under the new source's digest. `check_sources` turns the package's
+.pyc files into checked-hash ones (PEP 552): the import system then compares each with its
+source's bytes on every import, and rewrites it in the same mode when they differ. Standard library
+only; a read-only install is left as it is (its sources cannot be edited either)."""
+
+import importlib.util
+import os
+import py_compile
+import sys
+
+CHECKED = 0b11   # the pyc header's flags: hash-based, checked against the source
+
+
+def _checked(pyc):
+    try:
+        with open(pyc, "rb") as f:
+            header = f.read(8)
+    except OSError:
+        return False
+    return len(header) == 8 and int.from_bytes(header[4:8], "little") & CHECKED == CHECKED
+
+
+def check_sources(package_dir):
+    """Make every .py under `package_dir` have a checked-hash .pyc (compiled from the source as it
+    is now); returns how many were (re)written. A file that does not compile is left to its import."""
+    written = 0
+    for dirpath, dirnames, filenames in os.walk(package_dir):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for f in filenames:
+            if not f.endswith(".py"):
+                continue
+            source = os.path.join(dirpath, f)
+            pyc = importlib.util.cache_from_source(source)
+            if _checked(pyc) or (sys.dont_write_bytecode and not os.path.exists(pyc)):
+                continue   # (with PYTHONDONTWRITEBYTECODE no new .pyc, but an old one is still read)
+            try:
+                py_compile.compile(source, cfile=pyc, doraise=True,
+                                   invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+                written += 1
+            except (OSError, py_compile.PyCompileError):
+                pass
+    return written

@@ -1,0 +1,91 @@
+"""The one fingerprint rule: a file's content is its sha256, looked up through one stat cache whose
+stamp is (size, mtime_ns, ctime_ns, inode). No write keeps the ctime, so an edit that puts its size
+and mtime back (`cp -p`, `touch -r`, `tar x`) is hashed again; a touch or a fresh clone costs one
+hash and changes nothing. Nothing else in the project remembers a file's content by its stat.
+
+A file whose ctime is under `RACY_S` old is hashed but not remembered (git's "racily clean" rule):
+a write in the same clock tick as the stat could otherwise keep the stamp and change the bytes.
+The cache lives in one JSON file (build/.fingerprints.json) when `bind` names it; standard library
+only, so doit's file checker, the keys and the lock share it without loading numpy."""
+
+import atexit
+import hashlib
+import json
+import os
+import threading
+import time
+
+from .files import read_json, write_atomic
+
+VERSION = 1
+RACY_S = 2.0
+
+
+class Fingerprints:
+    """path -> sha256 through the stat cache; `save` writes what changed (best effort)."""
+
+    def __init__(self, path=None):
+        self.path = path
+        old = read_json(path) if path else None
+        ok = isinstance(old, dict) and old.get("version") == VERSION and isinstance(old.get("files"), dict)
+        self.files = old["files"] if ok else {}
+        self.dirty = False
+        self._lock = threading.Lock()
+
+    def sha256(self, path):
+        """The sha256 of `path`'s bytes (links followed); OSError when it cannot be read."""
+        st = os.stat(path)
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        key = os.path.abspath(path)
+        hit = self.files.get(key)
+        if isinstance(hit, list) and len(hit) == 5 and hit[:4] == stamp:
+            return hit[4]
+        with open(path, "rb") as f:
+            sha = hashlib.file_digest(f, "sha256").hexdigest()
+            after = os.fstat(f.fileno())
+        if [after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino] == stamp \
+                and time.time() - st.st_ctime_ns / 1e9 > RACY_S:
+            with self._lock:
+                self.files[key] = stamp + [sha]
+                self.dirty = True
+        return sha
+
+    def save(self):
+        if not (self.path and self.dirty):
+            return
+        with self._lock:
+            body = json.dumps({"version": VERSION, "files": self.files})
+            self.dirty = False
+        try:
+            write_atomic(self.path, body)
+        except OSError:
+            pass
+
+
+_CURRENT = [Fingerprints()]
+_BOUND = []
+
+
+def bind(path):
+    """Use (and later `save` to) the cache file `path` in this process (build/.fingerprints.json)."""
+    if _CURRENT[0].path != path:
+        _CURRENT[0] = Fingerprints(path)
+        if not _BOUND:
+            _BOUND.append(atexit.register(save))
+    return _CURRENT[0]
+
+
+def sha256(path):
+    """The one fingerprint function: `path`'s sha256 through this process's stat cache."""
+    return _CURRENT[0].sha256(path)
+
+
+def sha256_or_none(path):
+    try:
+        return sha256(path)
+    except OSError:
+        return None
+
+
+def save():
+    _CURRENT[0].save()

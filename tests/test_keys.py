@@ -1,0 +1,129 @@
+"""One key per check: a verdict is current only for the inputs its key names, whatever kind of edit
+moved them (one that keeps size and mtime, a file the importer reads beside the checkpoint, the
+emitter's own code, a config edited while the run is under way, a task doit ignores)."""
+
+import json
+import os
+import shutil
+
+from conftest import ROOT
+from test_pipeline import FAKE_IMPORTER, PROG_A, PROG_B, _weights, doit, make_zoo
+
+
+def _results(z):
+    out = {}
+    for d in (z / "build/results").iterdir():
+        for f in d.glob("*.json"):
+            out[(d.name, f.stem)] = json.loads(f.read_text())
+    return out
+
+
+def _same_stat_edit(path, edit):
+    """Rewrite `path` through `edit(bytes) -> bytes` (same size), then put its mtime back."""
+    st = os.stat(path)
+    data = edit(open(path, "rb").read())
+    assert len(data) == st.st_size
+    with open(path, "wb") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _derived_zoo(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {"d": (PROG_A, "derive:\n  importer: fake\n  checkpoint: ckpt/w.bin\n")})
+    (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER)
+    with open(z / "emitter/importers/__init__.py", "a") as f:
+        f.write('\nIMPORTERS["fake"] = ("emitter.importers.fake", "test importer")\n')
+    _weights(str(z / "ckpt/w.bin"), 0)
+    return z
+
+
+def test_a_checkpoint_edited_with_its_size_and_mtime_kept_is_no_cache_hit(tmp_path):
+    url, key = (tmp_path / "cache").as_uri(), {"LOGOS_CACHE_KEY": "k"}
+    z = _derived_zoo(tmp_path)
+    rc, ran, out = doit(z, f"cache={url}", env=key)
+    assert rc == 0 and len(list((tmp_path / "cache").rglob("*.json"))) == 2, out
+    before = {n: r["key"] for n, r in _results(z).items()}
+    # flip a bit of the checkpoint's last float (its sign): same size, mtime put back
+    _same_stat_edit(z / "ckpt/w.bin", lambda b: b[:-1] + bytes([b[-1] ^ 0x80]))
+    rc, ran, out = doit(z, f"cache={url}", env=key)
+    assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
+    after = _results(z)
+    assert all(not r.get("from_cache") for r in after.values()), out
+    assert all(r["key"] != before[n] for n, r in after.items())
+    w = (z / "build/weights/d/w.f64").read_bytes()
+    assert w == (z / "ckpt/w.bin").read_bytes()     # derived from the edited checkpoint
+    assert len(list((tmp_path / "cache").rglob("*.json"))) == 4
+
+
+def test_a_file_the_importer_reads_beside_the_checkpoint_is_an_input(tmp_path):
+    """qwen35 reads config.json beside model.safetensors: editing it re-derives the weights and
+    relocks, where it once left the old verdicts standing."""
+    z = make_zoo(tmp_path / "zoo", {})
+    shutil.copy(os.path.join(ROOT, "programs/qwen38.logos"), z / "programs/q.logos")
+    (z / "programs/q.yaml").write_text("derive:\n  importer: qwen35\n  checkpoint: ck/model.safetensors\n"
+                                       "dtypes: [float64]\n")
+    shutil.copytree(os.path.join(ROOT, "checkpoints/qwen38-tiny"), z / "ck")
+    rc, ran, out = doit(z)
+    assert rc == 0, out
+    first = _results(z)[("q", "float64")]
+    cfg = z / "ck/config.json"
+    _same_stat_edit(cfg, lambda b: b.replace(b'"rope_theta": 10000.0', b'"rope_theta": 90000.0'))
+    rc, ran, out = doit(z)
+    assert rc == 0 and {"weights:q", "lock:q"} <= ran, out
+    second = _results(z)[("q", "float64")]
+    assert second["key"] != first["key"] and second["inputs"]["weights"] != first["inputs"]["weights"]
+    rc, ran, out = doit(z)
+    assert rc == 0 and not ran & {"weights:q", "lock:q"}, out
+
+
+def test_code_edited_with_its_size_and_mtime_kept_runs_as_edited(tmp_path):
+    """Python's bytecode cache trusts a .pyc while its source keeps mtime and size: the package's
+    are checked against the source's bytes, so the code that runs is the code the key hashed."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, "dtypes: [float64]\n")})
+    writes = {"PYTHONDONTWRITEBYTECODE": ""}    # as most users run: Python writes its .pyc files
+    rc, ran, out = doit(z, env=writes)
+    assert rc == 0 and _results(z)[("b", "float64")]["tolerance"]["abs"] == 1e-9, out
+    _same_stat_edit(z / "emitter/verify/tolerances.py",
+                    lambda b: b.replace(b'"float64": {"abs": 1e-9', b'"float64": {"abs": 7e-9'))
+    rc, ran, out = doit(z, env=writes)
+    assert rc == 0 and "lock:b" in ran, out
+    assert _results(z)[("b", "float64")]["tolerance"]["abs"] == 7e-9
+
+
+EDITING_IMPORTER = FAKE_IMPORTER.replace(
+    "    return 0\n",
+    "    y = os.path.join(os.path.dirname(os.path.dirname(args.program)), 'programs', 'd.yaml')\n"
+    "    with open(y, 'a') as f:\n"
+    "        f.write('steps: 2\\n')   # the config moves while the run is under way\n"
+    "    return 0\n")
+
+
+def test_a_config_edited_while_the_run_is_under_way_is_locked_again(tmp_path):
+    z = _derived_zoo(tmp_path)
+    (z / "emitter/importers/fake.py").write_text(EDITING_IMPORTER)
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:d" in ran, out
+    assert _results(z)[("d", "float64")]["steps"] == 1      # the config as the run loaded it
+    assert "steps: 2" in (z / "programs/d.yaml").read_text()
+    (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER)
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:d" in ran, out
+    assert _results(z)[("d", "float64")]["steps"] == 2
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:d" not in ran, out
+
+
+def test_the_report_covers_a_check_doit_ignores(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 0
+    assert doit(z, "ignore", "lock:a")[0] == 0
+    with open(z / "programs/a.logos", "a") as f:
+        f.write("Let q be nonsense of h.\n")
+    rc, ran, out = doit(z)
+    report = json.loads((z / "build/report.json").read_text())
+    rows = {(r["name"], r["check"]): r for r in report["results"]}
+    assert rows[("a", "float64")]["verdict"] == "error" and not rows[("a", "float64")]["current"]
+    assert rows[("b", "float64")]["verdict"] == "pass" and rows[("b", "float64")]["current"]
+    assert (z / "build/summary.md").read_text().startswith("## ❌")
+    assert 'errors="0"' not in (z / "build/junit.xml").read_text()
