@@ -1,4 +1,5 @@
-"""How one tensor of the module compares with the VM's: the figures a verdict is made of."""
+"""How one tensor of the module compares with the VM's: the figures a verdict is made of; and the
+lock's load stage, every leaf the module holds against the VM's, bit for bit."""
 
 import math
 
@@ -127,3 +128,39 @@ def worse(a, b):
 def figures(m):
     """The figures of a comparison, without its pass flag and extras."""
     return {k: m[k] for k in KEYS}
+
+
+def _held(torch, program, name, dtype):
+    """The dtype the module holds a leaf in: the lock's, but an Int leaf in fp32 under bfloat16."""
+    if dtype == torch.bfloat16 and not program.decls[name].real:
+        return torch.float32
+    return dtype
+
+
+def load_stage(torch, model, program, leaves, dtype, tol, resident):
+    """Every leaf buffer against the VM's leaf rounded to the dtype the module holds it in: equal,
+    bit for bit. Returns {"pass", "leaves", "failed": [{leaf, line, figures}]} (rows in blocks: a
+    1 GB table costs no copy)."""
+    failed = []
+    for name in program.leaves:
+        want = leaves[name]
+        held = _held(torch, program, name, dtype)
+        buf = getattr(model, "leaf_" + name, None)
+        got = None if buf is None else buf.detach()
+        ok = got is not None and tuple(got.shape) == want.shape and got.dtype == held
+        rows = 1 + (1 << 20) // max(1, want.shape[1])
+        for r in range(0, want.shape[0], rows) if ok else ():
+            a, b = got[r:r + rows], torch.from_numpy(np.array(want[r:r + rows])).to(held)
+            release(want)
+            if not (torch.equal(a, b) or (torch.equal(torch.isnan(a), torch.isnan(b)) and
+                                          torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))):
+                ok = False
+                break
+        if not ok:
+            m = compare(got if got is not None else np.zeros(0), want, tol)
+            m["pass"] = False
+            failed.append({"leaf": name, "line": program.decls[name].line, **figures(m),
+                           "dtype": None if got is None else str(got.dtype)})
+        release(want)
+        resident.release([name])
+    return {"pass": not failed, "leaves": len(program.leaves), "failed": failed}

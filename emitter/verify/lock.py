@@ -24,11 +24,10 @@ import numpy as np
 from ..files import BUNDLE_FILES, json_lines, write_atomic
 from ..language.errors import ProgramError
 from ..language.reader import read_file
-from ..ops import release
 from ..sambaflow.marks import program_name
 from . import environment, verdict, vm
-from .compare import compare, figures, worse
-from .probe import CouldNotRun, Probe
+from .compare import KEYS, compare, figures, load_stage, worse
+from .probe import CouldNotRun, Probe, Raised, run_module
 from .resident import Releasing, Resident, reads
 from .threads import DEFAULT_THREADS, thread_limits
 from .tolerances import DEFAULT_TOLERANCES as TOLERANCES, tolerance
@@ -121,52 +120,14 @@ def _build(torch, module, program, weights_dir, dtype, allow_nonfinite):
         raise CouldNotRun(f"the bundle's load_weights / LogosModule raised: {type(e).__name__}: {e}") from None
 
 
-def _held(torch, program, name, dtype):
-    """The dtype the module holds a leaf in: the lock's, but an Int leaf in fp32 under bfloat16."""
-    if dtype == torch.bfloat16 and not program.decls[name].real:
-        return torch.float32
-    return dtype
-
-
-def _load_stage(torch, model, program, leaves, dtype, tol, resident):
-    """Every leaf buffer against the VM's leaf rounded to the dtype the module holds it in: equal,
-    bit for bit. Returns {"pass", "leaves", "failed": [{leaf, line, figures}]} (rows in blocks: a
-    1 GB table costs no copy)."""
-    failed = []
-    for name in program.leaves:
-        want = leaves[name]
-        held = _held(torch, program, name, dtype)
-        buf = getattr(model, "leaf_" + name, None)
-        got = None if buf is None else buf.detach()
-        ok = got is not None and tuple(got.shape) == want.shape and got.dtype == held
-        rows = 1 + (1 << 20) // max(1, want.shape[1])
-        for r in range(0, want.shape[0], rows) if ok else ():
-            a, b = got[r:r + rows], torch.from_numpy(np.array(want[r:r + rows])).to(held)
-            release(want)
-            if not (torch.equal(a, b) or (torch.equal(torch.isnan(a), torch.isnan(b)) and
-                                          torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))):
-                ok = False
-                break
-        if not ok:
-            m = compare(got if got is not None else np.zeros(0), want, tol)
-            m["pass"] = False
-            failed.append({"leaf": name, "line": program.decls[name].line, **figures(m),
-                           "dtype": None if got is None else str(got.dtype)})
-        release(want)
-        resident.release([name])
-    return {"pass": not failed, "leaves": len(program.leaves), "failed": failed}
-
-
-def _call(model, program, what):
-    try:
-        return model()
-    except CouldNotRun:
-        raise
-    except Exception as e:  # a helper that raises is a finding about the bundle
-        nxt = getattr(model.probe, "last", -1) + 1 if model.probe else None
-        where = (f" at stage {nxt} ({program.stages[nxt].out} = {program.stages[nxt].op.name}, "
-                 f"line {program.stages[nxt].line})") if nxt is not None and nxt < len(program.stages) else ""
-        raise CouldNotRun(f"the module raised{where} in {what}: {type(e).__name__}: {e}") from None
+def _raised_label(program, e):
+    """The label of the stage a module raised in; after the last stage, its write-backs."""
+    if e.stage is not None:
+        return _label(program, e.stage)
+    if len(program.states) == 1:
+        return _writer(program, program.states[0])
+    return {"stage": "write-back", "out": ", ".join(program.states) or program.output,
+            "op": "write-back", "line": None}
 
 
 def _feeding(program):
@@ -188,6 +149,14 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, resident, go
     integer = out_stage.op.integer or not program.real[program.output]
     feed = _feeding(program) if integer else None
     stage_reads = reads(program)
+    raised = None
+
+    def compared(step, probe):
+        nonlocal first
+        for i, m in sorted(probe.results.items()):
+            stages_worst[i] = worse(stages_worst.get(i), m)
+            if first is None and not m["pass"]:
+                first = {"step": step, **_label(program, i), **figures(m)}
     for step in range(1, steps + 1):
         t = time.perf_counter()
         trace = vm.step(program, current, keep_stages=True)
@@ -197,23 +166,32 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, resident, go
 
         probe = Probe(torch, dtype, trace.stages, tol, gate and gate["precisions"],
                        {st.index for st in program.stages if st.op.view})
-        with torch.no_grad():
-            _set_states(torch, model, program, current)
-            model.probe = Releasing(probe, resident, stage_reads)
-            t, let_go = time.perf_counter(), resident.seconds
-            try:
-                _call(model, program, f"the probe pass of step {step}")
-            finally:
-                timings["probe_s"] += time.perf_counter() - t - probe.seconds - (resident.seconds - let_go)
-                model.probe = None
-            _set_states(torch, model, program, current)     # teacher-forced
-            model.probe = Releasing(None, resident, stage_reads)   # hands each value on as it is
-            t, let_go = time.perf_counter(), resident.seconds
-            try:
-                out = _call(model, program, f"step {step}")
-            finally:
-                timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
-                model.probe = None
+        try:
+            with torch.no_grad():
+                _set_states(torch, model, program, current)
+                model.probe = Releasing(probe, resident, stage_reads)
+                t, let_go = time.perf_counter(), resident.seconds
+                try:
+                    run_module(model, program, f"the probe pass of step {step}")
+                finally:
+                    timings["probe_s"] += time.perf_counter() - t - probe.seconds - (resident.seconds - let_go)
+                    model.probe = None
+                _set_states(torch, model, program, current)     # teacher-forced
+                model.probe = Releasing(None, resident, stage_reads)   # hands each value on as it is
+                t, let_go = time.perf_counter(), resident.seconds
+                try:
+                    out = run_module(model, program, f"the free pass of step {step}")
+                finally:
+                    timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
+                    model.probe = None
+        except Raised as e:   # the stages compared before it still count; the check stops here
+            compared(step, probe)
+            raised = {"step": step, **_raised_label(program, e), "in": e.where, "error": e.error}
+            first = first or {"step": step, **_raised_label(program, e),
+                              **{k: None for k in KEYS}, "raised": e.error}
+            details.append({"step": step, "output": None, "states": {}, "pass": False,
+                            "raised": e.error})
+            break
         if len(probe.results) != len(program.stages):
             missing = [i for i in range(len(program.stages)) if i not in probe.results]
             raise CouldNotRun(f"the module's forward never tapped stage {missing[0]}: "
@@ -238,10 +216,7 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, resident, go
         if gate is not None:
             for s, m in state_m.items():
                 m["pass"] = m["nonfinite_mismatch"] == 0 and m["cosine"] >= gate["bounds"]["cosine"]
-        for i, m in sorted(probe.results.items()):
-            stages_worst[i] = worse(stages_worst.get(i), m)
-            if first is None and not m["pass"]:
-                first = {"step": step, **_label(program, i), **figures(m)}
+        compared(step, probe)
         for s, m in state_m.items():
             if first is None and not m["pass"]:
                 first = {"step": step, **_writer(program, s), **figures(m)}
@@ -256,10 +231,10 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, resident, go
         current.update(trace.states)
     stages = [{**_label(program, i), **figures(m), "pass": m["pass"]}
               for i, m in sorted(stages_worst.items())]
-    output = {**output_worst, "argmax_agree": argmax_all, "integer": integer}
-    if feed is not None:
-        output["feeding"] = stages[feed]
-    return details, stages, first, output
+    output = None if output_worst is None else {**output_worst, "argmax_agree": argmax_all, "integer": integer}
+    if feed is not None and output is not None:
+        output["feeding"] = next((s for s in stages if s["stage"] == feed), None)
+    return details, stages, first, output, raised
 
 
 def _gate(module, program, policy, bounds):
@@ -368,8 +343,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         torch_dtype = getattr(torch, dtype)
         model = _build(torch, module, program, weights_dir, torch_dtype, allow_nonfinite)
         with Resident(model, program.leaves) as resident:
-            result["load"] = load = _load_stage(torch, model, program, leaves.values, torch_dtype,
-                                                tol, resident)
+            result["load"] = load = load_stage(torch, model, program, leaves.values, torch_dtype,
+                                               tol, resident)
             result["timings"]["setup_s"] = time.perf_counter() - start
             gate = None
             if dtype == "bfloat16":
@@ -379,13 +354,16 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             if golden is not None:
                 from .golden import Golden
                 keep = Golden(os.path.join(bundle_dir, "golden"), program, weights_dir, golden)
-            details, stages, first, output = _run(torch, model, torch_dtype, program, leaves.values,
-                                                  steps, tol, result["timings"], resident, keep, gate)
+            details, stages, first, output, raised = _run(torch, model, torch_dtype, program, leaves.values,
+                                                          steps, tol, result["timings"], resident, keep, gate)
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
-        if keep is not None:
+        if keep is not None and raised is None:
             keep.write()
-        if load["failed"]:
+        if raised is not None and load["pass"]:   # (task A only: a raise still "could not run")
+            raise CouldNotRun(f"the module raised at stage {raised['stage']} ({raised['out']} = {raised['op']}, "
+                              f"line {raised['line']}) in {raised['in']}: {raised['error']}")
+        if load["failed"]:   # a wrong leaf is the first divergence, whatever the module did then
             f = load["failed"][0]
             first = {"step": 0, "stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],
                      **{k: f[k] for k in figures(f)}}
@@ -395,6 +373,13 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             from .bf16 import summary
             result["bf16"] = summary(gate)
             result["worst"] = _worst(stages, load, result["bf16"])
+        if raised is not None:
+            result["raised"] = raised
+            at = verdict.where({k: raised[k] for k in ("stage", "out", "op", "line")})
+            result["reason"] = f"the module raised at {at} in {raised['in']}: {raised['error']}"
+            if load["pass"]:   # the stage that raised is the furthest from passing
+                result["worst"] = {**{k: raised[k] for k in ("stage", "out", "op", "line")},
+                                   "ratio": None, "max_abs": None, "guarded_rel": None}
         result["verdict"] = "pass" if load["pass"] and all(d["pass"] for d in details) else "fail"
     except (ProgramError, CouldNotRun) as e:
         result["reason"] = str(e)
@@ -442,4 +427,6 @@ def main(args):
     write_result(r, args.out)
     print(f"{r['name']} [{r['steps']} step(s)] {verdict.line(r)}",
           file=sys.stderr if r["verdict"] != "pass" else sys.stdout)
+    if r["verdict"] == "fail" and r.get("raised"):   # the line names the stage; this, the exception
+        print(r["reason"], file=sys.stderr)
     return EXIT[r["verdict"]]

@@ -1,6 +1,8 @@
 """The lock's probe pass: the module's `tap` hook, which compares each stage's value with the VM's
-and hands the VM's value on, so each op is judged on the VM's inputs."""
+and hands the VM's value on, so each op is judged on the VM's inputs; and the module's forward as
+the lock runs it, where an exception the module raises is a finding about the bundle."""
 
+import os
 import time
 
 import numpy as np
@@ -10,7 +12,61 @@ from .compare import EXACT, compare, same_in_dtype, worse
 
 
 class CouldNotRun(Exception):
-    """The lock could not compare at all (bad program, weights, bundle, or a module that raises)."""
+    """The lock could not compare at all (bad program or weights, a bundle of another program, a
+    check that ran out of time or memory): not the bundle's fault, an error."""
+
+
+class Raised(Exception):
+    """The bundle's module raised while it ran on the program's inputs: the bundle is wrong, a
+    finding (the check fails). `stage` is the index of the stage it raised in (None: after the
+    last, in its write-backs), `where` the pass ("the probe pass of step 2"), `error` the
+    exception as `Type: message`."""
+
+    def __init__(self, stage, where, error):
+        super().__init__(f"{error} (stage {stage}, {where})")
+        self.stage, self.where, self.error = stage, where, error
+
+
+class Wrong(Exception):
+    """The module handed the probe what no stage of the program is (a value that is not a tensor,
+    a wrong count of values): the bundle's fault."""
+
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the emitter package
+
+
+def bundles_fault(e):
+    """Whether an exception the module let through is the bundle's: raised by its own code or by
+    what it calls (torch, numpy), not for want of memory, nor by this package's own code (the
+    lock's hooks, a deadline's signal handler: its innermost frame, or its class, is ours)."""
+    if isinstance(e, (MemoryError, CouldNotRun)):
+        return False
+    if isinstance(e, Wrong):
+        return True
+    if type(e).__module__.partition(".")[0] == __name__.partition(".")[0]:   # TimeLimit...
+        return False
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is None or not os.path.abspath(last.tb_frame.f_code.co_filename).startswith(PACKAGE + os.sep)
+
+
+def run_module(model, program, what):
+    """The module's forward. An exception it raises on the program's inputs is a finding about the
+    bundle (Raised, naming the stage after the last one tapped); one that is not the bundle's
+    (out of time or memory, the lock's own) is CouldNotRun."""
+    try:
+        return model()
+    except CouldNotRun:
+        raise
+    except Exception as e:
+        nxt = getattr(model.probe, "last", -1) + 1 if model.probe else None
+        nxt = nxt if nxt is not None and nxt < len(program.stages) else None
+        if bundles_fault(e):
+            raise Raised(nxt, what, f"{type(e).__name__}: {e}") from None
+        where = "" if nxt is None else (f" at stage {nxt} ({program.stages[nxt].out} = "
+                                        f"{program.stages[nxt].op.name}, line {program.stages[nxt].line})")
+        raise CouldNotRun(f"the module raised{where} in {what}: {type(e).__name__}: {e}") from None
 
 
 class Probe:
@@ -32,6 +88,11 @@ class Probe:
     def to_torch(self, value, index):
         return self.torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64)).to(self.out_dtype(index))
 
+    def _tensors(self, index, values):
+        for v in values:
+            if not isinstance(v, self.torch.Tensor):
+                raise Wrong(f"stage {index} returned a {type(v).__name__}, not a tensor")
+
     def __call__(self, index, value):
         start = time.perf_counter()
         try:
@@ -40,11 +101,14 @@ class Probe:
             self.seconds += time.perf_counter() - start
 
     def _compare(self, index, value):
+        if not isinstance(index, int) or not 0 <= index < len(self.vm_stages):
+            raise Wrong(f"the module tapped a stage {index!r} the program does not have")
         want = self.vm_stages[index]
         if isinstance(want, tuple):
             got = tuple(value) if isinstance(value, (tuple, list)) else (value,)
             if len(got) != len(want):
-                raise CouldNotRun(f"stage {index} returned {len(got)} values, expected {len(want)}")
+                raise Wrong(f"stage {index} returned {len(got)} values, expected {len(want)}")
+            self._tensors(index, got)
             m = None
             for g, w in zip(got, want):
                 m = worse(m, compare(g.detach(), w, self.tol))
@@ -52,7 +116,8 @@ class Probe:
             kept = got[0]
         else:
             if isinstance(value, (tuple, list)):
-                raise CouldNotRun(f"stage {index} returned {len(value)} values, expected one")
+                raise Wrong(f"stage {index} returned {len(value)} values, expected one")
+            self._tensors(index, (value,))
             if index in self.views and same_in_dtype(value.detach(), want):
                 # a view computes nothing: the VM's, rounded as the module holds its operand (the
                 # load stage's rule), is all there is to check, and the module's own goes on
