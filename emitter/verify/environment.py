@@ -1,16 +1,48 @@
 """What a verdict depends on beyond its inputs: the machine and the numeric stack.
 
 `fingerprint()` is cheap and standard-library only (no numpy, no torch imported: the dodo computes
-it on every run, so a torch or numpy upgrade reruns every lock); `describe(np, torch)` adds what
-only the imported libraries can say (the BLAS, the thread counts) for the lock's result."""
+it on every run, so a torch or numpy upgrade, or a setting that changes the figures, reruns every
+lock); `describe(np, torch)` adds what only the imported libraries can say (the BLAS, the thread
+counts, torch's kernel level) for the lock's result."""
 
 import hashlib
 import json
 import os
 import sys
 
+# Thread counts and the BLAS's core settings. Those ending in _NUM_THREADS only size thread pools
+# (each check sets its pools explicitly): check_worker copies them from the driver to Dask workers.
+# GOTO_NUM_THREADS and OPENBLAS_DEFAULT_NUM_THREADS are OpenBLAS's (numpy's) other spellings of its
+# pool size, read when OPENBLAS_NUM_THREADS is unset.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE",
-               "OPENBLAS_L2_SIZE", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+               "OPENBLAS_L2_SIZE", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+               "GOTO_NUM_THREADS", "OPENBLAS_DEFAULT_NUM_THREADS")
+# Settings that choose another kernel or split the work otherwise, so change the figures: each is
+# read by the stack installed here (found in torch's libtorch_cpu and libgomp, numpy's
+# _multiarray_umath and its OpenBLAS). Not pool sizes: a worker keeps its own, and its verdict then
+# carries another digest. (torch reads no TORCH_NUM_THREADS: only OMP_ and MKL_NUM_THREADS.)
+NUMERICS_VARS = (
+    "ATEN_CPU_CAPABILITY",          # torch's vectorised kernels (default, avx2, avx512...): another
+                                    # code path for every elementwise op and reduction
+    "TORCH_LINEAR_FLATTEN_3D",      # linear of a 3-d input as one addmm (the bias added in the gemm)
+    "TORCH_MKLDNN_MATMUL_MIN_DIM",  # the sizes from which a reduced-precision matmul goes to oneDNN
+    "TORCH_MKLDNN_MATMUL_MIN_SIZE", # instead of MKL or ATen's own kernel
+    "MKL_CBWR",                     # MKL's conditional reproducibility: which code path it takes
+    "MKL_ENABLE_INSTRUCTIONS",      # the instruction set MKL's kernels may use
+    "MKL_DYNAMIC",                  # whether MKL may run on fewer threads than set
+    "MKL_DOMAIN_NUM_THREADS",       # MKL's per-domain thread counts (BLAS, FFT, VML...)
+    "MKL_NUM_STRIPES",              # how a threaded MKL gemm partitions its work
+    # oneDNN (torch's mkldnn; it reads ONEDNN_X, else DNNL_X): the instruction set its kernels may
+    # use, the vector length they prefer, and whether float32 may be computed in bf16 or tf32
+    "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+    "ONEDNN_CPU_ISA_HINTS", "DNNL_CPU_ISA_HINTS",
+    "ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE",
+    "OMP_DYNAMIC",                  # whether OpenMP may run torch's and MKL's work on fewer threads
+    "OMP_THREAD_LIMIT",             # a cap on OpenMP's threads, whatever the pools are set to
+    "OPENBLAS_BLOCK_FACTOR",        # OpenBLAS's gemm blocks scaled: the sums in another order
+    "NPY_DISABLE_CPU_FEATURES",     # numpy's SIMD loops (the VM's exp, tanh...: float64 AVX512
+    "NPY_ENABLE_CPU_FEATURES",      # against the scalar libm)
+)
 # instruction-set levels, best first: the first the CPU has names its level
 ISA = ("avx512f", "avx2", "avx", "sse4_2", "sve", "asimd", "neon")
 
@@ -71,6 +103,7 @@ def fingerprint():
         **versions(("numpy", "torch")),
         "numpy_libs": bundled_libraries("numpy"),
         "thread_env": {k: os.environ[k] for k in THREAD_VARS if k in os.environ},
+        "numerics_env": {k: os.environ[k] for k in NUMERICS_VARS if k in os.environ},
     }
 
 
@@ -79,12 +112,17 @@ def digest(fp):
 
 
 def describe(np, torch):
-    """The fingerprint and its digest, with the BLAS and the thread counts the lock ran with."""
+    """The fingerprint and its digest, with the BLAS, the thread counts and torch's kernel level
+    (what ATEN_CPU_CAPABILITY and the CPU came to) the lock ran with."""
     fp = fingerprint()
     try:
         blas = np.__config__.CONFIG["Build Dependencies"]["blas"]
         blas = f"{blas.get('name')} {blas.get('version')}"
     except (AttributeError, KeyError, TypeError):
         blas = None
-    return {**fp, "digest": digest(fp), "numpy_blas": blas,
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):
+        capability = None
+    return {**fp, "digest": digest(fp), "numpy_blas": blas, "torch_cpu_capability": capability,
             "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads()}

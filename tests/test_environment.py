@@ -1,0 +1,101 @@
+"""The environment fingerprint holds the settings that change a lock's figures beyond the versions
+and the CPU: torch's kernel choice (ATEN_CPU_CAPABILITY), its BLAS's and OpenMP's settings, numpy's
+SIMD dispatch; a change of one moves the digest, so every lock reruns."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from emitter.pipeline.check_worker import POOL_VARS
+from emitter.verify import environment
+from test_pipeline import PROG_B, make_zoo
+
+# every variable the fingerprint reads, unset for a test that sets its own
+WATCHED = environment.THREAD_VARS + environment.NUMERICS_VARS
+
+
+def _clean(monkeypatch):
+    for k in WATCHED:
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_the_cpu_capability_moves_the_digest(monkeypatch):
+    _clean(monkeypatch)
+    digests = {}
+    for value in (None, "default", "avx2", "avx512"):
+        if value is not None:
+            monkeypatch.setenv("ATEN_CPU_CAPABILITY", value)
+        digests[value] = environment.digest(environment.fingerprint())
+    assert len(set(digests.values())) == 4, digests
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")      # the same setting, the same digest
+    assert environment.digest(environment.fingerprint()) == digests["default"]
+    assert environment.fingerprint()["numerics_env"] == {"ATEN_CPU_CAPABILITY": "default"}
+
+
+@pytest.mark.parametrize("var, value", [("MKL_CBWR", "COMPATIBLE"), ("MKL_ENABLE_INSTRUCTIONS", "AVX2"),
+                                        ("MKL_DYNAMIC", "FALSE"), ("OMP_DYNAMIC", "true"),
+                                        ("ONEDNN_MAX_CPU_ISA", "AVX2"),
+                                        ("NPY_DISABLE_CPU_FEATURES", "AVX512F"),
+                                        ("OPENBLAS_BLOCK_FACTOR", "50"), ("GOTO_NUM_THREADS", "2")])
+def test_each_numerics_setting_moves_the_digest(monkeypatch, var, value):
+    _clean(monkeypatch)
+    before = environment.digest(environment.fingerprint())
+    monkeypatch.setenv(var, value)
+    assert environment.digest(environment.fingerprint()) != before
+
+
+def test_kernel_choices_are_not_pool_sizes():
+    """Each watched variable is named once; only thread-count variables size Dask workers' pools
+    (what check_worker copies from the driver), never a kernel choice; torch reads no
+    TORCH_NUM_THREADS, so it is not one."""
+    assert len(set(WATCHED)) == len(WATCHED)
+    assert set(POOL_VARS) <= set(environment.THREAD_VARS)
+    assert all(v.endswith("_NUM_THREADS") for v in POOL_VARS)
+    assert "ATEN_CPU_CAPABILITY" in environment.NUMERICS_VARS
+    assert "ATEN_CPU_CAPABILITY" not in POOL_VARS and "MKL_CBWR" not in POOL_VARS
+    # MKL's per-domain counts are not reset by the pools' explicit sizes: a worker keeps its own
+    assert "MKL_DOMAIN_NUM_THREADS" not in POOL_VARS and "GOTO_NUM_THREADS" in POOL_VARS
+    assert "TORCH_NUM_THREADS" not in WATCHED
+
+
+def test_describe_records_the_capability_torch_uses(monkeypatch):
+    import numpy as np
+    import torch
+    _clean(monkeypatch)
+    d = environment.describe(np, torch)
+    assert d["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert d["digest"] == environment.digest(environment.fingerprint())
+
+
+def test_a_changed_cpu_capability_reruns_the_locks(tmp_path):
+    """End to end: a zoo locked, then doit again with ATEN_CPU_CAPABILITY=default: the lock reruns
+    under it (torch's kernels are another code path) and its result records it; then a no-op."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    base = {k: v for k, v in os.environ.items() if k not in WATCHED}
+
+    def doit(**extra):
+        p = subprocess.run([sys.executable, "-m", "doit"], cwd=z, capture_output=True, text=True,
+                           env={**base, "LOGOS_PROGRESS": "names", **extra}, timeout=600)
+        return p.returncode, {x[3:].strip() for x in p.stdout.splitlines() if x.startswith(".  ")}, \
+            p.stdout + p.stderr
+
+    rc, ran, out = doit()
+    assert rc == 0 and "lock:b" in ran, out
+    result = z / "build/results/b/float64.json"
+    first = json.loads(result.read_text())["environment"]
+    rc, ran, out = doit()
+    assert (rc, ran) == (0, set()), out
+    rc, ran, out = doit(ATEN_CPU_CAPABILITY="default")
+    assert rc == 0 and "lock:b" in ran and "emit:b" not in ran, out     # the lock only
+    env = json.loads(result.read_text())["environment"]
+    assert env["numerics_env"] == {"ATEN_CPU_CAPABILITY": "default"}
+    assert env["torch_cpu_capability"] == "DEFAULT" and env["digest"] != first["digest"]
+    rc, ran, out = doit(ATEN_CPU_CAPABILITY="default")
+    assert (rc, ran) == (0, set()), out
+    rc, ran, out = doit()                                      # back: the locks rerun again
+    assert rc == 0 and "lock:b" in ran and "emit:b" not in ran, out
+    assert json.loads(result.read_text())["environment"]["digest"] == first["digest"]
+    assert first["numerics_env"] == {}
