@@ -129,9 +129,12 @@ def test_bundle_of_another_source_is_refused(zoo, tmp_path):
 
 
 def test_module_that_raises_names_the_stage(zoo, tmp_path):
+    """A module that raises on the program's inputs is a wrong bundle: a fail at that stage."""
     bundle = _sabotage(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    raise RuntimeError('boom')\n")
     r = lock_bundle(bundle, zoo["program"], zoo["weights"])
-    assert r["verdict"] == "error"
+    assert r["verdict"] == "fail"
+    f = r["first_divergence"]
+    assert (f["out"], f["op"], f["raised"]) == ("ge", "gelu", "RuntimeError: boom")
     assert "stage" in r["reason"] and "= gelu" in r["reason"] and "boom" in r["reason"]
 
 

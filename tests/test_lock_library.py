@@ -63,3 +63,70 @@ def test_a_wrong_fill_that_makes_the_module_raise_fails_at_load(zoo, tmp_path):
     assert f"first diverging op: load `tok = load` (line {tok.line}, step 0)" in p.stderr
     res = json.loads(out.read_text())
     assert res["verdict"] == "fail" and res["first_divergence"]["out"] == "tok"
+
+
+# 2. a module that raises on the program's inputs is a wrong bundle: fail, naming stage and exception
+
+def test_a_gated_delta_head_index_out_of_range_fails_at_its_stage(zoo, tmp_path):
+    bundle = _mutated(zoo, tmp_path, "    key = torch.arange(hv) % hk\n", "    key = torch.arange(hv) % hk + 1\n")
+    gd = _stage(zoo, "gated delta")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 2)
+    assert r["verdict"] == "fail", r["reason"]
+    f = r["first_divergence"]
+    assert (f["stage"], f["out"], f["op"], f["line"], f["step"]) == (gd.index, "gd", "gated delta", gd.line, 1)
+    assert f["raised"].startswith("IndexError: ") and f["max_abs"] is None
+    assert r["raised"] == {"step": 1, "stage": gd.index, "out": "gd", "op": "gated delta", "line": gd.line,
+                           "in": "the probe pass of step 1", "error": f["raised"]}
+    assert r["reason"].startswith(f"the module raised at stage {gd.index} `gd = gated delta` (line {gd.line}) "
+                                  "in the probe pass of step 1: IndexError: ")
+    assert r["load"]["pass"] and r["worst"]["stage"] == gd.index
+    # every stage before it was compared (and agrees); the check stops at the step that raised
+    assert [s["stage"] for s in r["stages"]] == list(range(gd.index)) and all(s["pass"] for s in r["stages"])
+    assert len(r["steps_detail"]) == 1 and r["steps_detail"][0]["raised"] == f["raised"]
+
+    out = tmp_path / "r.json"
+    p = run_cli("lock", bundle, "--program", zoo["program"], "--weights", zoo["weights"], "-o", str(out))
+    assert p.returncode == 1, p.stderr
+    assert f"FAIL: first diverging op: stage {gd.index} `gd = gated delta` (line {gd.line}, step 1)" in p.stderr
+    assert "in the probe pass of step 1: IndexError: " in p.stderr and "Traceback" not in p.stderr
+    assert json.loads(out.read_text())["verdict"] == "fail"
+
+
+def test_an_op_that_diverges_before_the_raise_is_the_first_divergence(zoo, tmp_path):
+    bundle = _mutated(zoo, tmp_path, "    return F.silu(g) * u\n", "    return F.silu(g) * u * 1.001\n")
+    text = open(os.path.join(bundle, "model.py")).read()
+    with open(os.path.join(bundle, "model.py"), "w") as f:
+        f.write(text.replace("def gelu_tanh(x):\n", "def gelu_tanh(x):\n    raise RuntimeError('boom')\n"))
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+    sw, ge = _stage(zoo, "swiglu"), _stage(zoo, "gelu")
+    assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == sw.index < ge.index
+    assert r["first_divergence"]["max_abs"] > 0 and "raised" not in r["first_divergence"]
+    assert r["raised"]["stage"] == ge.index and r["raised"]["error"] == "RuntimeError: boom"
+
+
+def test_a_stage_that_hands_on_no_tensor_fails_at_that_stage(zoo, tmp_path):
+    sig = _stage(zoo, "sigmoid")
+    bundle = _mutated(zoo, tmp_path, f"self.tap({sig.index}, torch.sigmoid(att))", f"self.tap({sig.index}, 0.5)")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "fail", r["reason"]
+    assert r["first_divergence"]["stage"] == sig.index
+    assert r["raised"]["error"] == f"stage {sig.index} returned a float, not a tensor"
+
+
+def test_what_is_not_the_bundles_fault_stays_an_error(zoo, tmp_path):
+    """Out of time (the pipeline's deadline, raised by its signal handler while the module runs)
+    or out of memory is the run's, not the bundle's: an error, exit 2."""
+    from emitter.pipeline.guards import deadline
+    slow = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    import time\n    time.sleep(30)\n",
+                    name="slow")
+    with deadline(1, "the float64 lock check"):
+        r = lock_bundle(slow, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "error" and "TimeLimit: the float64 lock check took over 1 s" in r["reason"], r["reason"]
+    assert r["first_divergence"] is None and "raised" not in r
+    memory = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    raise MemoryError('no room')\n",
+                      name="memory")
+    r = lock_bundle(memory, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "error" and "MemoryError: no room" in r["reason"]
+    out = tmp_path / "r.json"
+    p = run_cli("lock", memory, "--program", zoo["program"], "--weights", zoo["weights"], "-o", str(out))
+    assert p.returncode == 2 and "MemoryError: no room" in p.stderr

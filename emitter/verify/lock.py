@@ -360,9 +360,6 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
         if keep is not None and raised is None:
             keep.write()
-        if raised is not None and load["pass"]:   # (task A only: a raise still "could not run")
-            raise CouldNotRun(f"the module raised at stage {raised['stage']} ({raised['out']} = {raised['op']}, "
-                              f"line {raised['line']}) in {raised['in']}: {raised['error']}")
         if load["failed"]:   # a wrong leaf is the first divergence, whatever the module did then
             f = load["failed"][0]
             first = {"step": 0, "stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],

@@ -63,7 +63,7 @@ def run_module(model, program, what):
         nxt = getattr(model.probe, "last", -1) + 1 if model.probe else None
         nxt = nxt if nxt is not None and nxt < len(program.stages) else None
         if bundles_fault(e):
-            raise Raised(nxt, what, f"{type(e).__name__}: {e}") from None
+            raise Raised(nxt, what, str(e) if isinstance(e, Wrong) else f"{type(e).__name__}: {e}") from None
         where = "" if nxt is None else (f" at stage {nxt} ({program.stages[nxt].out} = "
                                         f"{program.stages[nxt].op.name}, line {program.stages[nxt].line})")
         raise CouldNotRun(f"the module raised{where} in {what}: {type(e).__name__}: {e}") from None
