@@ -2,13 +2,18 @@
 what is not is an error (exit 2); the code that runs is the code that was hashed; golden/ comes
 back as data and only its callers write it."""
 
+import hashlib
+import importlib.util
 import json
 import os
+import py_compile
 import shutil
+import subprocess
+import sys
 
 import pytest
 
-from conftest import DATA, emit_bundle, run_cli, write_weights
+from conftest import DATA, ROOT, emit_bundle, run_cli, write_weights
 from emitter import read_file
 from emitter.verify.lock import lock_bundle
 
@@ -130,3 +135,44 @@ def test_what_is_not_the_bundles_fault_stays_an_error(zoo, tmp_path):
     out = tmp_path / "r.json"
     p = run_cli("lock", memory, "--program", zoo["program"], "--weights", zoo["weights"], "-o", str(out))
     assert p.returncode == 2 and "MemoryError: no room" in p.stderr
+
+
+# 3. the code that runs is the code that was hashed
+
+def test_an_edit_that_keeps_size_and_mtime_runs_the_new_code(zoo, tmp_path):
+    """model.py is read once, hashed, and those bytes run: no bytecode cache is written (here, with
+    Python writing bytecode) nor trusted (a .pyc such as `import model` leaves, which Python takes
+    while its source keeps its size and mtime)."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(zoo["bundle"], bundle)
+    model = bundle / "model.py"
+    out = tmp_path / "r.json"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+    def lock():
+        return subprocess.run([sys.executable, "-m", "emitter", "lock", str(bundle), "--program", zoo["program"],
+                               "--weights", zoo["weights"], "-o", str(out)], capture_output=True, text=True,
+                              cwd=ROOT, env={**env, "PYTHONPATH": ROOT})
+    p = lock()
+    assert p.returncode == 0, p.stderr
+    first = json.loads(out.read_text())
+    assert first["hashes"]["bundle"]["model.py"] == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert not (bundle / "__pycache__").exists()                    # the lock wrote no bytecode
+    py_compile.compile(str(model), cfile=importlib.util.cache_from_source(str(model)), doraise=True,
+                       invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    st = os.stat(model)
+    old = model.read_bytes()
+    new = old.replace(b"    return F.silu(g) * u\n", b"    return F.silu(g) * g\n")   # swiglu of g and g
+    assert new != old and len(new) == len(old)
+    model.write_bytes(new)
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (os.stat(model).st_size, os.stat(model).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+    p = lock()
+    assert p.returncode == 1 and "sw = swiglu" in p.stderr, p.stdout + p.stderr
+    second = json.loads(out.read_text())
+    assert second["hashes"]["bundle"]["model.py"] == hashlib.sha256(new).hexdigest() != \
+        first["hashes"]["bundle"]["model.py"]
+    r = lock_bundle(str(bundle), zoo["program"], zoo["weights"])     # in this process, the same
+    assert r["verdict"] == "fail" and r["first_divergence"]["op"] == "swiglu"
+    assert r["hashes"]["bundle"]["model.py"] == hashlib.sha256(new).hexdigest()

@@ -130,6 +130,24 @@ def figures(m):
     return {k: m[k] for k in KEYS}
 
 
+def worst_of(stages, load, gate=None):
+    """The stage furthest from its tolerance (load failures first); under the bf16 gate, the op
+    furthest towards any of its bounds (excess, deviation, |z|, cosine: `by` says which)."""
+    if gate is not None and not load["failed"] and gate["worst"]:
+        w = gate["worst"]
+        return {**{k: w[k] for k in ("stage", "out", "op", "line", "ratio", "by")},
+                "max_abs": None, "guarded_rel": None}
+    if load["failed"]:
+        f = load["failed"][0]
+        return {"stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],
+                "ratio": f["worst_ratio"], "max_abs": f["max_abs"], "guarded_rel": f["guarded_rel"]}
+    if not stages:
+        return None
+    s = max(stages, key=lambda s: (not s["pass"], s["worst_ratio"]))
+    return {**{k: s[k] for k in ("stage", "out", "op", "line")}, "ratio": s["worst_ratio"],
+            "max_abs": s["max_abs"], "guarded_rel": s["guarded_rel"]}
+
+
 def _held(torch, program, name, dtype):
     """The dtype the module holds a leaf in: the lock's, but an Int leaf in fp32 under bfloat16."""
     if dtype == torch.bfloat16 and not program.decls[name].real:

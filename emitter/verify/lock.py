@@ -12,11 +12,11 @@ The module is built the way `model.py --weights` and compile.py build it: the bu
 """
 
 import hashlib
-import importlib.util
 import math
 import os
 import sys
 import time
+import types
 import uuid
 
 import numpy as np
@@ -26,7 +26,7 @@ from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
 from . import environment, verdict, vm
-from .compare import KEYS, compare, figures, load_stage, worse
+from .compare import KEYS, compare, figures, load_stage, worse, worst_of
 from .probe import CouldNotRun, Probe, Raised, run_module
 from .resident import Releasing, Resident, reads
 from .threads import DEFAULT_THREADS, thread_limits
@@ -80,19 +80,34 @@ def _as_manifest(result, weights_dir, sources, shas):
                           "changed after the weights manifest was taken; run doit again")
 
 
-def load_bundle_module(bundle_dir):
-    """The bundle's model.py as a fresh module (its own LogosModule, loader and helpers)."""
+def load_bundle_module(bundle_dir, source=None):
+    """The bundle's model.py as a fresh module (its own LogosModule, loader and helpers): `source`
+    (its bytes as the lock hashed them; read here when not given) compiled and run as they are.
+    No bytecode cache is read or written: a .pyc is trusted while its source keeps its size and
+    mtime, so a hand edit that puts them back (`cp -p`, `touch -r`) would run the old code."""
     path = os.path.join(bundle_dir, "model.py")
-    if not os.path.isfile(path):
-        raise CouldNotRun(f"{path}: no model.py in the bundle")
-    name = f"logos_bundle_{uuid.uuid4().hex}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
+    if source is None:
+        source = _read_model(path)
+        if source is None:
+            raise CouldNotRun(f"{path}: no model.py in the bundle")
+    module = types.ModuleType(f"logos_bundle_{uuid.uuid4().hex}")
+    module.__file__ = path
     try:
-        spec.loader.exec_module(module)
+        exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
     except Exception as e:  # the bundle is generated text: any failure to import is a finding
         raise CouldNotRun(f"{path}: importing the module failed: {type(e).__name__}: {e}") from None
     return module
+
+
+def _read_model(path):
+    """model.py's bytes, or None where there is no such file."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _label(program, index):
@@ -274,24 +289,6 @@ def _excuse(torch, out_m, probe, trace, feed, gate):
     gate["excused"] += int(excused)
 
 
-def _worst(stages, load, gate=None):
-    """The stage furthest from its tolerance (load failures first); under the bf16 gate, the op
-    furthest towards any of its bounds (excess, deviation, |z|, cosine: `by` says which)."""
-    if gate is not None and not load["failed"] and gate["worst"]:
-        w = gate["worst"]
-        return {**{k: w[k] for k in ("stage", "out", "op", "line", "ratio", "by")},
-                "max_abs": None, "guarded_rel": None}
-    if load["failed"]:
-        f = load["failed"][0]
-        return {"stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],
-                "ratio": f["worst_ratio"], "max_abs": f["max_abs"], "guarded_rel": f["guarded_rel"]}
-    if not stages:
-        return None
-    s = max(stages, key=lambda s: (not s["pass"], s["worst_ratio"]))
-    return {**{k: s[k] for k in ("stage", "out", "op", "line")}, "ratio": s["worst_ratio"],
-            "max_abs": s["max_abs"], "guarded_rel": s["guarded_rel"]}
-
-
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
                 rtol=None, allow_nonfinite=(), max_tensor_bytes=None, golden=None, bf16_bounds=None,
                 precision=None, known_hashes=None, weights_shas=None):
@@ -325,9 +322,11 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                               f"float64, over the limit of {max_tensor_bytes / 2**30:.1f} GiB")
         result["program"] = program_name(program.source)
         result["hashes"]["source"] = hashlib.sha256(program.source.encode("utf-8")).hexdigest()
+        model_py = _read_model(os.path.join(bundle_dir, "model.py"))   # read once: hashed, then run
         for f in BUNDLE_FILES:
             p = os.path.join(bundle_dir, f)
-            result["hashes"]["bundle"][f] = _sha(p) if os.path.isfile(p) else None
+            result["hashes"]["bundle"][f] = (_sha(p) if os.path.isfile(p) else None) if f != "model.py" \
+                else None if model_py is None else hashlib.sha256(model_py).hexdigest()
         leaves = vm.load_leaves(program, weights_dir, allow_nonfinite=allow_nonfinite)
         result["unmatched_weights"] = leaves.unmatched
         if weights_dir is not None:
@@ -336,7 +335,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
         import torch
         result["environment"] = environment.describe(np, torch)
-        module = load_bundle_module(bundle_dir)
+        if model_py is None:
+            raise CouldNotRun(f"{os.path.join(bundle_dir, 'model.py')}: no model.py in the bundle")
+        module = load_bundle_module(bundle_dir, model_py)
         if getattr(module, "PROGRAM", None) != result["program"]:
             raise CouldNotRun(f"the bundle is of program {getattr(module, 'PROGRAM', None)!r}, the source "
                               f"is {result['program']!r}: emit it again")
@@ -365,11 +366,11 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             first = {"step": 0, "stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],
                      **{k: f[k] for k in figures(f)}}
         result.update(steps_detail=details, stages=stages, first_divergence=first, output=output,
-                      worst=_worst(stages, load))
+                      worst=worst_of(stages, load))
         if gate is not None:
             from .bf16 import summary
             result["bf16"] = summary(gate)
-            result["worst"] = _worst(stages, load, result["bf16"])
+            result["worst"] = worst_of(stages, load, result["bf16"])
         if raised is not None:
             result["raised"] = raised
             at = verdict.where({k: raised[k] for k in ("stage", "out", "op", "line")})
