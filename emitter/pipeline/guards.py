@@ -1,8 +1,10 @@
-"""Process-wide guards of a doit run: one run per build/ at a time, SIGTERM kept as an interrupt
-(doit then keeps the finished tasks), and the cyclic collector paused while doit loads the zoo."""
+"""Process-wide guards of a doit run: one run per build/ at a time (whose forked workers end with
+it), doit's dependency DB set aside when damaged, SIGTERM kept as an interrupt (doit then keeps the
+finished tasks), and the cyclic collector paused while doit loads the zoo."""
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import gc
 import os
@@ -10,6 +12,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 
 from ..files import PARTIAL
 
@@ -73,29 +76,154 @@ def sweep(build_dir):
     atexit.register(lambda: os.path.exists(marker) and os.unlink(marker))
 
 
-def exclusive(build_dir):
-    """Hold `build_dir/.doit.lock` for this process's life; refuse clearly if another run holds it.
+def exclusive(build_dir, db=".doit.db"):
+    """Hold `build_dir/.doit.lock` for this process's life; refuse clearly if another live run
+    holds it. Then bind the processes this one forks to it (`bind_children`) and set doit's DB
+    (`build_dir/db`) aside if it is damaged (`check_db`): once per run, under the lock.
 
-    doit's dependency DB allows one process at a time (pydoit issues #121, #380)."""
+    doit's dependency DB allows one process at a time (pydoit issues #121, #380). The lock is a
+    POSIX record lock (`lockf`): it belongs to this process alone, so a forked worker never holds
+    it, and it goes when this process does, however it ends (a killed run's lock is free)."""
     global _LOCK_FD
     if _LOCK_FD is not None:
         return
     os.makedirs(build_dir, exist_ok=True)
     path = os.path.join(build_dir, ".doit.lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    waited = time.monotonic() + _UNNAMED_WAIT
+    while True:
         try:
-            other = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "?"
-        finally:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                os.close(fd)
+                raise
+        # busy: a live process holds it (the kernel frees a dead one's). The pid in the file is
+        # that run's once it has written it; a run that has only just taken the lock has not yet,
+        # and the file still names the run before it (dead), so wait a moment for the pid
+        other = _recorded_pid(fd)
+        if (other is not None and _alive(other)) or time.monotonic() > waited:
             os.close(fd)
-        sys.stderr.write(f"doit: refused: another doit run (pid {other}) is using {build_dir}/ and "
-                         "its dependency DB; wait for it to finish and run again\n")
-        raise BuildBusy(3)
+            sys.stderr.write(f"doit: refused: another doit run (pid {other or '?'}) is using "
+                             f"{build_dir}/ and its dependency DB; wait for it to finish and run "
+                             "again\n")
+            raise BuildBusy(3)
+        time.sleep(0.05)
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
-    _LOCK_FD = fd
+    _LOCK_FD = fd     # kept open: closing any descriptor of the file would drop a POSIX lock
+    bind_children()
+    check_db(os.path.join(build_dir, db))
+
+
+_UNNAMED_WAIT = 2.0   # seconds a busy lock may name no live process before the run is refused
+
+
+def _recorded_pid(fd):
+    """The pid the lock's holder wrote into the file, None if there is none (yet)."""
+    text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _alive(pid):
+    """Whether a process `pid` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# bind_children: PR_SET_PDEATHSIG on Linux; elsewhere nothing (the lock is still never inherited)
+_PR_SET_PDEATHSIG = 1
+_BOUND = False
+_PRCTL = None
+_FORKER = (0, False)   # (pid, main thread?) of the process and thread that forked; set before fork
+
+
+def bind_children():
+    """Every process this one forks from now on (doit's `-n` workers, theirs in turn) is SIGKILLed
+    when this one ends: a killed run (SIGKILL, the OOM killer) leaves no workers behind to go on
+    writing under build/. A child forked from another thread than the main one is left unbound:
+    the kernel takes the death of the forking *thread* for its parent's. Children made by
+    `subprocess` (fork and exec in C) are not covered: no Python runs in them before exec."""
+    global _BOUND, _PRCTL
+    if _BOUND or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                          ctypes.c_ulong]
+        prctl.restype = ctypes.c_int
+    except (OSError, AttributeError, ImportError):
+        return
+    _PRCTL = prctl
+    os.register_at_fork(before=_before_fork, after_in_child=_bind_this_child)
+    _BOUND = True
+
+
+def _before_fork():
+    global _FORKER
+    _FORKER = (os.getpid(), threading.current_thread() is threading.main_thread())
+
+
+def _bind_this_child():
+    """In a fresh child: die with the parent. Set, then look: a parent that died before the
+    setting took effect sends no signal, and this child then has another parent already."""
+    forker, main = _FORKER
+    if not main or _PRCTL is None:
+        return
+    if _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return
+    if os.getppid() != forker:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def check_db(path):
+    """Set doit's dependency DB (sqlite3) aside as `path.damaged` when sqlite3 cannot read it
+    (garbage, a truncated file, a broken page), with one line on stderr; doit then makes a new one
+    and checks every task again, instead of each run ending in doit's traceback. On a good DB:
+    one open and `PRAGMA quick_check` (its b-tree pages walked, no index cross-check; about a
+    millisecond for a 1000-program zoo's DB), nothing written."""
+    if not os.path.isfile(path):
+        return
+    import sqlite3
+    reason = None
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=1.0)) as con:
+            rows = con.execute("PRAGMA quick_check").fetchall()
+        if rows != [("ok",)]:
+            reason = "; ".join(str(r[0]) for r in rows[:3]) or "no answer to quick_check"
+    except sqlite3.DatabaseError as e:
+        if (getattr(e, "sqlite_errorcode", 0) & 0xFF) not in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+            return         # busy, unreadable, a full disk: not the file's fault; doit says it
+        reason = str(e)
+    if reason is None:
+        return
+    aside = path + ".damaged"
+    try:
+        for suffix in _SQLITE_COMPANIONS:      # an older damaged DB's own journal goes with it
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(aside + suffix)
+        os.replace(path, aside)
+        for suffix in _SQLITE_COMPANIONS:      # a journal left beside it would be rolled back
+            with contextlib.suppress(FileNotFoundError):   # into the new DB
+                os.replace(path + suffix, aside + suffix)
+    except OSError as e:
+        sys.stderr.write(f"doit: {path} is damaged ({reason}) and could not be set aside ({e}): "
+                         "remove it and run again\n")
+        raise BuildBusy(3) from None
+    sys.stderr.write(f"doit: {path} was damaged ({reason}): set aside as {aside}; every task is "
+                     "checked again\n")
+
+
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+_SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
 
 
 def sigterm_to_interrupt(signum, frame):
