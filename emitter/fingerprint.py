@@ -87,5 +87,9 @@ def sha256_or_none(path):
         return None
 
 
+def sha256_text(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def save():
     _CURRENT[0].save()

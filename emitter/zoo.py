@@ -1,11 +1,10 @@
-"""`logos doit [doit's own arguments]`: the zoo's doit tasks (`emitter.tasks`) in the current folder,
-a folder with programs/ (and weights/, programs/defaults.yaml when present) and no dodo.py of its
-own; `build/` is made there. `logos doit list`, `-n 4`, `clean`, `info NAME` behave as doit's."""
+"""`logos doit [doit's own arguments]`: the zoo's doit tasks (`emitter.tasks`, the same creators a
+dodo.py gets from `from emitter.tasks import *`) in the current folder, a folder with programs/
+(and weights/, programs/defaults.yaml when present) and no dodo.py of its own; `build/` is made
+there. `logos doit list`, `-n 4`, `clean`, `info NAME` behave as doit's."""
 
 import os
 import sys
-
-ARGV = None   # doit's arguments when `logos doit` runs the tasks (emitter.tasks reads them at import)
 
 
 def main(argv):
@@ -17,9 +16,15 @@ def main(argv):
         print(f"logos doit: no programs/ folder in {os.getcwd()}: a zoo is programs/NAME.logos "
               "(with weights/NAME/ and programs/NAME.yaml where needed)", file=sys.stderr)
         return 2
-    global ARGV
-    ARGV = list(argv)
-    from doit.cmd_base import ModuleTaskLoader
+    from doit.cmd_base import NamespaceTaskLoader
     from doit.doit_cmd import DoitMain
-    from . import tasks
-    return DoitMain(ModuleTaskLoader(tasks)).run(argv)
+
+    class ZooLoader(NamespaceTaskLoader):
+        """doit's loader (TaskLoader2) over `emitter.tasks`, imported once doit has read its
+        command-line variables (its DOIT_CONFIG depends on them)."""
+
+        def setup(self, opt_values):
+            from . import tasks
+            self.namespace = {k: getattr(tasks, k) for k in tasks.__all__}
+
+    return DoitMain(ZooLoader()).run(argv)

@@ -99,10 +99,10 @@ def test_a_dead_worker_a_slow_check_and_a_too_big_one_are_errors_not_hangs(tmp_p
 WATCH = """
 import json, sys
 from emitter.pipeline import check_worker
-from emitter.pipeline.digests import PACKAGE, code_files, package_digest
+from emitter.pipeline.digests import code_files, package_digest
 out = check_worker.run_check(json.loads(sys.argv[1]))
 from emitter.pipeline.worker_code import _module
-print(json.dumps({"unloaded": [r for r in code_files(PACKAGE, "lock") if _module(r) not in sys.modules],
+print(json.dumps({"unloaded": [r for r in code_files("lock") if _module(r) not in sys.modules],
                   "code": out["execution"]["code"], "now": package_digest("lock")}))
 """
 
@@ -292,9 +292,13 @@ def test_a_scheduler_and_two_workers_started_by_hand(tmp_path):
         assert rc == 0 and out.count("computed in another environment") == 4, out
         r = _result(z, "a", "float64")   # a verdict all the same, in the report too
         assert r["verdict"] == "pass" and r["environment"]["torch"] == "9.9.9"
-        here = json.loads((z / "build/digests/env.json").read_text())["digest"]
+        here = r["inputs"]["environment"]     # the key names the driver's environment
         assert r["hashes"]["environment"] != here and r["execution"]["driver_environment"] == here
-        assert json.loads((z / "build/report.json").read_text())["counts"]["pass"] == 4
+        report = json.loads((z / "build/report.json").read_text())
+        assert report["counts"]["pass"] == 4      # and every view says where it was computed
+        assert all("computed in another environment" in row["environment_note"] for row in report["results"])
+        assert "computed in another environment" in (z / "build/summary.md").read_text()
+        assert "computed in another environment" in (z / "build/junit.xml").read_text()
         assert not list((tmp_path / "cache").rglob("*.json"))
     finally:
         _stop(workers + [scheduler])

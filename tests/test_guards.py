@@ -328,7 +328,8 @@ def test_a_damaged_doit_db_is_set_aside_and_the_run_goes_on(tmp_path, damage):
     assert rc == 0 and "Traceback" not in out, out
     line = next((x for x in out.splitlines()
                  if x.startswith("doit: build/.doit.db was damaged")), "")
-    assert line.endswith("): set aside as build/.doit.db.damaged; every task is checked again"), out
+    assert line.endswith("): set aside as build/.doit.db.damaged; doit makes a new one "
+                         "(what is current is decided by each task's key)"), out
     assert "(" in line and line.index("(") < line.rindex(")"), line      # the reason, in brackets
     assert (z / "build/.doit.db.damaged").read_bytes() == damaged
     assert db.is_file() and sqlite3.connect(db).execute("PRAGMA quick_check").fetchall() == \
@@ -392,6 +393,7 @@ def test_check_db_takes_a_damaged_dbs_journal_along(tmp_path, capsys):
     (tmp_path / ".doit.db.damaged-journal").write_bytes(b"an older one's")
     err = _check(db, capsys)
     assert err.startswith(f"doit: {db} was damaged (database disk image is malformed): set aside "
-                          f"as {db}.damaged; every task is checked again"), err
+                          f"as {db}.damaged; doit makes a new one (what is current is decided by "
+                          "each task's key)"), err
     assert not db.exists() and not (tmp_path / ".doit.db-journal").exists()
     assert (tmp_path / ".doit.db.damaged-journal").read_bytes() == journal

@@ -127,3 +127,58 @@ def test_the_report_covers_a_check_doit_ignores(tmp_path):
     assert rows[("b", "float64")]["verdict"] == "pass" and rows[("b", "float64")]["current"]
     assert (z / "build/summary.md").read_text().startswith("## ❌")
     assert 'errors="0"' not in (z / "build/junit.xml").read_text()
+
+
+def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_again(tmp_path):
+    import subprocess
+    import sys
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 0
+
+    def results(*args):
+        p = subprocess.run([sys.executable, "-m", "emitter", "results", *args], cwd=z,
+                           capture_output=True, text=True)
+        return p.returncode, p.stdout + p.stderr
+    rc, out = results()
+    assert rc == 0 and "2 programs, 4 checks, 0 not passing, 0 not current" in out, out
+    _weights(str(z / "weights/a/w.f64"), 1)            # a's inputs move; nothing locked yet
+    rc, out = results()
+    assert rc == 1 and "0 not passing, 2 not current" in out, out
+    assert sum("NOT CURRENT" in line for line in out.splitlines()) == 2
+    rc, out = results("--json")
+    runs = {(r["name"], r["dtype"]): r["current"] for r in json.loads(out)["runs"]}
+    assert rc == 1 and runs == {("a", "float64"): False, ("a", "float32"): False,
+                                ("b", "float64"): True, ("b", "float32"): True}, out
+    rc, out = results("b")
+    assert rc == 0, out
+    (z / "programs/b.logos").rename(z / "programs/c.logos")   # renamed: b's verdicts are not the zoo's
+    (z / "build/results.sqlite").unlink()              # and the history deleted
+    assert doit(z)[0] == 0
+    rc, out = results()
+    assert rc == 0 and "2 programs, 4 checks, 0 not passing, 0 not current" in out, out
+    assert " b " not in out
+
+
+def test_a_run_that_does_not_end_leaves_no_report_that_says_pass(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 0 and (z / "build/summary.md").read_text().startswith("## ✅")
+    with open(z / "programs/b.logos", "a") as f:
+        f.write("Let q be frobnicate of y.\n")
+    p = subprocess.Popen([sys.executable, "-u", "-m", "doit"], cwd=z, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env={**os.environ, "LOGOS_PROGRESS": "names"})
+    for line in p.stdout:
+        if line.startswith(".  emit:b"):
+            break
+    p.send_signal(signal.SIGKILL)                       # no handler runs
+    p.wait()
+    for f in ("report.json", "junit.xml", "summary.md", "report.html"):
+        assert not (z / "build" / f).exists(), f        # the last complete run's is set aside
+    assert (z / "build/stale/summary.md").read_text().startswith("## ✅")
+    rc, ran, out = doit(z)                              # the next run reports this zoo
+    assert rc != 0 and (z / "build/summary.md").read_text().startswith("## ❌"), out
+    assert not (z / "build/stale/summary.md").exists()

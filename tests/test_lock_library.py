@@ -176,3 +176,78 @@ def test_an_edit_that_keeps_size_and_mtime_runs_the_new_code(zoo, tmp_path):
     r = lock_bundle(str(bundle), zoo["program"], zoo["weights"])     # in this process, the same
     assert r["verdict"] == "fail" and r["first_divergence"]["op"] == "swiglu"
     assert r["hashes"]["bundle"]["model.py"] == hashlib.sha256(new).hexdigest()
+
+
+# 4. the lock is a library: golden/ comes back as data, its callers write it
+
+def test_lock_bundle_hands_golden_back_and_writes_nothing(zoo, tmp_path):
+    import numpy as np
+    from emitter.verify import vm
+    from emitter.verify.tolerances import tolerance
+    bundle = tmp_path / "bundle"
+    shutil.copytree(zoo["bundle"], bundle)
+    before = sorted(os.listdir(bundle))
+    files = {}
+    tol = {"float64": tolerance("float64"), "float32": tolerance("float32")}
+    r = lock_bundle(str(bundle), zoo["program"], zoo["weights"], "float64", 2, golden=tol, golden_files=files)
+    assert r["verdict"] == "pass" and sorted(os.listdir(bundle)) == before     # no golden/ written
+    assert list(files) == ["output.1.f64", "output.2.f64", "golden.json"]
+    assert all(isinstance(v, bytes) for v in files.values())
+    record = json.loads(files["golden.json"])
+    assert record["steps"] == 2 and record["tolerances"] == tol and record["output"] == "y"
+    assert os.path.normpath(os.path.join(str(bundle), record["weights"])) == os.path.normpath(zoo["weights"])
+    program = read_file(zoo["program"])
+    traces = vm.run(program, vm.load_leaves(program, zoo["weights"]).values, steps=2)
+    for step, trace in enumerate(traces, 1):
+        assert files[f"output.{step}.f64"] == np.ascontiguousarray(trace.output, dtype="<f8").tobytes()
+    # nothing asked, nothing made; a check that did not run through hands back none
+    assert lock_bundle(str(bundle), zoo["program"], zoo["weights"], golden=tol)["verdict"] == "pass"
+    assert sorted(os.listdir(bundle)) == before
+    raising = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    raise RuntimeError('boom')\n",
+                       name="raising")
+    files = {}
+    assert lock_bundle(raising, zoo["program"], zoo["weights"], golden=tol, golden_files=files)["verdict"] == "fail"
+    assert files == {}
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_run_check_returns_golden_and_swaps_no_class(zoo, tmp_path, remote):
+    """run_check hands the golden/ files back in its result, inline as on a worker, with the
+    lock's own Golden class (no class swapped at run time) and nothing written into the bundle."""
+    from emitter.pipeline.check_worker import run_check
+    from emitter.verify import golden
+    bundle = tmp_path / "bundle"
+    shutil.copytree(zoo["bundle"], bundle)
+    cls = golden.Golden
+    tol = {"float64": {"abs": 1e-9, "rel": 1e-9}}
+    job = {"root": str(zoo["dir"]), "bundle": str(bundle), "source": zoo["program"], "weights": zoo["weights"],
+           "golden": tol, "threads": 1, "thread_env": {}, "remote": remote, "key": "k",
+           "executor": "dask:local" if remote else "inline",
+           "kwargs": {"dtype": "float64", "steps": 1, "atol": None, "rtol": None}}
+    env = dict(os.environ)
+    try:
+        o = run_check(job)
+    finally:   # a remote check sets the driver's pool variables in its process
+        os.environ.clear()
+        os.environ.update(env)
+    assert golden.Golden is cls and not hasattr(cls, "_to_driver")
+    assert o["result"]["verdict"] == "pass" and set(o) == {"result", "golden", "execution"}
+    assert sorted(o["golden"]) == ["golden.json", "output.1.f64"]
+    assert json.loads(o["golden"]["golden.json"])["tolerances"] == tol
+    assert not (bundle / "golden").exists()
+    assert run_check({**job, "golden": None})["golden"] is None
+
+
+def test_the_lock_command_writes_golden_beside_the_bundle_for_compile_py_test(zoo, tmp_path):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(zoo["bundle"], bundle)
+    out = tmp_path / "r.json"
+    p = run_cli("lock", str(bundle), "--program", zoo["program"], "--weights", zoo["weights"], "--steps", "2",
+                "--dtype", "float32", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    record = json.loads((bundle / "golden" / "golden.json").read_text())
+    assert record["steps"] == 2 and list(record["tolerances"]) == ["float32"]
+    assert sorted(os.listdir(bundle / "golden")) == ["golden.json", "output.1.f64", "output.2.f64"]
+    p = subprocess.run([sys.executable, str(bundle / "compile.py"), "test", "--dtype", "float32"],
+                       capture_output=True, text=True, cwd=str(tmp_path))
+    assert p.returncode == 0 and "PASS" in p.stdout and "2 step(s)" in p.stdout, p.stdout + p.stderr

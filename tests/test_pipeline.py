@@ -68,9 +68,8 @@ def zoo(tmp_path):
     return z
 
 
-# `doit` runs the report and what it needs: with no derived program, the importers' digest is not
-ALL_A_B = {"digest:emit", "digest:lock", "digest:env", "wmanifest:a", "emit:a", "emit:b",
-           "lock:a", "lock:b", "report"}
+# `doit` runs the report and what it needs (`cache`, with no cache=URL, has nothing to do)
+ALL_A_B = {"emit:a", "emit:b", "lock:a", "lock:b", "report"}
 
 
 def test_incremental_scenarios(zoo, tmp_path):
@@ -97,17 +96,17 @@ def test_incremental_scenarios(zoo, tmp_path):
 
     _weights(zoo / "weights/a/w.f64", 1)              # one weight file changed
     rc, ran, out = doit(zoo)
-    assert (rc, ran) == (0, {"wmanifest:a", "lock:a", "report"}), out
+    assert (rc, ran) == (0, {"lock:a", "report"}), out
 
     with open(zoo / "emitter/sambaflow/emit.py", "a") as f:    # the emitter changed
         f.write("\n# changed\n")
     rc, ran, out = doit(zoo)
-    assert (rc, ran) == (0, {"digest:emit", "digest:lock", "emit:a", "emit:b", "lock:a", "lock:b", "report"}), out
+    assert (rc, ran) == (0, {"emit:a", "emit:b", "lock:a", "lock:b", "report"}), out
 
     with open(zoo / "emitter/verify/vm.py", "a") as f:      # only the VM changed: no emit reruns
         f.write("\n# changed\n")
     rc, ran, out = doit(zoo)
-    assert (rc, ran) == (0, {"digest:lock", "lock:a", "lock:b", "report"}), out
+    assert (rc, ran) == (0, {"lock:a", "lock:b", "report"}), out
 
     clone = tmp_path / "clone"                        # fresh clone, build/ restored: new mtimes
     shutil.copytree(zoo, clone, ignore=shutil.ignore_patterns("__pycache__"))
@@ -169,9 +168,12 @@ def test_failures_are_isolated_and_reported(tmp_path):
     assert summary.index("### Failures") < summary.index("### All checks")
     assert summary.index("`tight` | float32 | **fail**") < summary.index("`broken`")
 
-    # a no-op rerun still fails (the report reruns and fails) without redoing any lock
+    # a no-op rerun still fails (the report reruns and fails); a passing check is not redone, a
+    # failing or erroring one is checked again (as Bazel reruns failed tests)
     rc, ran, out = doit(z)
-    assert rc != 0 and not any(t.startswith("lock:") for t in ran), out
+    assert rc != 0 and "lock:good" not in ran and "lock:tight" in ran, out
+    assert "lock:tight [float64] PASS" not in out     # its passing dtype kept, not recomputed
+    assert json.loads((z / "build/report.json").read_text())["counts"] == {"pass": 3, "fail": 1, "error": 4}
 
     # `results`: latest per program; --history shows where a regression began
     res = subprocess.run([sys.executable, "-m", "emitter", "results"], cwd=z, capture_output=True,
@@ -226,7 +228,7 @@ def test_parallel_with_progress_line(zoo):
     rc, ran, out = doit(zoo, "-n", "2", env={"LOGOS_PROGRESS": "line"})
     assert rc == 0, out
     assert ran == set()                   # the progress line replaces the task names
-    assert out.count("[9/9] ran 9, failures 0") == 1, out   # the final line, printed once
+    assert out.count("[6/6] ran 5, failures 0") == 1, out   # the final line, printed once
     for n in ("a", "b"):
         for dt in ("float64", "float32"):
             assert json.loads((zoo / f"build/results/{n}/{dt}.json").read_text())["verdict"] == "pass"
@@ -260,13 +262,13 @@ def test_derived_weights_task(tmp_path):
     _weights(z / "ckpt" / "w.bin", 5)
     rc, ran, out = doit(z)
     assert rc == 0, out
-    assert {"weights:d", "wmanifest:d", "lock:d"} <= ran
+    assert {"weights:d", "lock:d"} <= ran
     assert (z / "build/weights/d/w.f64").read_bytes() == (z / "ckpt/w.bin").read_bytes()
     r = json.loads((z / "build/results/d/float64.json").read_text())
     assert r["verdict"] == "pass" and r["weights"] == "build/weights/d"
     _weights(z / "ckpt" / "w.bin", 6)
     rc, ran, out = doit(z)
-    assert (rc, ran) == (0, {"weights:d", "wmanifest:d", "lock:d", "report"}), out
+    assert (rc, ran) == (0, {"weights:d", "lock:d", "report"}), out
 
 
 def test_lock_false_and_list(tmp_path):
@@ -275,32 +277,36 @@ def test_lock_false_and_list(tmp_path):
     assert rc == 0
     assert "emit:a" in out and "lock:a" not in out and "report" in out
     rc, ran, out = doit(z)
-    assert rc == 0 and ran == {"digest:emit", "digest:lock", "digest:env", "emit:a",
-                               "report"}, out
+    assert rc == 0 and ran == {"emit:a", "report"}, out
     suite = ET.parse(z / "build/junit.xml").getroot().find("testsuite")
     assert [(c.get("classname"), c.get("name")) for c in suite] == [("a", "emit")]
 
 
-def test_every_heavy_action_turns_the_paused_collector_back_on(tmp_path):
-    """The dodo pauses the cyclic GC while doit loads tasks; each action that does real work
+def _entries(z):
+    """The run's records of the zoo in `z` (the current folder)."""
+    from emitter.pipeline.checks import entries
+    from emitter.pipeline.config import discover
+    return {e.name: e for e in entries(discover(str(z)))}
+
+
+RUN = {"executor": "inline", "workers": None, "threads": 1, "cache": None, "kind": "inline"}
+
+
+def test_every_heavy_action_turns_the_paused_collector_back_on(tmp_path, monkeypatch):
+    """The run pauses the cyclic GC while doit loads tasks; each action that does real work
     (imports, parsing, hashing weights) resumes it before starting."""
     import gc
-    from emitter.pipeline import actions as pipeline, guards, weights
-    src = tmp_path / "p.logos"
-    src.write_text(PROG_B)
-    (tmp_path / "w").mkdir()
-    _weights(tmp_path / "w" / "x.f64", 1)
-    b, st = str(tmp_path / "bundle"), str(tmp_path / "status.json")
+    from emitter.pipeline import actions as pipeline, guards, lock_task, weights
+    from emitter.pipeline.config import Derive
+    z = make_zoo(tmp_path / "zoo", {"p": (PROG_B, None)})
+    monkeypatch.chdir(z)
+    e = _entries(z)["p"]
     actions = {
-        "emit_bundle": lambda: pipeline.emit_bundle("p", str(src), b, st),
-        "write_weights_manifest": lambda: weights.write_weights_manifest(
-            str(tmp_path / "w"), str(tmp_path / "m.json")),
-        "lock_program": lambda: pipeline.lock_program(
-            "p", str(src), b, str(tmp_path / "missing.json"), None,
-            [("float64", None, None, str(tmp_path / "r.json"))], 1, str(tmp_path / "h.sqlite")),
-        "make_report": lambda: pipeline.make_report([], str(tmp_path / "report")),
+        "emit_bundle": lambda: pipeline.emit_bundle(e),
+        "lock_program": lambda: lock_task.lock_program(e, RUN, "build/h.sqlite"),
+        "make_report": lambda: pipeline.make_report([], "build/report", 1),
         "import_weights": lambda: weights.import_weights(
-            "nosuch", str(src), str(src), str(tmp_path / "imported")),
+            Derive("nosuch", e.pc.source, e.pc.source), e.pc.source, "build/imported"),
     }
     was = gc.isenabled()
     try:
@@ -353,60 +359,59 @@ def test_the_lock_digest_covers_the_code_that_runs_a_check_anywhere():
     """Editing what runs a check (the VM, the lock, the worker side that sets its threads) reruns
     every lock; the report's code does not."""
     from emitter.pipeline.digests import code_files
-    files = {f.replace(os.sep, "/").split("emitter/", 1)[-1] for f in code_files(ROOT, "lock")}
+    files = set(code_files("lock"))
     assert {"verify/lock.py", "verify/resident.py", "pipeline/check_worker.py", "files.py"} <= files
     assert not {"pipeline/report.py", "pipeline/executors.py", "importers/gguf.py"} & files
 
 
 def test_a_weights_edit_that_puts_its_mtime_back_is_locked_again(zoo):
-    """doit's md5 check takes a file whose mtime did not move as unchanged: the weights manifest's
-    stat cache (with ctimes, which no write keeps) sees the edit, so the manifest and the lock run
-    again, on the new weights, rather than an error every run or a verdict on the old ones."""
+    """doit's md5 check took a file whose mtime did not move as unchanged: the weights' part of
+    the key is each file's fingerprint (its ctime moves with any write), so the lock runs again,
+    on the new weights, rather than an error every run or a verdict on the old ones."""
     assert doit(zoo)[0] == 0
     w = zoo / "weights" / "a" / "w.f64"
     st = os.stat(w)
     _weights(str(w), 7)
     os.utime(w, ns=(st.st_atime_ns, st.st_mtime_ns))
     rc, ran, out = doit(zoo)
-    assert rc == 0 and {"wmanifest:a", "lock:a"} <= ran, out
+    assert rc == 0 and "lock:a" in ran, out
     r = json.loads((zoo / "build/results/a/float64.json").read_text())
-    man = json.loads((zoo / "build/weights-manifests/a.json").read_text())
-    assert r["verdict"] == "pass" and r["hashes"]["weights_manifest"] == man["digest"]
+    import hashlib
+    assert r["verdict"] == "pass" and r["inputs"]["weights"]["files"] == {
+        "w.f64": hashlib.sha256(w.read_bytes()).hexdigest()}
 
 
-def _one_lock(tmp_path, **run):
-    from emitter.pipeline import actions as pipeline, weights
-    src = tmp_path / "a.logos"
-    src.write_text(PROG_A)
-    (tmp_path / "w").mkdir()
-    _weights(str(tmp_path / "w" / "w.f64"), 1)
-    weights.write_weights_manifest(str(tmp_path / "w"), str(tmp_path / "m.json"))
-    b, st = str(tmp_path / "bundle"), str(tmp_path / "status.json")
-    pipeline.emit_bundle("a", str(src), b, st)
-    out = tmp_path / "r.json"
-    got = pipeline.lock_program("a", str(src), b, st, str(tmp_path / "w"),
-                                [("float64", None, None, str(out))], 1, str(tmp_path / "h.sqlite"),
-                                manifest=str(tmp_path / "m.json"), run=run or None,
-                                digests_dir=str(tmp_path / "digests"))
-    return got, json.loads(out.read_text())
+def _one_lock(tmp_path, monkeypatch, **run):
+    from emitter.pipeline import actions as pipeline, lock_task
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64]\n")})
+    _weights(str(z / "weights/a/w.f64"), 1)
+    monkeypatch.chdir(z)
+    e = _entries(z)["a"]
+    pipeline.emit_bundle(e)
+    got = lock_task.lock_program(e, {**RUN, **run}, "build/results.sqlite")
+    return got, json.loads((z / "build/results/a/float64.json").read_text())
 
 
-def test_weights_moved_after_their_manifest_fail_the_lock_task_so_it_runs_again(tmp_path):
-    """The error of weights that are not the manifest's is this run's doing, not the bundle's: the
-    lock task fails (its result says why), so the next run locks again rather than keeping it."""
+def test_weights_moved_during_the_check_fail_the_lock_task_so_it_runs_again(tmp_path, monkeypatch):
+    """The error of weights that are not the key's (rewritten after the key was taken, while the
+    check waited) is this run's doing, not the bundle's: the lock task fails (its result says
+    why), so the next run locks again rather than keeping it."""
     from doit.exceptions import TaskFailed
-    got, r = _one_lock(tmp_path)
+    from emitter.pipeline import executors
+    got, r = _one_lock(tmp_path, monkeypatch)
     assert not isinstance(got, TaskFailed) and r["verdict"] == "pass"
-    _weights(str(tmp_path / "w" / "w.f64"), 2)     # after its manifest was taken
-    from emitter.pipeline import actions as pipeline
-    got = pipeline.lock_program("a", str(tmp_path / "a.logos"), str(tmp_path / "bundle"),
-                                str(tmp_path / "status.json"), str(tmp_path / "w"),
-                                [("float64", None, None, str(tmp_path / "r.json"))], 1,
-                                str(tmp_path / "h.sqlite"), manifest=str(tmp_path / "m.json"),
-                                digests_dir=str(tmp_path / "digests"))
-    r = json.loads((tmp_path / "r.json").read_text())
-    assert isinstance(got, TaskFailed) and "changed after the weights manifest" in str(got.message)
-    assert r["verdict"] == "error" and r["stale_weights"] == ["w.f64"]
+
+    class Editing(executors.Inline):
+        def run(self, jobs, seconds):
+            _weights("weights/a/w.f64", 2)     # after the key was taken
+            return super().run(jobs, seconds)
+    (tmp_path / "zoo/programs/a.yaml").write_text("dtypes: [float64]\nsteps: 2\n")   # a new key
+    monkeypatch.setattr(executors, "executor", lambda *a, **k: Editing())
+    from emitter.pipeline import lock_task
+    got = lock_task.lock_program(_entries(tmp_path / "zoo")["a"], RUN, "build/results.sqlite")
+    r = json.loads((tmp_path / "zoo/build/results/a/float64.json").read_text())
+    assert isinstance(got, TaskFailed) and "changed after" in str(got.message)
+    assert r["verdict"] == "error" and r["stale_weights"] == ["w.f64"] and r["key"] is None
 
 
 def test_a_remote_result_that_names_no_code_is_refused(tmp_path, monkeypatch):
@@ -421,6 +426,6 @@ def test_a_remote_result_that_names_no_code_is_refused(tmp_path, monkeypatch):
                      "execution": {"executor": "dask:tcp://w:8786", "worker": "tcp://10.0.0.9:4000"}}
                     for _ in jobs]
     monkeypatch.setattr(executors, "executor", lambda *a, **k: Older())
-    got, r = _one_lock(tmp_path, executor="dask:tcp://w:8786")
+    got, r = _one_lock(tmp_path, monkeypatch, executor="dask:tcp://w:8786")
     assert isinstance(got, TaskFailed) and r["verdict"] == "error"
     assert "other lock code than this run's" in r["reason"] and "tcp://10.0.0.9:4000" in r["reason"]

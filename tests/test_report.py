@@ -21,31 +21,34 @@ def test_summary_rows_stay_one_line():
     assert "\r" not in line and "\x01" not in line and "a sentence ends with a period" in line
 
 
-def test_result_cache_follows_the_files_and_survives_a_bad_cache(tmp_path):
+def test_result_cache_follows_the_files_and_survives_a_bad_cache(tmp_path, monkeypatch):
     import json
     import os
 
+    from emitter.pipeline import keys
+    from emitter.pipeline.checks import Check, Entry
+    from emitter.pipeline.config import ProgramConfig
     from emitter.pipeline.report import build_rows
     res, status, cache = tmp_path / "r.json", tmp_path / "s.json", tmp_path / "cache.json"
-    status.write_text('{"status": "ok"}')
-    from emitter.pipeline.digests import check_digest
-    digests = {"config": check_digest("float64", 1, None, None, None)}
-    res.write_text(json.dumps({"verdict": "pass", "version": 2, "output": {"max_abs": 0.5},
-                               "hashes": digests, "stages": [1] * 99}))
-    entries = [{"name": "p", "source": "programs/p.logos", "status": str(status), "steps": 1,
-                "weights": None, "checks": [("float64", str(res), None, None)]}]
-    build = str(tmp_path / "build")
-    first = build_rows(entries, str(cache), build)
+    status.write_text('{"status": "ok", "bundle": {}}')
+    monkeypatch.setattr(keys, "check_parts", lambda *a: {"the": "inputs"})   # current, whatever they are
+    key = keys.check_key({"the": "inputs"})
+    res.write_text(json.dumps({"verdict": "pass", "key": key, "output": {"max_abs": 0.5},
+                               "stages": [1] * 99}))
+    pc = ProgramConfig(name="p", source="programs/p.logos", config=None, weights=None,
+                       weights_required=False, dtypes=["float64"])
+    entries = [Entry(pc, (), str(tmp_path / "b"), str(status), str(tmp_path / "l.json"), str(tmp_path),
+                     (Check("float64", None, None, str(res), {}),))]
+    first = build_rows(entries, str(cache), 1)
     assert first[0]["verdict"] == "pass" and first[0]["output"]["max_abs"] == 0.5
-    assert build_rows(entries, str(cache), build) == first    # from the cache: the same rows
+    assert build_rows(entries, str(cache), 1) == first        # from the cache: the same rows
     assert "stages" not in cache.read_text()                  # slim copies only
-    res.write_text(json.dumps({"verdict": "fail", "version": 2, "output": {"max_abs": 7.0},
-                               "hashes": digests}))
-    os.utime(res, ns=(1, 1))                                  # a new stamp
-    assert build_rows(entries, str(cache), build)[0]["verdict"] == "fail"
+    res.write_text(json.dumps({"verdict": "fail", "key": key, "output": {"max_abs": 7.0}}))
+    os.utime(res, ns=(1, 1))
+    assert build_rows(entries, str(cache), 1)[0]["verdict"] == "fail"
     for junk in ("[]", '{"version": 2, "entries": {"%s": 5}}' % res, "not json"):
         cache.write_text(junk)
-        assert build_rows(entries, str(cache), build)[0]["output"]["max_abs"] == 7.0
+        assert build_rows(entries, str(cache), 1)[0]["output"]["max_abs"] == 7.0
 
 
 def test_plot_points_sit_where_their_values_say():

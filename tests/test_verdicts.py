@@ -210,28 +210,37 @@ def test_edited_targets_are_rebuilt_and_a_noop_runs_nothing(zoo):
     assert (rc, ran) == (0, set()), out
 
 
-def test_the_report_refuses_results_that_do_not_match_build(zoo):
+def test_the_report_refuses_results_that_are_not_current(zoo, monkeypatch):
     rc, _, out = doit(zoo)
     assert rc == 0, out
+    import dataclasses
+    from emitter.pipeline import digests
+    from emitter.pipeline.checks import entries
+    from emitter.pipeline.config import discover
     from emitter.pipeline.report import build_rows
-    entries = [{"name": "a", "source": "programs/a.logos", "status": str(zoo / "build/status/a.emit.json"),
-                "manifest": str(zoo / "build/weights-manifests/a.json"), "steps": 1, "weights": "weights/a",
-                "checks": [("float64", str(zoo / "build/results/a/float64.json"), None, None)]}]
-    build = str(zoo / "build")
-    assert build_rows(entries, None, build)[0]["verdict"] == "pass"
-    other = [dict(entries[0], steps=2)]                                   # another merged config
-    row = build_rows(other, None, build)[0]
-    assert row["verdict"] == "error" and "its config differs" in row["reason"]
-    env = json.loads((zoo / "build/digests/env.json").read_text())
-    env["digest"] = "0" * 64                                              # another machine's
-    (zoo / "build/digests/env.json").write_text(json.dumps(env))
-    row = build_rows(entries, None, build)[0]
-    assert row["verdict"] == "error" and "its environment differs" in row["reason"]
+    monkeypatch.chdir(zoo)
+    a = [e for e in entries(discover(str(zoo))) if e.name == "a"]
+    rows = build_rows(a, None, 1)
+    assert {(r["check"], r["verdict"], r["current"]) for r in rows} == {("float64", "pass", True),
+                                                                        ("float32", "pass", True)}
+    other = [dataclasses.replace(a[0], checks=tuple(dataclasses.replace(
+        c, spec={**c.spec, "steps": 2, "config": "0" * 64}) for c in a[0].checks))]   # another config
+    def row(es, threads=1):
+        return {r["check"]: r for r in build_rows(es, None, threads)}["float64"]
+    r = row(other)
+    assert r["verdict"] == "error" and not r["current"] and "its config, steps differ" in r["reason"]
+    r = row(a, 2)                                                           # another thread count
+    assert r["verdict"] == "error" and "its threads differs" in r["reason"]
+    monkeypatch.setattr(digests, "env", lambda: "0" * 64)                   # another machine's
+    r = row(a)
+    assert r["verdict"] == "error" and "its environment differs" in r["reason"]
+    monkeypatch.undo()
+    monkeypatch.chdir(zoo)
     r = json.loads((zoo / "build/results/a/float64.json").read_text())
-    r["version"] = 1                                                      # an older project's
+    del r["key"], r["inputs"]                                               # an older project's
     (zoo / "build/results/a/float64.json").write_text(json.dumps(r))
-    row = build_rows(entries, None, build)[0]
-    assert row["verdict"] == "error" and "version 1; this project reads 2" in row["reason"]
+    r = row(a)
+    assert r["verdict"] == "error" and "recorded under no key" in r["reason"]
 
 
 def test_a_torch_or_numpy_upgrade_reruns_every_lock(zoo, tmp_path):
@@ -241,9 +250,9 @@ def test_a_torch_or_numpy_upgrade_reruns_every_lock(zoo, tmp_path):
     (upgraded / "torch-9.9.9.dist-info").mkdir(parents=True)
     rc, ran, out = doit(zoo, env={"PYTHONPATH": str(upgraded)})
     # (the importers compute with torch too: the derived weights are made again, the same bytes)
-    assert rc == 0 and ran == {"digest:env", "digest:import", "weights:d", "lock:a", "lock:b",
-                               "lock:d", "report"}, out
-    assert json.loads((zoo / "build/digests/env.json").read_text())["fingerprint"]["torch"] == "9.9.9"
+    assert rc == 0 and ran == {"weights:d", "lock:a", "lock:b", "lock:d", "report"}, out
+    r = json.loads((zoo / "build/results/a/float64.json").read_text())
+    assert r["environment"]["torch"] == "9.9.9"
     rc, ran, out = doit(zoo, env={"PYTHONPATH": str(upgraded)})
     assert (rc, ran) == (0, set()), out
 

@@ -1,11 +1,9 @@
 """The shared verdict cache (`doit cache=URL`, any fsspec URL: file://, s3://, gs://, memory://).
 
 CI has already locked exactly this bundle on exactly these weights with exactly this code: a fresh
-clone takes that verdict instead of recomputing it. One object per check under its key, the sha256
-of a canonical JSON of everything the verdict depends on (`check_key`): the program's text, the
-bundle's files, the weights (the manifest's digest; for derived weights the checkpoint's sha256 and
-the importer's code instead, so a hit needs no import), the lock code, the environment, the merged
-config, the dtype, the precision policy, the tolerance, the steps and the thread count.
+clone takes that verdict instead of recomputing it. One object per check under its key (`keys`:
+the same key every task and view of this checkout uses; for derived weights the import key, so a
+hit needs no import): a hit is the key found here.
 
 Entries are JSON and nothing else (deserialising a poisoned pickle runs code): an envelope holding
 the entry as a string and its HMAC-SHA256 under the key in LOGOS_CACHE_KEY. A reader checks the
@@ -26,7 +24,8 @@ import threading
 import uuid
 
 from ..files import read_json, write_atomic
-from .keys import canonical, check_key, key_parts
+from .digests import canonical
+from .keys import check_key, check_parts
 
 SCHEMA, VERSION = "logos.verdict-cache", 1
 KEY_ENV = "LOGOS_CACHE_KEY"
@@ -38,29 +37,27 @@ class CacheError(Exception):
     """A cache URL that cannot be used (no such fsspec protocol, a bad URL): one line."""
 
 
-def lookup_deps(name, checks, status, digests_dir, threads, url, manifest, keys_file):
+def lookup_deps(entry, threads, url):
     """`cachelookup:NAME` (doit's calc_dep of `lock:NAME`) for a derived program: when every check
-    is current here or in the cache, the lock depends on `keys_file` (its checks' keys, rewritten
-    when one changes) and needs no import; else (or where the weights were made before) on the
-    weights' manifest, so doit makes the weights first."""
-    need = {"file_dep": [manifest], "task_dep": [f"wmanifest:{name}"]}
-    if os.path.exists(manifest):   # weights made here before: the lock depends on them as usual
+    holds its pass here or is in the cache under its key (the import key names the checkpoint, not
+    the derived files), the lock needs no import; else (or where the weights were made before,
+    and are kept current) it waits for `weights:NAME`."""
+    need = {"task_dep": [f"weights:{entry.name}"]}
+    if os.path.isdir(entry.pc.weights):
         return need
     cache = store(url)
-    keys = {}
-    for path, spec in checks:
-        parts = key_parts(spec, status, None, digests_dir, threads)
+    status = read_json(entry.status)
+    recorded = (read_json(entry.lock_status) or {}).get("checks") or {}
+    for c in entry.checks:
+        parts = check_parts(entry, c, status, threads)
         if parts is None:   # no bundle: the lock records the emit's error, no weights needed
             return {}
-        key = keys[spec["dtype"]] = check_key(parts)
-        r = read_json(path)
-        if isinstance(r, dict) and r.get("verdict") in CACHEABLE and r.get("key") == key:
+        key = check_key(parts)
+        if (recorded.get(c.dtype) or {}).get("key") == key and recorded[c.dtype].get("verdict") == "pass":
             continue
         if cache is None or not cache.has(key):
             return need
-    from .files_io import dumps, write_if_changed
-    write_if_changed(keys_file, dumps(keys))
-    return {"file_dep": [keys_file]}
+    return {}
 
 
 _RUN = None
@@ -242,35 +239,36 @@ def publishable(r, parts):
             and (r.get("hashes") or {}).get("environment") == parts["environment"])
 
 
-def publish_all(checks, url, digests_dir, memo_path, part=False):
+def publish_all(entries, threads, url, memo_path, part=False):
     """The `cache` task: publish every current pass/fail verdict the cache lacks, including those
-    of locks that did not rerun (a no-op over a restored build/ fills a new cache). `checks`:
-    [(result path, key spec, status, manifest)]. What is known to be there is remembered in
-    `memo_path`, so a no-op asks the cache nothing it already answered; `part`: `checks` are some
-    of the zoo's (a run that named its locks), so what is known of the others is kept."""
+    of locks that did not rerun (a no-op over a restored build/ fills a new cache). What is known
+    to be there is remembered in `memo_path`, so a no-op asks the cache nothing it already
+    answered; `part`: `entries` are some of the zoo's (a run that named its locks), so what is
+    known of the others is kept."""
     cache = store(url)
     if cache is None:
         return True
     memo = read_json(memo_path) or {}
     known = set(memo.get(url) or []) if isinstance(memo, dict) else set()
     now, sent, failed = set(), 0, []
-    for path, spec, status, manifest in checks:
-        r = read_json(path)
-        threads = (r.get("execution") or {}).get("threads") if isinstance(r, dict) else None
-        parts = key_parts(spec, status, manifest, digests_dir, threads)
-        if not publishable(r, parts):
-            continue
-        key = r["key"]
-        now.add(key)
-        if key in known:
-            continue
-        try:
-            if not cache.has(key):
-                cache.put(key, r)
-                sent += 1
-        except Exception as e:   # the verdicts stand; the cache is best effort
-            failed.append(f"{path}: {type(e).__name__}: {str(e)[:200]}")
-            now.discard(key)
+    for e in entries:
+        status = read_json(e.status)
+        for c in e.checks:
+            r = read_json(c.result)
+            ran = (r.get("execution") or {}).get("threads") if isinstance(r, dict) else None
+            if not publishable(r, check_parts(e, c, status, ran)):
+                continue
+            key = r["key"]
+            now.add(key)
+            if key in known:
+                continue
+            try:
+                if not cache.has(key):
+                    cache.put(key, r)
+                    sent += 1
+            except Exception as e:   # the verdicts stand; the cache is best effort
+                failed.append(f"{c.result}: {type(e).__name__}: {str(e)[:200]}")
+                now.discard(key)
     keep = sorted(now | known if part else now)
     if keep != sorted(known):
         write_atomic(memo_path, json.dumps({**(memo if isinstance(memo, dict) else {}), url: keep}))

@@ -1,12 +1,11 @@
 """A lock check on whichever process runs it (`run_check`): this one (executor=inline) or a Dask
-worker, which returns the verdict and the golden/ files to the driver instead of writing them.
+worker. Either way it writes nothing: the verdict and the golden/ files (the lock hands them back
+as data) go back to the driver, which writes them.
 Every check runs under an explicit thread count (torch's, and the BLAS's through threadpoolctl),
 recorded in its result."""
 
 import contextlib
 import os
-import tempfile
-import threading
 import time
 
 from ..verify.environment import THREAD_VARS
@@ -14,39 +13,6 @@ from ..verify.threads import thread_limits
 
 # the *_NUM_THREADS variables only size thread pools, which each check sets explicitly
 POOL_VARS = tuple(v for v in THREAD_VARS if v.endswith("_NUM_THREADS"))
-
-
-_CAPTURE = threading.local()
-_PATCH = threading.Lock()
-
-
-def _capture_golden():
-    """In a worker, the lock's golden/ files are returned to the driver instead of written: the
-    Golden class is wrapped (once per process) to write into a temporary folder and read it back."""
-    from ..verify import golden
-    with _PATCH:
-        if getattr(golden.Golden, "_to_driver", False):
-            return
-        base = golden.Golden
-
-        class ToDriver(base):
-            _to_driver = True
-
-            def write(self):
-                box = getattr(_CAPTURE, "box", None)
-                if box is None:
-                    return super().write()
-                real = self.directory
-                with tempfile.TemporaryDirectory(prefix="logos-golden.") as tmp:
-                    self.directory = tmp
-                    try:
-                        super().write()
-                    finally:
-                        self.directory = real
-                    for f in sorted(os.listdir(tmp)):
-                        with open(os.path.join(tmp, f), "rb") as fh:
-                            box[f] = fh.read()
-        golden.Golden = ToDriver
 
 
 _MALLOC = []
@@ -74,7 +40,9 @@ def loaded_code():
 
 
 def run_check(job):
-    """One lock check, on whichever process runs it: {"result", "golden", "execution"}.
+    """One lock check, on whichever process runs it: {"result", "golden" ({name: bytes} of the
+    bundle's golden/ when the job asked for them and the check ran through, else None),
+    "execution"}.
 
     `job`: {"root", "bundle", "source", "weights", "kwargs" (lock_bundle's), "golden" (tolerances,
     or None), "threads", "thread_env" (the driver's *_NUM_THREADS), "key"}. Paths are relative to
@@ -92,7 +60,6 @@ def run_check(job):
                 w.log_event(f"logos-lock-{job['key']}", {"worker": worker, "pid": os.getpid()})
         except (ImportError, ValueError):
             pass
-        _capture_golden()
         _malloc_as_usual()
     own_env = {k: os.environ[k] for k in POOL_VARS if k in os.environ}
     if remote:
@@ -107,15 +74,11 @@ def run_check(job):
 
     def path(p):
         return p if p is None or here or os.path.isabs(p) else os.path.join(root, p)
-    box = {} if job.get("golden") is not None else None
-    _CAPTURE.box = box if remote else None
+    golden = {} if job.get("golden") is not None else None
     start, cpu, began = time.perf_counter(), time.process_time(), time.time()
-    try:
-        with thread_limits(job["threads"]) as threads:
-            r = lock_bundle(path(job["bundle"]), path(job["source"]), path(job["weights"]),
-                            golden=job.get("golden"), **job["kwargs"])
-    finally:
-        _CAPTURE.box = None
+    with thread_limits(job["threads"]) as threads:
+        r = lock_bundle(path(job["bundle"]), path(job["source"]), path(job["weights"]),
+                        golden=job.get("golden"), golden_files=golden, **job["kwargs"])
     r.update(program_path=str(job["source"]), bundle=str(job["bundle"]),
              weights=None if job["weights"] is None else str(job["weights"]))
     execution = {"executor": job.get("executor", "inline"), "worker": worker, "pid": os.getpid(),
@@ -124,4 +87,4 @@ def run_check(job):
     if remote:
         execution["worker_thread_env"] = own_env
         execution["code"] = code
-    return {"result": r, "golden": box or None, "execution": execution}
+    return {"result": r, "golden": golden or None, "execution": execution}

@@ -218,8 +218,8 @@ def check_db(path):
         sys.stderr.write(f"doit: {path} is damaged ({reason}) and could not be set aside ({e}): "
                          "remove it and run again\n")
         raise BuildBusy(3) from None
-    sys.stderr.write(f"doit: {path} was damaged ({reason}): set aside as {aside}; every task is "
-                     "checked again\n")
+    sys.stderr.write(f"doit: {path} was damaged ({reason}): set aside as {aside}; doit makes a new "
+                     "one (what is current is decided by each task's key)\n")
 
 
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26

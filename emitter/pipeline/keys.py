@@ -1,31 +1,29 @@
-"""One key per check: the sha256 of one canonical record of everything its verdict depends on.
+"""One key per check: the sha256 of one canonical record of everything its verdict depends on, and
+the one rule of currency built on it.
 
-The record holds the program's text, the bundle's files, the weights (each file's sha256; for
-derived weights the import key instead: every file the importer reads, its code and the versions
-of the libraries it computes with), the lock code, the environment, the merged config, the dtype,
-the precision policy, the tolerance, the steps and the thread count; contents and repository-
-relative names only, so clones and CI share keys. A lock records the key it ran under; a result
-is current when its key is the key of the inputs as they are now, and nothing else decides it
-(the lock's up-to-date check, the report, `logos results`, the shared cache's hits and publishing).
-File contents come from `emitter.fingerprint`, the one stat cache."""
+A check's record holds the program's text, the bundle's files, the weights (each file a leaf reads
+by its sha256, the folder's other files by name and size, never read; for derived weights their
+import key instead: every file the importer reads, its code and the versions of the libraries it
+computes with), the lock code, the environment, the merged config, the dtype, the precision policy,
+the tolerance, the steps and the thread count: contents and repository-relative names only, so
+clones and CI share keys. An emit and an import are keyed the same way.
 
-import hashlib
-import json
+Each task records the key it ran under (the emit status, the import's .derived.json, the lock
+status); a task is current when its recorded key is the key of its inputs as they are now, and
+nothing else decides it: doit's up-to-date checks, the pre-check that hands doit only what is not
+current, the report, `logos results` and the shared cache. File contents come from
+`emitter.fingerprint`, the one stat cache."""
+
 import os
 
 from ..files import read_json
 from ..fingerprint import sha256_or_none
+from . import digests
+from .digests import digest
 from .files_io import uptodate_check
 
-SCHEMA, VERSION = "logos.check-key", 2
-
-
-def canonical(obj):
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True, ensure_ascii=True)
-
-
-def digest(obj):
-    return hashlib.sha256(canonical(obj).encode("ascii")).hexdigest()
+SCHEMA, VERSION = "logos.check-key", 3
+LEAF_SUFFIXES = (".f64", ".f32")
 
 
 def check_key(parts):
@@ -33,15 +31,10 @@ def check_key(parts):
     return digest({"schema": SCHEMA, "version": VERSION, **parts})
 
 
-def _file_digest(digests_dir, kind):
-    return (read_json(os.path.join(digests_dir, f"{kind}.json")) or {}).get("digest")
-
-
-def import_inputs(derive, digests_dir):
+def import_inputs(derive):
     """What derived weights are made from: the importer, the checkpoint as the config names it,
-    the sha256 of every file the importer declares it reads, and the importer's code (with the
-    versions of the libraries it computes with: build/digests/import.json). None when a declared
-    file cannot be read (the import then fails and says why)."""
+    the sha256 of every file the importer declares it reads, and the importer's code with its
+    libraries' versions. None when a declared file cannot be read (the import then says why)."""
     from ..importers import declared_reads
     try:
         reads = {name: sha256_or_none(path) for name, path in
@@ -51,50 +44,56 @@ def import_inputs(derive, digests_dir):
     if any(v is None for v in reads.values()):
         return None
     return {"importer": derive.importer, "checkpoint": derive.checkpoint, "reads": reads,
-            "import_code": _file_digest(digests_dir, "import")}
+            "code": digests.code("import")}
 
 
-def import_key(derive, digests_dir):
-    inputs = import_inputs(derive, digests_dir)
+def import_key(derive):
+    inputs = import_inputs(derive)
     return inputs and digest(inputs)
 
 
-def key_specs(pc, checks):
-    """{dtype: the parts of its check's key known from the config} for a ProgramConfig `pc` and
-    its checks [(dtype, atol, rtol, path)]."""
-    from ..verify.tolerances import tolerance
-    from .digests import check_digest
-    return {dtype: {"dtype": dtype, "steps": pc.steps, "tolerance": tolerance(dtype, atol, rtol),
-                    "config": check_digest(dtype, pc.steps, atol, rtol, pc.weights, pc.allow_nonfinite,
-                                           getattr(pc, "bf16", None)),
-                    "precision": getattr(pc, "precision", None), "derive": pc.derive}
-            for dtype, atol, rtol, _ in checks}
+def emit_key(entry):
+    """The key of an emit: the program's bytes, what of the config it uses (a refusal, the limits
+    it checks, the precision policy) and the emit code."""
+    pc = entry.pc
+    limits = {k: pc.limits.get(k) for k in ("program_bytes", "tensor_bytes")}
+    return digest({"source": None if pc.error else sha256_or_none(pc.source), "error": pc.error,
+                   "limits": limits, "policy": pc.precision, "code": digests.code("emit")})
 
 
-def key_parts(spec, status, manifest, digests_dir, threads):
-    """Everything a check's verdict depends on, from its `spec` and the files build/ holds now;
-    None when there is nothing to key (no bundle: an emit error; derived weights whose inputs
-    cannot be read)."""
-    st = read_json(status) or {}
-    if st.get("status") != "ok" or not st.get("source_sha") or not st.get("bundle"):
+def weights_part(entry, leaves):
+    """The weights a check reads, as its key names them: the import key of derived weights; else
+    the sha256 of each file a leaf (`leaves`, from the emit status) claims and the name and size
+    of every other file of the folder; None for none."""
+    pc = entry.pc
+    if pc.derive:
+        key = import_key(pc.derive)
+        return key and {"import": key}
+    if not pc.weights:
         return None
-    parts = {k: v for k, v in spec.items() if k != "derive"}
-    if spec.get("derive"):
-        weights = import_key(spec["derive"], digests_dir)
-        if weights is None:
-            return None
-        weights = {"import": weights}
-    else:
-        weights = (read_json(manifest) or {}).get("digest") if manifest else None
-    parts.update(source=st["source_sha"], bundle=st["bundle"], weights=weights,
-                 code=_file_digest(digests_dir, "lock"), environment=_file_digest(digests_dir, "env"),
-                 threads=threads)
-    return parts
+    try:
+        with os.scandir(pc.weights) as it:
+            found = {e.name: e for e in it if not e.name.startswith(".") and e.is_file()}
+    except OSError:
+        return {"missing": pc.weights}
+    claimed = {f"{leaf}{s}" for leaf in leaves for s in LEAF_SUFFIXES} & set(found)
+    files = {n: sha256_or_none(os.path.join(pc.weights, n)) for n in sorted(claimed)}
+    others = {n: e.stat().st_size for n, e in sorted(found.items()) if n not in claimed}
+    return {"files": files, "others": others}
 
 
-def current_key(spec, status, manifest, digests_dir, threads):
-    parts = key_parts(spec, status, manifest, digests_dir, threads)
-    return parts and check_key(parts)
+def check_parts(entry, check, status, threads):
+    """Everything `check`'s verdict depends on, from its config and the files as they are now;
+    None when there is nothing to key (a refused program, no bundle, unreadable import inputs)."""
+    if check.spec is None or not isinstance(status, dict) or status.get("status") != "ok" \
+            or not status.get("bundle"):
+        return None
+    weights = weights_part(entry, status.get("leaves") or ())
+    if entry.pc.derive and weights is None:
+        return None
+    return {**check.spec, "source": status.get("source_sha"), "bundle": status["bundle"],
+            "weights": weights, "code": digests.code("lock"), "environment": digests.env(),
+            "threads": threads}
 
 
 def moved(recorded, parts):
@@ -104,16 +103,77 @@ def moved(recorded, parts):
     return sorted(k for k in set(recorded) | set(parts) if recorded.get(k) != parts.get(k))
 
 
-@uptodate_check
-def lock_current(task, values, checks, status, manifest, digests_dir, threads):
-    """doit's `uptodate` of a lock: every check's result is a pass recorded under the key of its
-    inputs as they are now. `checks`: [(result path, key spec)], or None (a refused config)."""
-    if not checks:
+# --- currency: each task's recorded key against the key of its inputs now ---------------------
+
+def emit_current(entry):
+    """The emit status records this emit's key, and the bundle it lists is on disk as written."""
+    st = read_json(entry.status)
+    if not isinstance(st, dict) or st.get("key") != emit_key(entry):
         return False
-    for path, spec in checks:
-        r = read_json(path)
-        if not isinstance(r, dict) or r.get("verdict") != "pass" or not r.get("key") \
-                or r["key"] != current_key(spec, status, manifest, digests_dir, threads):
+    bundle = st.get("bundle")
+    if st.get("status") != "ok":
+        return True
+    return isinstance(bundle, dict) and all(
+        sha256_or_none(f"{entry.bundle}/{f}") == sha for f, sha in bundle.items())
+
+
+def import_current(entry):
+    """The derived folder holds what an import of the inputs as they are now makes: its
+    .derived.json names the current import key, and each file it lists is still that file."""
+    from .weights import DERIVED, listed
+    record = read_json(os.path.join(entry.pc.weights, DERIVED))
+    if not isinstance(record, dict) or record.get("key") != import_key(entry.pc.derive):
+        return False
+    files = record.get("files")
+    return isinstance(files, dict) and listed(entry.pc.weights) == set(files) and all(
+        sha256_or_none(os.path.join(entry.pc.weights, n)) == sha for n, sha in files.items())
+
+
+def current_keys(entry, threads):
+    """{dtype: the check's key now, or None}."""
+    st = read_json(entry.status)
+    return {c.dtype: (lambda p: p and check_key(p))(check_parts(entry, c, st, threads))
+            for c in entry.checks}
+
+
+def lock_current(entry, threads):
+    """Every check's result is a pass recorded under the key of its inputs as they are now, and
+    the result file is the one the lock wrote (a failing or erroring check reruns); a refused
+    program's lock is current while it has recorded the errors of this very refusal."""
+    lock = read_json(entry.lock_status) or {}
+    rec = lock.get("checks")
+    if not entry.checks or not isinstance(rec, dict):
+        return False
+    st = read_json(entry.status) or {}
+    if st.get("status") == "error":   # refused: nothing to check until the program or config moves
+        return bool(st.get("key")) and lock.get("refused") == st["key"] and all(
+            sha256_or_none(c.result) == (rec.get(c.dtype) or {}).get("sha256") for c in entry.checks)
+    now = current_keys(entry, threads)
+    for c in entry.checks:
+        r = rec.get(c.dtype)
+        if not isinstance(r, dict) or r.get("verdict") != "pass" or not now[c.dtype] \
+                or r.get("key") != now[c.dtype] or sha256_or_none(c.result) != r.get("sha256"):
             return False
     return True
 
+
+def report_key(entries, threads):
+    """What the report is made of: every program's emit status and every check's recorded entry
+    beside its current key, and the report code. A report recording this key is current."""
+    rows = []
+    for e in entries:
+        rec = (read_json(e.lock_status) or {}).get("checks") or {}
+        st = read_json(e.status) or {}
+        rows.append([e.name, e.pc.source, st.get("key"), st.get("status"), st.get("reason"),
+                     current_keys(e, threads), rec])
+    return digest({"rows": rows, "code": digests.code("report")})
+
+
+@uptodate_check
+def uptodate(kind, entry, threads=None):
+    """doit's `uptodate` of the zoo's weights, emit and lock tasks."""
+    return CURRENT[kind](entry, threads)
+
+
+CURRENT = {"emit": lambda e, t: emit_current(e), "weights": lambda e, t: import_current(e),
+           "lock": lock_current}

@@ -98,7 +98,7 @@ class ProgressReporter(ConsoleReporter):
         self.tty = hasattr(outstream, "isatty") and outstream.isatty()
         self.tasks, self.reachable, self.failed_tasks = {}, [], {}
         self.work, self.bar = Work([]), None
-        self.settled = []   # tasks found up to date or run with success: their files are as checked
+        self.settled = []   # tasks found up to date or run with success
         self.uptodate = []
         self.ignored = []   # `doit ignore`d, or skipped as following one that was
 
@@ -194,11 +194,8 @@ class ProgressReporter(ConsoleReporter):
         self._tick(final=True)
         self._report_failures()
         self._publish_named()
-        from .settled import settle
-        up = set(self.uptodate)
-        ran = {n: self.tasks[n].values for n in self.settled if n not in up and n in self.tasks}
-        redo = set(self.reachable) - set(self.settled)   # failed, not run, ignored: checked next run
-        note = settle(self.settled, up, ran, True, redo)
+        from .. import tasks
+        note = tasks.run().say() if tasks.has_run() and "report" in self.uptodate else None
         if note:
             self.write(note)
         super().complete_run()
@@ -211,14 +208,13 @@ class ProgressReporter(ConsoleReporter):
         task = self.tasks.get("cache")
         if task is None or "cache" in self.reachable:
             return
-        done = {t for n in self.settled if n.startswith("lock:") and n in self.tasks
-                for t in self.tasks[n].targets}
+        done = {n[len("lock:"):] for n in self.settled if n.startswith("lock:")}
         try:
-            checks, url, digests_dir, memo_path = task.actions[0].args
-            mine = [c for c in checks if c[0] in done]
+            entries, threads, url, memo_path = task.actions[0].args
+            mine = [e for e in entries if e.name in done]
             if mine:
                 from .cache import publish_all
-                publish_all(mine, url, digests_dir, memo_path, part=True)
+                publish_all(mine, threads, url, memo_path, part=True)
         except Exception as e:
             self.write(f"cache: not published: {type(e).__name__}: {str(e)[:200]}\n")
 
@@ -234,8 +230,8 @@ class ProgressReporter(ConsoleReporter):
             return
         from .actions import make_report
         action = self.tasks["report"].actions[0]
-        entries, build_dir = action.args[:2]
-        make_report(entries, build_dir, failed)
+        entries, build_dir, threads = action.args[:3]
+        make_report(entries, build_dir, threads, failed)
         why = [f"{len(failed) - ('report' in failed)} failed task(s) as errors"] if failed else []
         why += ["ignored tasks' checks as current or not"] if ignored else []
         self.write(f"report: written with {' and '.join(why)} (see {build_dir}/summary.md)\n")

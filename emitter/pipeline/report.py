@@ -10,16 +10,17 @@ import xml.etree.ElementTree as ET
 
 from ..files import StampedCache, json_lines, read_json, write_files
 from ..verify.verdict import describe, number, one_minus_cos, short
-from ..fingerprint import sha256_or_none
-from .keys import check_key, key_parts, moved
+from ..fingerprint import sha256_or_none, sha256_text
+from .keys import check_key, moved
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
-RESULT_VERSION = 2
+REPORT_FILES = ("report.json", "junit.xml", "summary.md", "report.html")
+STALE = "stale"   # build/stale/: the last complete report while a run is under way
 _OUTPUT = ("max_abs", "max_rel", "guarded_rel", "nmse", "cosine", "argmax_agree", "integer",
            "integer_mismatches", "feeding", "pass")
-_HASHES = ("source", "bundle", "weights_manifest", "config", "code", "environment")
+_HASHES = ("source", "bundle", "weights", "config", "code", "environment")
 # a program's own tasks: one of them failing in this run makes every check of it an error
-PROGRAM_TASKS = ("weights", "wmanifest", "emit", "lock")
+PROGRAM_TASKS = ("weights", "emit", "lock")
 
 
 def _slim(r):
@@ -55,68 +56,81 @@ def _stamped(cache, path, make):
     return value
 
 
-def _status_slim(s):
-    return {k: s.get(k) for k in ("status", "reason", "bundle", "source_sha")}
-
-
-def _emit_status(cache, path):
-    return _stamped(cache, path, _status_slim) or \
-        {"status": "error", "reason": f"{path}: not written (emit did not run)"}
-
-
-def _row(e, check, verdict, reason, path=None, **extra):
-    return {"name": e["name"], "source": e["source"], "check": check, "verdict": verdict,
+def _row(name, source, check, verdict, reason, path=None, **extra):
+    return {"name": name, "source": source, "check": check, "verdict": verdict,
             "reason": reason, "first_divergence": None, "worst": None, "output": None,
             "seconds": None, "result": path, **extra}
 
 
-def build_rows(entries, cache_path=None, build_dir="build", failures=None):
+def _elsewhere(r):
+    """Where a verdict computed in another environment than the run's came from, or None."""
+    h, env = r.get("hashes") or {}, r.get("driver_environment")
+    if env and h.get("environment") and h["environment"] != env:
+        return f"computed in another environment (digest {h['environment'][:12]}, this run's {env[:12]})"
+    return None
+
+
+def _check_rows(e, status, cache, now, parts_now):
+    rows = []
+    for c in e.checks:
+        r = _stamped(cache, c.result, _slim)
+        if r is None:
+            reason = status.get("reason") if status.get("status") != "ok" else \
+                f"{c.result}: not written (the lock did not run)"
+            rows.append(_row(e.name, e.pc.source, c.dtype, "error", reason, c.result, current=False))
+            continue
+        r = {**_row(e.name, e.pc.source, c.dtype, r["verdict"], r["reason"], c.result), **r}
+        inputs = r.pop("inputs", None)
+        r["current"] = bool(now.get(c.dtype)) and r.get("key") == now[c.dtype]
+        if not r["current"] and r["verdict"] in ("pass", "fail"):
+            if status.get("status") != "ok":
+                why = f"the program has no bundle now ({status.get('reason')})"
+            elif not r.get("key"):
+                why = ("it was recorded under no key (by an older version, or its inputs moved "
+                       "while it ran)")
+            else:
+                stale = moved(inputs, parts_now[c.dtype])
+                why = f"its {', '.join(stale)} {'differ' if len(stale) > 1 else 'differs'} from the inputs now"
+            r.update(verdict="error", reason=f"{c.result}: refused: not current: {why}; run doit to "
+                     "lock it again")
+        note = _elsewhere(r)
+        if note:
+            r["environment_note"] = note
+        rows.append(r)
+    return rows
+
+
+def build_rows(entries, cache_path=None, threads=None, failures=None):
     """One row per check: (program, dtype) for locked programs, (program, "emit") for the rest.
 
-    `entries`: [{"name", "source", "status", "manifest", "steps", "weights", "allow_nonfinite",
-    "checks": [(dtype, result_path, atol, rtol)]}]. A result whose recorded digests (bundle,
-    weights manifest, program, merged config, code, environment) differ from what build/ holds
-    now is refused as an error; so is every check of a program one of whose tasks failed in this
-    run (`failures`: {task name: message}), and a failed task of no program is a row of its own.
-    `cache_path`, if given, keeps slim copies of the files read between runs."""
+    `entries`: the run's `checks.Entry` records. A result recorded under another key than its
+    inputs' now is refused as an error that names what moved (and `current` is false); so is
+    every check of a program one of whose tasks failed in this run (`failures`: {task name:
+    message}), and a failed task of no program is a row of its own. `cache_path`, if given,
+    keeps slim copies of the files read between runs, each under its content's fingerprint."""
+    from .keys import check_parts
     cache = StampedCache(cache_path, 5)   # v5: rows carry their key and its record
     failures = dict(failures or {})
     rows = []
     for e in entries:
-        failed = [(t, failures.pop(f"{t}:{e['name']}")) for t in PROGRAM_TASKS
-                  if f"{t}:{e['name']}" in failures]
-        status = _emit_status(cache, e["status"])
-        if not e["checks"]:
+        failed = [(t, failures.pop(f"{t}:{e.name}")) for t in PROGRAM_TASKS
+                  if f"{t}:{e.name}" in failures]
+        status = read_json(e.status) or {"status": "error",
+                                         "reason": f"{e.status}: not written (emit did not run)"}
+        if not e.checks:
             ok = status.get("status") == "ok"
-            rows.append(_row(e, "emit", "pass" if ok else "error", status.get("reason")))
-        manifest = e.get("manifest")
-        for dtype, path, atol, rtol in e["checks"]:
-            r = _stamped(cache, path, _slim)
-            if r is None:
-                reason = status.get("reason") if status.get("status") != "ok" else \
-                    f"{path}: not written (the lock did not run)"
-                r = _row(e, dtype, "error", reason, path)
-            else:
-                r = {**_row(e, dtype, r["verdict"], r["reason"], path), **r}
-                parts = spec = (e.get("keys") or {}).get(dtype)
-                if spec is not None:
-                    parts = key_parts(spec, e["status"], manifest, build_dir + "/digests", e.get("threads"))
-                r["current"] = bool(parts) and r.get("key") == check_key(parts)
-                if not r["current"] and r["verdict"] in ("pass", "fail"):
-                    stale = moved(r.pop("inputs", None), parts)
-                    r.update(verdict="error", reason=f"{path}: refused: not current: its "
-                             f"{', '.join(stale)} {'differ' if len(stale) > 1 else 'differs'} from "
-                             "what the inputs are now; run doit to lock it again")
-            r.pop("inputs", None)
-            rows.append(r)
+            rows.append(_row(e.name, e.pc.source, "emit", "pass" if ok else "error", status.get("reason"),
+                             current=True))
+        parts = {c.dtype: check_parts(e, c, status, threads) for c in e.checks}
+        now = {dt: p and check_key(p) for dt, p in parts.items()}
+        rows += _check_rows(e, status, cache, now, parts)
         if failed:   # the first of its tasks to fail says why (the later ones waited for it)
             task, message = failed[0]
-            for r in rows[len(rows) - max(1, len(e["checks"])):]:
-                r.update(verdict="error", reason=f"{task}:{e['name']} failed in this run: {message}")
+            for r in rows[len(rows) - max(1, len(e.checks)):]:
+                r.update(verdict="error", reason=f"{task}:{e.name} failed in this run: {message}")
     failures.pop("report", None)
     for task, message in sorted(failures.items()):
-        rows.append(_row({"name": task, "source": None}, "task", "error",
-                         f"{task} failed in this run: {message}"))
+        rows.append(_row(task, None, "task", "error", f"{task} failed in this run: {message}"))
     cache.save()
     rows.sort(key=lambda r: (ORDER.get(r["verdict"], 1), r["name"], r["check"]))
     return rows
@@ -154,6 +168,8 @@ def render_junit(rows):
             ET.SubElement(case, "failure", message=describe(r), type="lock-fail").text = describe(r)
         elif r["verdict"] != "pass":
             ET.SubElement(case, "error", message=describe(r), type="lock-error").text = describe(r)
+        if r.get("environment_note"):
+            ET.SubElement(case, "system-out").text = r["environment_note"]
     root = ET.Element("testsuites", name="logos", tests=str(len(rows)), failures=str(c["fail"]),
                       errors=str(c["error"]))
     root.append(suite)
@@ -182,7 +198,9 @@ def render_summary(rows):
             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| `{_md(short(r['name']))}` | {r['check']} | {r['verdict']}"
-                   f"{' (cached)' if r.get('from_cache') else ''} | " + _figures(r))
+                   f"{' (cached)' if r.get('from_cache') else ''}"
+                   f"{' (' + _md(r['environment_note']) + ')' if r.get('environment_note') else ''} | "
+                   + _figures(r))
     gated = [r for r in rows if r.get("bf16")]
     if gated:
         out += ["", "### bfloat16 gate (per op, against its own rounding floor)", "",
@@ -213,9 +231,54 @@ def _figures(r):
             f"{number(shown.get('guarded_rel'))} | {number(one_minus_cos(shown) if shown else None)} |")
 
 
-def write_reports(rows, out_dir, plots_cache=None):
-    """All four files, each whole (staged, then renamed together)."""
+def write_reports(rows, out_dir, plots_cache=None, key=None):
+    """All four files, each whole (staged, then renamed together), then the report's status: the
+    key it was made under (None: never current) and each file's sha256."""
     from .report_html import render
     os.makedirs(out_dir, exist_ok=True)
-    write_files(out_dir, {"report.json": render_json(rows), "junit.xml": render_junit(rows),
-                          "summary.md": render_summary(rows), "report.html": render(rows, plots_cache)})
+    files = {"report.json": render_json(rows), "junit.xml": render_junit(rows),
+             "summary.md": render_summary(rows), "report.html": render(rows, plots_cache)}
+    write_files(out_dir, files)
+    drop_aside(out_dir)
+    write_files(os.path.join(out_dir, "status"), {"report.json": json_lines(
+        {"key": key, "files": {f: sha256_text(t) for f, t in files.items()}})})
+
+
+def recorded_key(out_dir):
+    """The key the last complete report was made under, while its files (where the run set them
+    aside) are what it wrote; else None."""
+    st = read_json(os.path.join(out_dir, "status", "report.json"))
+    if not isinstance(st, dict) or not isinstance(st.get("files"), dict):
+        return None
+    aside = os.path.join(out_dir, STALE)
+    intact = all(sha256_or_none(os.path.join(aside, f)) == sha or sha256_or_none(os.path.join(out_dir, f)) == sha
+                 for f, sha in st["files"].items())
+    return st.get("key") if intact else None
+
+
+def set_aside(out_dir):
+    """At the start of a run: the report of the last complete run moves to build/stale/ (a rename
+    each), so a run that does not end (SIGKILL, a full disk, a crash) leaves no report that says
+    pass; `restore` brings it back once the run finds it current, a new report replaces it."""
+    for f in REPORT_FILES:
+        try:
+            os.makedirs(os.path.join(out_dir, STALE), exist_ok=True)
+            os.replace(os.path.join(out_dir, f), os.path.join(out_dir, STALE, f))
+        except OSError:
+            pass
+
+
+def restore(out_dir):
+    for f in REPORT_FILES:
+        try:
+            os.replace(os.path.join(out_dir, STALE, f), os.path.join(out_dir, f))
+        except OSError:
+            pass
+
+
+def drop_aside(out_dir):
+    for f in REPORT_FILES:
+        try:
+            os.unlink(os.path.join(out_dir, STALE, f))
+        except OSError:
+            pass

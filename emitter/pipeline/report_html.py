@@ -8,10 +8,10 @@ draws one program's plot; a zoo of more than MAX_PLOTS programs plots only those
 import hashlib
 import html
 import json
-import os
 
 from ..files import StampedCache, read_json
 from .plot_svg import log_plot
+from ..fingerprint import sha256_or_none
 from ..verify.verdict import describe, number, one_minus_cos
 
 MAX_PLOTS = 200
@@ -39,14 +39,17 @@ def _series(paths):
 
 
 def _stamp(paths):
+    """The plots' stamp: the result files' contents, by the one fingerprint rule."""
     h = hashlib.sha256()
     for _, p in paths:
-        try:
-            st = os.stat(p)
-            h.update(f"{p}:{st.st_mtime_ns}:{st.st_size};".encode())
-        except OSError:
-            h.update(f"{p}:-;".encode())
+        h.update(f"{p}:{sha256_or_none(p) or '-'};".encode())
     return h.hexdigest()
+
+
+def _why(r):
+    why = describe(r) if r["verdict"] != "pass" else ""
+    note = r.get("environment_note")
+    return f"{why} ({note})" if why and note else (note or why)
 
 
 def render(rows, cache_path=None):
@@ -80,7 +83,7 @@ def render(rows, cache_path=None):
                 f"<td>{number(w.get('ratio'))}</td><td>{number(shown.get('max_abs'))}</td>"
                 f"<td>{number(shown.get('guarded_rel'))}</td>"
                 f"<td>{number(one_minus_cos(shown) if shown else None)}</td>"
-                f"<td>{html.escape(describe(r)) if r['verdict'] != 'pass' else ''}</td></tr>")
+                f"<td>{html.escape(_why(r))}</td></tr>")
         out.append("</table>")
         paths = [(r["check"], r["result"]) for r in checks if r.get("result")]
         if paths and (plot_all or bad):

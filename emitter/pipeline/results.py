@@ -12,6 +12,7 @@ import os
 import sqlite3
 import sys
 
+from ..files import read_json
 from ..verify.verdict import number, short
 
 DEFAULT_DB = "build/results.sqlite"
@@ -39,9 +40,10 @@ CREATE INDEX IF NOT EXISTS runs_name ON runs (name, dtype, id);
 """
 # The schema's version (SQLite's user_version) and the columns each version added: a DB an older
 # project wrote (a restored CI cache) is brought up to date; one a newer project wrote is refused.
-VERSION = 2
+VERSION = 3
 _ADDED = {2: (("worst_stage", "TEXT"), ("worst_op", "TEXT"), ("worst_ratio", "REAL"),
-              ("guarded_rel", "REAL"), ("code_sha", "TEXT"), ("env_sha", "TEXT"))}
+              ("guarded_rel", "REAL"), ("code_sha", "TEXT"), ("env_sha", "TEXT")),
+          3: (("key", "TEXT"), ("threads", "INTEGER"))}
 
 
 class HistoryError(Exception):
@@ -83,6 +85,16 @@ def _bundle_sha(hashes):
     return "|".join(f"{k}={b[k]}" for k in sorted(b))
 
 
+def refill(db, results):
+    """A history that was deleted is made again from the result files build/ holds (`results`:
+    their paths), so `logos results` has every check's last verdict once more."""
+    if os.path.isfile(db):
+        return 0
+    rs = [r for r in (read_json(p) for p in results) if isinstance(r, dict) and r.get("verdict")]
+    record_all(db, rs)
+    return len(rs)
+
+
 def record_all(db, rs, at=None):
     """Append RESULT.json dicts as runs, in one transaction (one commit per lock task, not per
     check); returns their ids."""
@@ -94,8 +106,8 @@ def record_all(db, rs, at=None):
                 "INSERT INTO runs (at, name, dtype, steps, verdict, reason, program, source_sha, "
                 "bundle_sha, weights_sha, config_sha, max_abs, max_rel, nmse, cosine, first_stage, "
                 "first_out, first_op, first_line, total_s, result, worst_stage, worst_op, "
-                "worst_ratio, guarded_rel, code_sha, env_sha) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", _row(r, at)).lastrowid
+                "worst_ratio, guarded_rel, code_sha, env_sha, key, threads) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", _row(r, at)).lastrowid
                 for r in rs]
     finally:
         con.close()
@@ -112,7 +124,8 @@ def _row(r, at):
             f.get("stage"), f.get("out"), f.get("op"), f.get("line"),
             (r.get("timings") or {}).get("total_s"), json.dumps(r, sort_keys=True, allow_nan=True),
             None if w.get("stage") is None else str(w.get("stage")), w.get("op"), w.get("ratio"),
-            o.get("guarded_rel"), h.get("code"), h.get("environment"))
+            o.get("guarded_rel"), h.get("code"), h.get("environment"), r.get("key"),
+            (r.get("execution") or {}).get("threads"))
 
 
 def latest(db):
@@ -138,11 +151,34 @@ def history(db, name):
         con.close()
 
 
+def currency(rows, programs_dir):
+    """Mark each latest run `current` when its recorded key is the key of its check's inputs as
+    they are now (the zoo whose programs are in `programs_dir`, its build/ beside it): the one
+    rule the pipeline uses. A run of a check the zoo no longer has, or with no key, is not."""
+    from .checks import entries
+    from .config import discover
+    from .keys import check_key, check_parts
+    root = os.path.dirname(os.path.abspath(programs_dir))
+    here = os.getcwd()
+    try:
+        os.chdir(root)
+        zoo = {e.name: e for e in entries(discover(".", os.path.basename(programs_dir)))}
+        for x in rows:
+            e = zoo.get(x["name"])
+            c = next((c for c in e.checks if c.dtype == x["dtype"]), None) if e else None
+            parts = c and check_parts(e, c, read_json(e.status), x.get("threads") or 1)
+            x["current"] = bool(parts) and bool(x.get("key")) and x["key"] == check_key(parts)
+    finally:
+        os.chdir(here)
+    return rows
+
+
 def _row_line(x, mark=""):
     first = f" first: stage {x['first_stage']} `{x['first_out']} = {x['first_op']}` line " \
             f"{x['first_line']}" if x["first_op"] else ""
     why = f" ({short(x['reason'], 160)})" if x["verdict"] == "error" and x["reason"] else ""
-    return (f"{mark}#{x['id']:<5} {x['at']}  {x['name']:<24} {x['dtype']:<8} {x['verdict']:<5} "
+    now = "" if x.get("current", True) else "NOT CURRENT "
+    return (f"{mark}#{x['id']:<5} {x['at']}  {x['name']:<24} {x['dtype']:<8} {x['verdict']:<5} {now}"
             f"max_abs {number(x['max_abs']):<9} worst {number(x.get('worst_ratio')):<8}x tol "
             f"src {str(x['source_sha'] or '-')[:10]} w {str(x['weights_sha'] or '-')[:10]}{first}{why}")
 
@@ -232,16 +268,21 @@ def _main(args):
             print(f"{args.db}: no runs of {', '.join(f'`{n}`' for n in missing)}", file=sys.stderr)
             return 2
         rows = [x for x in rows if x["name"] in wanted]
+    if present is not None:
+        currency(rows, args.programs)
     bad = sum(1 for x in rows if x["verdict"] != "pass")
+    stale = sum(1 for x in rows if not x.get("current", False))
     if args.json:
-        keep = ("id", "at", "name", "dtype", "steps", "verdict", "reason", "max_abs", "guarded_rel",
-                "worst_stage", "worst_op", "worst_ratio", "first_stage", "first_out", "first_op",
-                "first_line", "source_sha", "weights_sha", "code_sha", "env_sha")
+        keep = ("id", "at", "name", "dtype", "steps", "verdict", "current", "reason", "max_abs",
+                "guarded_rel", "worst_stage", "worst_op", "worst_ratio", "first_stage", "first_out",
+                "first_op", "first_line", "source_sha", "weights_sha", "code_sha", "env_sha", "key")
         print(json.dumps({"programs": len({x["name"] for x in rows}), "checks": len(rows),
-                          "not_passing": bad, "runs": [{k: x.get(k) for k in keep} for x in rows]},
+                          "not_passing": bad, "not_current": stale,
+                          "runs": [{k: x.get(k) for k in keep} for x in rows]},
                          indent=1, allow_nan=True))
-        return 1 if bad else 0
+        return 1 if bad or stale else 0
     for x in rows:
         print(_row_line(x))
-    print(f"{len({x['name'] for x in rows})} programs, {len(rows)} checks, {bad} not passing")
-    return 1 if bad else 0
+    print(f"{len({x['name'] for x in rows})} programs, {len(rows)} checks, {bad} not passing, "
+          f"{stale} not current (each verdict against the key of its inputs now)")
+    return 1 if bad or stale else 0

@@ -1,14 +1,15 @@
-"""Importing this module loads all of the lock code into the process (a Dask worker, or the
-forkserver its workers are forked from) and records what was loaded: `LOADED`, the code's
-location-free digest, taken before and after the imports. A worker reports it with each check
-(`check_worker.run_check`), and the driver refuses a verdict from code other than its run's. Loaded
-all at once, none of it later: a module imported lazily by some check could otherwise be an
-edited one under the digest taken at the start. Files that changed while they were being imported
-leave `LOADED` a digest no run has ("moved:…")."""
+"""Importing this module loads all of the lock code into the process (a Dask worker, the forkserver
+its workers are forked from, or the driver running checks inline) and records what was loaded:
+`LOADED`, the code's location-free digest, taken before and after the imports. Each check reports
+it, and the driver refuses a verdict from code other than the code its key names. Loaded all at
+once, none of it later: a module imported lazily by some check could otherwise be an edited one
+under the digest taken at the start. Files that changed while they were being imported leave
+`LOADED` a digest no run has ("moved:…"); the package's checked-hash .pyc files (emitter/bytecode.py)
+make what is imported the bytes that were hashed."""
 
 import importlib
 
-from .digests import PACKAGE, code_files, package_digest
+from .digests import code_files, package_digest
 
 _PKG = __name__.rsplit(".", 2)[0]
 
@@ -19,7 +20,7 @@ def _module(rel):
 
 
 _before = package_digest("lock")
-for _rel in code_files(PACKAGE, "lock"):
+for _rel in code_files("lock"):
     importlib.import_module(_module(_rel))
 _after = package_digest("lock")
 LOADED = _before if _before == _after else f"moved:{_before}:{_after}"

@@ -1,14 +1,14 @@
-"""The VM's golden outputs, written into a bundle by the lock so that the bundle checks itself:
-`python compile.py test` runs model.py on the weights the lock used and compares with them. Small
-on purpose: per step the output (raw float64) and a few stage summaries (shape, mean, rms, first
-values), with the tolerances the lock applied."""
+"""The VM's golden outputs, which the lock hands back as the files of the bundle's golden/ so that
+the bundle checks itself: `python compile.py test` runs model.py on the weights the lock used and
+compares with them. Small on purpose: per step the output (raw float64) and a few stage summaries
+(shape, mean, rms, first values), with the tolerances the lock applied. The lock writes nothing:
+its callers (`logos lock`, the pipeline's driver) write the files where they belong."""
 
 import json
 import os
 
 import numpy as np
 
-from ..files import write_atomic, write_files
 
 SCHEMA, VERSION = "logos.golden", 1
 STAGES = 8   # stage summaries per step, spread over the program, and always the output's
@@ -32,24 +32,26 @@ def picked(program):
 
 
 class Golden:
-    """Collects each step of the VM's run, then writes `golden/` into the bundle (files whole)."""
+    """Collects each step of the VM's run; `files()` is then golden/'s content, {name: bytes}.
+    `bundle_dir` is where golden/ is to go: the weights directory is recorded relative to it."""
 
-    def __init__(self, directory, program, weights_dir, tolerances):
-        self.directory, self.program, self.tolerances = directory, program, tolerances
+    def __init__(self, bundle_dir, program, weights_dir, tolerances):
+        self.program, self.tolerances = program, tolerances
         self.weights = None if weights_dir is None else os.path.relpath(
-            os.path.abspath(weights_dir), os.path.abspath(os.path.dirname(directory)))
-        self.files, self.stages, self.indices = {}, [], picked(program)
+            os.path.abspath(weights_dir), os.path.abspath(bundle_dir))
+        self.outputs, self.stages, self.indices = {}, [], picked(program)
 
     def add(self, step, trace):
-        self.files[f"output.{step}.f64"] = np.ascontiguousarray(trace.output, dtype="<f8")
+        self.outputs[f"output.{step}.f64"] = np.ascontiguousarray(trace.output, dtype="<f8").tobytes()
         self.stages.append([{"stage": i, "out": self.program.stages[i].out,
                              "op": self.program.stages[i].op.name, **summary(trace.stages[i])}
                             for i in self.indices])
 
-    def write(self):
+    def files(self):
+        """{name: bytes} of golden/: each step's output, then golden.json (last, so that a writer
+        renaming them into place in this order shows golden.json only beside its outputs)."""
         steps = len(self.stages)
         body = {"schema": SCHEMA, "version": VERSION, "weights": self.weights, "steps": steps,
                 "tolerances": self.tolerances, "output": self.program.output,
                 "outputs": [f"output.{s}.f64" for s in range(1, steps + 1)], "stages": self.stages}
-        write_files(self.directory, self.files)
-        write_atomic(os.path.join(self.directory, "golden.json"), json.dumps(body, indent=1) + "\n")
+        return {**self.outputs, "golden.json": (json.dumps(body, indent=1) + "\n").encode("utf-8")}

@@ -21,7 +21,7 @@ import uuid
 
 import numpy as np
 
-from ..files import BUNDLE_FILES, json_lines, write_atomic
+from ..files import BUNDLE_FILES, json_lines, write_atomic, write_files
 from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
@@ -291,11 +291,13 @@ def _excuse(torch, out_m, probe, trace, feed, gate):
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
                 rtol=None, allow_nonfinite=(), max_tensor_bytes=None, golden=None, bf16_bounds=None,
-                precision=None, known_hashes=None, weights_shas=None):
+                precision=None, known_hashes=None, weights_shas=None, golden_files=None):
     """Lock one bundle, as it stands on disk, against its program; the RESULT.json dict (verdict
     pass, fail or error). A program whose tensors take more than `max_tensor_bytes` (float64) is
-    refused before anything is allocated. With `golden` ({dtype: tolerance}), the VM's outputs
-    and stage summaries are written into the bundle's golden/ for `compile.py test`."""
+    refused before anything is allocated. Nothing is written: with `golden` ({dtype: tolerance})
+    and `golden_files` (a dict), the files of the bundle's golden/ for `compile.py test` (the VM's
+    outputs and stage summaries, {name: bytes}) are put into `golden_files` once every step ran,
+    for the caller to write (`write_golden`)."""
     start = time.perf_counter()
     tol = tolerance(dtype, atol, rtol)
     result = {
@@ -352,15 +354,15 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                 gate = _gate(module, program, precision, bf16_bounds)
                 gate["model"] = model if load["pass"] else None   # its leaves: the floors' weights
             keep = None
-            if golden is not None:
+            if golden is not None and golden_files is not None:
                 from .golden import Golden
-                keep = Golden(os.path.join(bundle_dir, "golden"), program, weights_dir, golden)
+                keep = Golden(bundle_dir, program, weights_dir, golden)
             details, stages, first, output, raised = _run(torch, model, torch_dtype, program, leaves.values,
                                                           steps, tol, result["timings"], resident, keep, gate)
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
         if keep is not None and raised is None:
-            keep.write()
+            golden_files.update(keep.files())
         if load["failed"]:   # a wrong leaf is the first divergence, whatever the module did then
             f = load["failed"][0]
             first = {"step": 0, "stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],
@@ -395,6 +397,11 @@ def write_result(result, path):
     write_atomic(path, json_lines(result))
 
 
+def write_golden(bundle_dir, files):
+    """golden/'s files (lock_bundle's `golden_files`) into the bundle, whole or not at all."""
+    write_files(os.path.join(bundle_dir, "golden"), files)
+
+
 EXIT = {"pass": 0, "fail": 1, "error": 2}
 
 
@@ -418,11 +425,18 @@ def main(args):
     if args.threads < 1:
         print(f"--threads must be at least 1, got {args.threads}", file=sys.stderr)
         return 2
+    golden = {}
     with thread_limits(args.threads) as threads:
         r = lock_bundle(args.bundle, args.program, args.weights, args.dtype, args.steps, args.atol,
-                        args.rtol, tuple(args.allow_nonfinite))
+                        args.rtol, tuple(args.allow_nonfinite), golden_files=golden,
+                        golden={args.dtype: tolerance(args.dtype, args.atol, args.rtol)})
     r["execution"] = {"executor": "logos lock", "pid": os.getpid(), **threads}
     write_result(r, args.out)
+    if golden:   # beside the bundle's files, for `python compile.py test`
+        try:
+            write_golden(args.bundle, golden)
+        except OSError as e:
+            print(f"{args.bundle}: golden/ not written: {e}", file=sys.stderr)
     print(f"{r['name']} [{r['steps']} step(s)] {verdict.line(r)}",
           file=sys.stderr if r["verdict"] != "pass" else sys.stdout)
     if r["verdict"] == "fail" and r.get("raised"):   # the line names the stage; this, the exception

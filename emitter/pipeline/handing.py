@@ -1,0 +1,80 @@
+"""Which of the zoo's tasks a run hands doit. A plain run (`doit` or `logos doit` with nothing but
+command-line variables) hands doit the tasks that are not current by their keys (`keys`: the same
+functions doit's up-to-date checks call, so nothing current is left out by construction), what
+they name, and the report; a no-op then costs a stat per input file and doit one task. Any other
+run (tasks named, another command, a doit config file, a dodo whose own task creators may name
+the zoo's tasks) is handed every task."""
+
+import os
+import sys
+import tomllib
+
+NOT_RUNS = {"list", "info", "clean", "forget", "ignore", "dumpdb", "strace", "help", "reset-dep",
+            "tabcompletion", "auto"}
+
+
+def doit_args():
+    """doit's arguments in this process (`doit ARGS`, `logos doit ARGS`, `python -m emitter doit
+    ARGS`), or None when they cannot be told (doit driven from Python)."""
+    argv = sys.argv
+    if argv[1:2] == ["doit"] and os.path.basename(argv[0]) in ("logos", "__main__.py", "-m"):
+        return argv[2:]
+    a0 = argv[0] if argv else ""
+    if os.path.basename(a0) == "doit" or a0.endswith(os.path.join(os.sep, "doit", "__main__.py")):
+        return argv[1:]
+    return None
+
+
+def is_run(args):
+    """Whether the command runs tasks (anything but doit's list, info, clean, …)."""
+    return not any(a in NOT_RUNS for a in args or ())
+
+
+def plain(args):
+    """A run of the default tasks with no option (command-line variables allowed) and no doit
+    config file that could set one."""
+    if args is None or any(not ("=" in a and not a.startswith("-")) for a in args):
+        return False
+    if os.path.exists("doit.cfg"):
+        return False
+    try:
+        with open("pyproject.toml", "rb") as f:
+            data = tomllib.load(f)
+    except OSError:
+        return True
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False                 # doit will say what is wrong with it
+    tool = data.get("tool")
+    return not (isinstance(tool, dict) and "doit" in tool)
+
+
+def dodo_ok(ours, config, own_keys, inputs):
+    """Whether the dodo doit loaded (if any) lets a plain run hand doit fewer tasks: each task
+    creator of its own is marked `standalone` (it names none of the zoo's tasks) and writes none of
+    the zoo's `inputs` (files, or folders ending in os.sep: doit must then order the two), and the
+    settings that decide what is current (`own_keys`) are `config`'s."""
+    mod = sys.modules.get("dodo")
+    if mod is None or not os.path.samefile(os.path.dirname(os.path.abspath(mod.__file__)), os.getcwd()):
+        return True   # `logos doit`: the zoo's tasks alone
+    ns = vars(mod)
+    made = set()
+    for key, ref in list(ns.items()):
+        if key.startswith("task_") and callable(ref) and not isinstance(ref, type) and ref not in ours:
+            if not getattr(ref, "zoo_standalone", False):
+                return False
+            made |= _targets(ref())   # a standalone creator only describes its tasks
+        elif hasattr(ref, "create_doit_tasks") and not getattr(ref, "zoo_standalone", False):
+            return False
+    dirs = tuple(i for i in inputs if i.endswith(os.sep))
+    if made & set(inputs) or any(f.startswith(dirs) for f in made):
+        return False
+    cfg = ns.get("DOIT_CONFIG")
+    return isinstance(cfg, dict) and all(cfg.get(k) == config[k] for k in own_keys)
+
+
+def _targets(made):
+    out = set()
+    for t in [made] if isinstance(made, dict) else list(made or ()):
+        if isinstance(t, dict):
+            out.update(os.path.normpath(str(f)) for f in t.get("targets", ()))
+    return out

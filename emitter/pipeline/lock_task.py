@@ -1,0 +1,203 @@
+"""The lock task's action: each check of one program under the key of its inputs as they are now.
+
+A check whose key already holds its pass here is kept; one the shared cache holds (`cache=URL`) is
+taken from it; the rest go to the executor (inline, or a Dask cluster) as jobs. The driver alone
+writes: each result (with its key and the record it was computed from), golden/, the lock status
+(each check's key, verdict and result's sha256: what `keys.lock_current` reads) and the history.
+A result is recorded under its key only when it is about that key: the code that ran is the code
+the key names (a worker reports what it loaded), and the program, bundle and weights files it read
+are those the key hashed; else it is recorded with no key, so the next run checks it again.
+A cluster that lost a check (a dead worker, no scheduler) records an error and fails the task."""
+
+import os
+import sys
+
+from ..files import json_lines, read_json, write_atomic, write_files
+from ..fingerprint import sha256_or_none
+from . import digests
+from .guards import freeze_heap
+from .keys import check_key, check_parts
+
+RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
+
+
+def error_result(name, source, dtype, steps, reason):
+    """The RESULT.json of a check that could not run at all."""
+    return {"schema": RESULT_SCHEMA, "version": RESULT_VERSION, "program": None, "name": name,
+            "program_path": source, "dtype": dtype, "steps": steps, "verdict": "error",
+            "reason": reason, "tolerance": None, "output": None, "worst": None,
+            "first_divergence": None, "stages": [], "steps_detail": [], "timings": {},
+            "hashes": {}, "environment": None, "unmatched_weights": []}
+
+
+def _kept(entry, check, key, recorded):
+    """The result already recorded for `key` with a pass, its file intact, or None."""
+    r = recorded.get(check.dtype)
+    if key and isinstance(r, dict) and r.get("key") == key and r.get("verdict") == "pass" \
+            and sha256_or_none(check.result) == r.get("sha256"):
+        return read_json(check.result)
+    return None
+
+
+def _weights_shas(entry, parts):
+    """{file: sha256} the check's weights files must still hold when it reads them."""
+    w = (parts or {}).get("weights") or {}
+    if "files" in w:
+        return w["files"]
+    if "import" in w:
+        from .weights import DERIVED
+        return (read_json(os.path.join(entry.pc.weights, DERIVED)) or {}).get("files")
+    return None
+
+
+def _about(r, parts):
+    """Whether a computed result is about the inputs its key names: the program text and bundle
+    files it read are those the key was computed from (a file edited between the two is not)."""
+    h = r.get("hashes") or {}
+    return h.get("source") == parts["source"] and h.get("bundle") == parts["bundle"]
+
+
+def _job(entry, check, parts, run, golden):
+    from . import executors
+    pc = entry.pc
+    kwargs = dict(dtype=check.dtype, steps=pc.steps, atol=check.atol, rtol=check.rtol,
+                  allow_nonfinite=tuple(pc.allow_nonfinite), max_tensor_bytes=pc.limits["tensor_bytes"],
+                  bf16_bounds=pc.bf16, precision=pc.precision, weights_shas=_weights_shas(entry, parts))
+    return {"name": pc.name, "root": os.getcwd(), "bundle": entry.bundle, "source": pc.source,
+            "weights": pc.weights, "kwargs": kwargs, "golden": golden, "threads": run["threads"],
+            "thread_env": {k: os.environ[k] for k in executors.POOL_VARS if k in os.environ},
+            "memory": executors.memory_need(os.path.join(entry.bundle, "manifest.json"))}
+
+
+def _refused(o, dtype, own):
+    """An outcome from code other than the code this run's keys name is an error, not a verdict."""
+    if "error" in o:
+        return o
+    ex = o["execution"]
+    ran = ex.get("code")
+    if ran == own:
+        return o
+    where = f"on worker {ex.get('worker')}" if ex.get("executor", "inline") != "inline" else "here"
+    hint = ("a worker keeps the code it loaded; restart the Dask workers after the emitter changes, "
+            "or install this emitter on them" if where != "here" else
+            "the emitter's code changed while the run was under way; run doit again")
+    return {"error": f"the {dtype} lock check ran {where} with other lock code than this run's "
+                     f"(digest {str(ran)[:12]}, this run's {str(own)[:12]}): {hint}",
+            "infrastructure": True}
+
+
+def lock_program(entry, run, db):
+    """Lock one program's checks (see the module's doc); `run`: the run's settings (executor,
+    workers, threads, cache). Verdicts are recorded, not raised."""
+    freeze_heap()
+    from doit.exceptions import TaskFailed
+    from ..verify import verdict
+    from . import cache, executors, results as history
+    pc, threads = entry.pc, run["threads"]
+    store = cache.store(run.get("cache"))
+    status = read_json(entry.status) or {"status": "error", "reason": f"{entry.status}: missing or unreadable"}
+    recorded = (read_json(entry.lock_status) or {}).get("checks") or {}
+    own = digests.code("lock")
+    done, parts_of, keys, jobs, fresh = {}, {}, {}, [], set()
+    golden = {c.dtype: c.tolerance for c in entry.checks}
+    for c in entry.checks:
+        if status.get("status") != "ok":
+            done[c.dtype] = error_result(pc.name, pc.source, c.dtype, pc.steps, status.get("reason") or pc.error)
+            continue
+        parts = parts_of[c.dtype] = check_parts(entry, c, status, threads)
+        key = keys[c.dtype] = parts and check_key(parts)
+        kept = _kept(entry, c, key, recorded)
+        if kept is not None:
+            done[c.dtype] = kept
+            continue
+        hit = store.get(key) if key and store is not None else None
+        if hit is not None:
+            done[c.dtype] = hit
+            continue
+        if pc.weights and not os.path.isdir(pc.weights):
+            done[c.dtype] = error_result(pc.name, pc.source, c.dtype, pc.steps,
+                                         f"{pc.weights}: the weights directory does not exist")
+            continue
+        # the VM's outputs are the same for every dtype: golden/ is written once
+        jobs.append(_job(entry, c, parts, run, golden))
+        golden = golden if (run.get("executor") or "inline") != "inline" else None
+    lost, loaded = None, None
+    if jobs and (run.get("executor") or "inline") == "inline":
+        from .worker_code import LOADED as loaded   # all of the lock code, before any check runs
+    try:
+        ex = executors.executor(run.get("executor"), run.get("workers"))
+        outcomes = ex.run(jobs, pc.limits["seconds"]) if jobs else []
+    except executors.ExecutorError as e:
+        outcomes = [{"error": str(e), "infrastructure": True}] * len(jobs)
+    wrote_golden = False
+    for job, o in zip(jobs, outcomes):
+        dtype = job["kwargs"]["dtype"]
+        if loaded is not None and "error" not in o:
+            o["execution"]["code"] = loaded
+        o = _refused(o, dtype, own)
+        fresh.add(dtype)
+        if "error" in o:
+            done[dtype] = error_result(pc.name, pc.source, dtype, pc.steps, o["error"])
+            lost = lost or (o["error"] if o.get("infrastructure") else None)
+            continue
+        done[dtype] = r = o["result"]
+        r["execution"] = o["execution"]
+        if r["execution"].get("executor", "inline") != "inline":   # maybe in another environment
+            r["execution"]["driver_environment"] = digests.env()
+        if r.get("stale_weights"):   # an error this run's inputs caused: the next run tries again
+            lost = lost or r["reason"]
+        if o.get("golden") and not wrote_golden:
+            write_files(os.path.join(entry.bundle, "golden"), o["golden"])
+            wrote_golden = True
+    statuses = {}
+    for c in entry.checks:
+        r, key, parts = done[c.dtype], keys.get(c.dtype), parts_of.get(c.dtype)
+        r["name"] = pc.name
+        if c.dtype in fresh:
+            if key and (r["verdict"] == "error" or not _about(r, parts)):
+                key = None   # about other inputs than its key's (or no verdict): checked again
+            r["key"], r["inputs"] = key, parts if key else None
+            r["cache"] = {"url": store and store.url, "key": key}
+            if store is not None:
+                r["from_cache"] = False
+            r["hashes"].update(code=own, config=c.spec and c.spec["config"],
+                               environment=(r.get("environment") or {}).get("digest"))
+        elif r.get("from_cache"):
+            r["cache"]["url"] = store.url
+        write_atomic(c.result, json_lines(r))
+        statuses[c.dtype] = {"key": r.get("key"), "verdict": r["verdict"], "sha256": sha256_or_none(c.result)}
+        if c.dtype in fresh and store is not None and key:
+            _publish(store, pc.name, c.dtype, key, r, parts)
+        line = verdict.line(r) + (" (from the cache)" if r.get("from_cache") else "")
+        (sys.stdout if r["verdict"] == "pass" else sys.stderr).write(f"lock:{pc.name} {line}\n")
+    refused = status.get("key") if status.get("status") == "error" else None
+    write_atomic(entry.lock_status, json_lines({"schema": "logos.pipeline.lock", "version": 1,
+                                                "checks": statuses, "refused": refused}))
+    new = [done[c.dtype] for c in entry.checks if c.dtype in fresh or done[c.dtype].get("from_cache")
+           or status.get("status") != "ok"]
+    try:
+        if new:
+            history.record_all(db, new)
+    except history.HistoryError as e:   # the verdicts stand in their RESULT.json all the same
+        sys.stderr.write(f"lock:{pc.name}: the history was not appended to: {e}\n")
+    if lost:
+        return TaskFailed(f"lock:{pc.name}: {lost} (recorded as an error; the next run tries again)")
+    return True
+
+
+def _publish(store, name, dtype, key, r, parts):
+    """Share a verdict computed here under its key (best effort: the verdict stands regardless);
+    one computed in another environment than the key names (a Dask worker elsewhere) is not."""
+    from .cache import publishable
+    if r["verdict"] not in ("pass", "fail"):
+        return
+    if not publishable(r, parts):
+        sys.stderr.write(f"lock:{name}: [{dtype}] not published to {store.url}: computed in another "
+                         "environment than this checkout's (a worker with other versions or another "
+                         "CPU); the key names this one\n")
+        return
+    try:
+        store.put(key, r)
+    except Exception as e:
+        sys.stderr.write(f"lock:{name}: [{dtype}] not published to {store.url}: "
+                         f"{type(e).__name__}: {str(e)[:200]}\n")

@@ -1,0 +1,234 @@
+"""One doit run over the zoo: its settings, its records and the tasks it hands doit.
+
+`begin` runs when doit opens its dependency DB (the zoo's file checker is constructed then, in
+every command that uses the DB, through a dodo.py or `logos doit` alike): build/'s lock, what a
+killed run left swept, a damaged DB set aside, the fingerprint cache bound, and on a command that
+runs tasks the report of the last complete run set aside (build/stale/) until this run writes or
+confirms one. `Run` is made by the first task creator doit calls: the zoo read into records once,
+and on a plain run the pre-check that hands doit only what is not current (`handing`)."""
+
+import os
+import sys
+
+from .. import fingerprint
+from . import cache as vcache, executors, files_io, guards, handing, keys
+from .checks import entries
+from .config import discover
+from .report import REPORT_FILES, set_aside
+from ..importers import declared_reads
+from ..verify.threads import DEFAULT_THREADS
+
+_BEGUN = []
+
+
+class ZooChecker(files_io.FingerprintChecker):
+    """doit's file checker (`check_file_uptodate`), which doit makes just before it opens its
+    dependency DB: the run begins here, before anything touches build/."""
+
+    def __init__(self):
+        begin("build")
+
+
+def begin(build):
+    """Set the run up before doit opens its DB (once per process)."""
+    if _BEGUN:
+        return
+    _BEGUN.append(build)
+    root = os.getcwd()
+    guards.safe_build(root, build)
+    guards.exclusive(build)
+    guards.sweep(build)
+    guards.install_sigterm(build)
+    guards.pause_collector()
+    fingerprint.bind(f"{build}/.fingerprints.json")
+    if handing.is_run(handing.doit_args()):
+        set_aside(build)
+
+
+def settings(get_var):
+    """executor=, workers=, threads=, cache= (doit's command-line variables), checked: a bad one,
+    or a scheduler nobody answers at, is one line and exit 3."""
+    try:
+        ex = executors.parse(get_var("executor"), get_var("workers"))
+        threads = str(get_var("threads") or DEFAULT_THREADS)
+        if not threads.isdigit() or int(threads) < 1:
+            raise executors.ExecutorError(f"threads={threads}: must be a whole number of at least 1")
+        executors.probe(ex)
+        store, warning = vcache.open_cache(get_var("cache"))
+    except (executors.ExecutorError, vcache.CacheError) as e:
+        sys.stderr.write(f"doit: refused: {e}\n")
+        raise guards.BuildBusy(3) from None
+    if warning:
+        sys.stderr.write(f"warning: {warning}\n")
+    return {"executor": ex["spec"], "workers": ex["workers"], "threads": int(threads),
+            "cache": store.url if store else None, "kind": ex["kind"]}
+
+
+class Run:
+    def __init__(self, build, config, own_config, ours):
+        from doit import get_var
+        begin(build)
+        self.build, self.db = build, f"{build}/results.sqlite"
+        self.settings = settings(get_var)
+        warnings = []
+        programs = discover(os.getcwd(), cache_file=f"{build}/.config-cache.json", warnings=warnings)
+        for w in warnings:
+            sys.stderr.write(f"warning: {w}\n")
+        defaults = [f for f in ("programs/defaults.yaml",) if os.path.isfile(f)]
+        self.entries = entries(programs, build, defaults)
+        self.handed = None   # None: every task; else the names of those handed beside the report
+        args = handing.doit_args()
+        if handing.plain(args) and handing.dodo_ok(ours, config, own_config, self._inputs()):
+            self.handed = self._not_current()
+        locks = [e for e in self.entries if e.locked and self._hands(f"lock:{e.name}")]
+        if self.settings["kind"] != "inline" and locks and handing.is_run(args):
+            executors.executor(self.settings["executor"], self.settings["workers"]).warm()
+
+    # --- what is handed ------------------------------------------------------------------------
+    def _inputs(self):
+        """The files and folders (os.sep-ended) the zoo's tasks read: a dodo task writing one must
+        be ordered by doit, so every task is handed."""
+        out = {"programs" + os.sep}
+        for e in self.entries:
+            out |= {os.path.normpath(f) for f in (e.pc.source, *e.configs)}
+            if e.pc.weights and not e.pc.derive:
+                out.add(os.path.normpath(e.pc.weights) + os.sep)
+            if e.pc.derive:
+                out |= {os.path.normpath(p) for p in self._reads(e)}
+        return out
+
+    def _reads(self, e):
+        try:
+            return [p for _, p in declared_reads(e.pc.derive.importer, e.pc.derive.checkpoint,
+                                                 e.pc.derive.checkpoint_path) if not os.path.isabs(p)]
+        except (OSError, ValueError):
+            return []
+
+    def _not_current(self):
+        """The zoo's tasks that are not current, and what they name (doit must know each)."""
+        threads, out = self.settings["threads"], set()
+        for e in self.entries:
+            w = e.pc.derive is not None and not e.pc.error and not keys.import_current(e)
+            em = not keys.emit_current(e)
+            lk = e.locked and (w or em or not keys.lock_current(e, threads))
+            if lk or w or em:
+                out |= {f"emit:{e.name}"} | ({f"weights:{e.name}"} if e.pc.derive and not e.pc.error else set())
+            if lk:
+                out.add(f"lock:{e.name}")
+                if self.settings["cache"] and e.pc.derive and not e.pc.error:
+                    out.add(f"cachelookup:{e.name}")
+        return out
+
+    def _hands(self, name):
+        return self.handed is None or name in self.handed
+
+    def say(self):
+        """A line for the run's end when doit was handed fewer tasks than the zoo has."""
+        if self.handed is None:
+            return None
+        if not self.handed:
+            return "nothing moved since the last run: every task is current\n"
+        total = sum(1 + e.locked + bool(e.pc.derive and not e.pc.error) for e in self.entries) + 1
+        return (f"{len(self.handed) + 1} of {total} tasks handed to doit: the others are current "
+                "by their keys\n")
+
+    # --- the tasks -----------------------------------------------------------------------------
+    def weights_tasks(self):
+        from .weights import import_weights
+        for e in self.entries:
+            if e.pc.error or not e.pc.derive or not self._hands(f"weights:{e.name}"):
+                continue
+            d = e.pc.derive
+            yield {
+                "name": e.name,
+                "doc": f"import {d.checkpoint} with import-{d.importer} into {e.pc.weights}",
+                "actions": [(import_weights, [d, e.pc.source, e.pc.weights, e.pc.limits["seconds"],
+                                              f"{self.build}/tmp"])],
+                # (what doit orders by: a dodo task that writes one of these runs first)
+                "file_dep": self._reads(e) + [e.pc.source] + list(e.configs),
+                "uptodate": [(keys.uptodate, ["weights", e])],
+                "clean": [(files_io.remove_dir, [e.pc.weights])],
+            }
+
+    def emit_tasks(self):
+        from .actions import emit_bundle
+        for e in self.entries:
+            if not self._hands(f"emit:{e.name}"):
+                continue
+            yield {
+                "name": e.name,
+                "doc": f"emit {e.pc.source} to {e.bundle}/",
+                "actions": [(emit_bundle, [e])],
+                "file_dep": ([] if e.pc.error else [e.pc.source]) + list(e.configs),
+                "uptodate": [(keys.uptodate, ["emit", e])],
+                "clean": [(files_io.remove_files, [[e.status] + e.bundle_files()])],
+            }
+
+    def lock_tasks(self):
+        from .lock_task import lock_program
+        for e in self.entries:
+            if not e.locked or not self._hands(f"lock:{e.name}"):
+                continue
+            deps = [f"emit:{e.name}"]
+            more = {}
+            if e.pc.derive and not e.pc.error:
+                if self.settings["cache"]:
+                    more = {"calc_dep": [f"cachelookup:{e.name}"]}
+                else:
+                    deps.append(f"weights:{e.name}")
+            files = []
+            if e.pc.weights and not e.pc.derive and os.path.isdir(e.pc.weights):
+                from .weights import listed
+                files = [f"{e.pc.weights}/{n}" for n in sorted(listed(e.pc.weights))]
+            yield {
+                "name": e.name,
+                "doc": f"lock {e.name} ({', '.join(c.dtype for c in e.checks)}, {e.pc.steps} step(s))",
+                "actions": [(lock_program, [e, self.settings, self.db])],
+                "task_dep": deps,
+                "file_dep": files,
+                "uptodate": [(keys.uptodate, ["lock", e, self.settings["threads"]])],
+                # the history in results.sqlite stays: `logos results --prune` drops a program's
+                "clean": [(files_io.remove_files, [[c.result for c in e.checks] + [e.lock_status]]),
+                          (files_io.remove_dir, [f"{e.bundle}/golden"])],
+                **more,
+            }
+
+    def cachelookup_tasks(self):
+        if not self.settings["cache"]:
+            return
+        for e in self.entries:
+            if e.pc.error or not e.pc.derive or not e.locked or not self._hands(f"lock:{e.name}"):
+                continue
+            yield {
+                "name": e.name,
+                "doc": f"look {e.name}'s verdicts up in {self.settings['cache']}",
+                "actions": [(vcache.lookup_deps, [e, self.settings["threads"], self.settings["cache"]])],
+                "task_dep": [f"emit:{e.name}"],
+                "verbosity": 2,   # a bad entry is said here (once)
+            }
+
+    def report_task(self):
+        from .actions import make_report, report_current
+        deps = [f"lock:{e.name}" if e.locked else f"emit:{e.name}" for e in self.entries
+                if self._hands(f"lock:{e.name}" if e.locked else f"emit:{e.name}")]
+        return {
+            "doc": f"report {len(self.entries)} programs into {self.build}/report.json, junit.xml, "
+                   "summary.md, report.html",
+            "actions": [(make_report, [self.entries, self.build, self.settings["threads"]])],
+            "task_dep": deps,
+            "uptodate": [(report_current, [self.entries, self.build, self.settings["threads"]])],
+            "clean": [(files_io.remove_files, [[f"{self.build}/{f}" for f in REPORT_FILES]])],
+        }
+
+    def cache_task(self):
+        """Always a task (the default tasks name it); with no cache=URL, one with nothing to do."""
+        if not self.settings["cache"]:
+            return {"actions": [], "uptodate": [True], "doc": "publish verdicts (cache=URL: none)"}
+        return {
+            "doc": f"publish the verdicts {self.settings['cache']} lacks",
+            "actions": [(vcache.publish_all, [[e for e in self.entries if e.locked and not e.pc.error],
+                                              self.settings["threads"], self.settings["cache"],
+                                              f"{self.build}/.cache-published.json"])],
+            "task_dep": ["report"],
+            "verbosity": 2,
+        }
