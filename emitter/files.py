@@ -60,12 +60,18 @@ def json_lines(obj):
     return "{\n" + ",\n".join(f" {json.dumps(k)}: {value(obj[k])}" for k in sorted(obj)) + "\n}\n"
 
 
-def read_json(path):
-    """A JSON file's value, or None when it is missing or not JSON."""
+MAX_JSON = 256 << 20   # no file the pipeline reads as JSON may make it hold more than this
+
+
+def read_json(path, limit=MAX_JSON):
+    """A JSON file's value, or None when it is missing, not JSON or over `limit` bytes."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            return None
+        return json.loads(data)
+    except (OSError, ValueError, RecursionError):
         return None
 
 

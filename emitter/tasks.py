@@ -62,20 +62,10 @@ def standalone(creator):
     return creator
 
 
-_RUN = []
-
-
 def run():
     """This process's run (set up by the first creator doit calls)."""
-    if not _RUN:
-        from .pipeline.run import Run
-        _RUN.append(Run(BUILD, DOIT_CONFIG, OWN_CONFIG,
-                        {globals()[n] for n in __all__ if n.startswith("task_")}))
-    return _RUN[0]
-
-
-def has_run():
-    return bool(_RUN)
+    from .pipeline.run import start
+    return start(BUILD, DOIT_CONFIG, OWN_CONFIG, {globals()[n] for n in __all__ if n.startswith("task_")})
 
 
 def task_weights():

@@ -71,7 +71,7 @@ def test_no_module_over_450_lines():
 
 
 def test_every_part_is_a_package_with_a_docstring():
-    for part in LAYERS[1:-1]:
+    for part in LAYERS[3:-1]:   # (files, fingerprint and bytecode are modules of their own)
         init = os.path.join(ROOT, "emitter", part, "__init__.py")
         with open(init) as f:
             assert ast.get_docstring(ast.parse(f.read())), part

@@ -121,6 +121,7 @@ def test_the_report_covers_a_check_doit_ignores(tmp_path):
     with open(z / "programs/a.logos", "a") as f:
         f.write("Let q be nonsense of h.\n")
     rc, ran, out = doit(z)
+    assert rc != 0 and "emit:a" in ran and "lock:a" not in ran, out    # the run fails, as it says
     report = json.loads((z / "build/report.json").read_text())
     rows = {(r["name"], r["check"]): r for r in report["results"]}
     assert rows[("a", "float64")]["verdict"] == "error" and not rows[("a", "float64")]["current"]

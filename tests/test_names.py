@@ -52,8 +52,7 @@ def test_a_plain_name_that_looks_like_a_slug_keeps_its_own_tasks(tmp_path):
     # each is a task name doit takes on its own command line, with no shell quoting needed
     listed = _run(z, "list", "--all", "--quiet")[2].split()
     assert {f"emit:{bad}", f"lock:{bad}", f"emit:{old}", f"lock:{old}"} <= set(listed), listed
-    rc, ran, out = _run(z, "forget", f"lock:{bad}")
-    assert rc == 0, out
+    (z / "build/status" / f"{bad}.lock.json").unlink()     # what its lock recorded, gone
     rc, ran, out = _run(z, f"lock:{bad}")
     assert f"lock:{bad}" in ran and "duplicated definition" not in out, out[-3000:]
 

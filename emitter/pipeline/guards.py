@@ -232,8 +232,6 @@ def sigterm_to_interrupt(signum, frame):
 
 
 _PREVIOUS_HOOK = sys.excepthook
-REPORT_FILES = ("report.json", "junit.xml", "summary.md", "report.html")
-_BUILD = None
 
 
 def _interrupted(kind, value, tb):
@@ -247,33 +245,17 @@ def _interrupted(kind, value, tb):
         sig = signal.Signals(int(value.args[0]))
     except (IndexError, TypeError, ValueError):
         sig = signal.SIGINT
-    removed = _remove_report()
     sys.stderr.write(f"doit: interrupted ({sig.name}); the finished tasks are kept: run doit "
-                     "again to go on" + ("; the report of an earlier run was removed" if removed else "")
-                     + "\n")
+                     "again to go on (the last complete report is in build/stale/ until then)\n")
     if sig == signal.SIGTERM:
         sys.stderr.flush()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _remove_report():
-    """An interrupted run has no report, and an earlier run's must not stand in for it."""
-    removed = False
-    for f in REPORT_FILES if _BUILD else ():
-        try:
-            os.unlink(os.path.join(_BUILD, f))
-            removed = True
-        except OSError:
-            pass
-    return removed
-
-
-def install_sigterm(build_dir=None):
-    """SIGTERM as an interrupt, and one line (not a traceback) for an interrupt; the report files
-    under `build_dir` are removed when a run is interrupted."""
-    global _PREVIOUS_HOOK, _BUILD
-    _BUILD = build_dir
+def install_sigterm():
+    """SIGTERM as an interrupt, and one line (not a traceback) for an interrupt."""
+    global _PREVIOUS_HOOK
     signal.signal(signal.SIGTERM, sigterm_to_interrupt)
     if sys.excepthook is not _interrupted:
         _PREVIOUS_HOOK, sys.excepthook = sys.excepthook, _interrupted

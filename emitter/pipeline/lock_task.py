@@ -161,6 +161,7 @@ def lock_program(entry, run, db):
             if store is not None:
                 r["from_cache"] = False
             r["hashes"].update(code=own, config=c.spec and c.spec["config"],
+                               weights_manifest=parts and digests.digest(parts["weights"]),
                                environment=(r.get("environment") or {}).get("digest"))
         elif r.get("from_cache"):
             r["cache"]["url"] = store.url

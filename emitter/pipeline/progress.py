@@ -194,8 +194,8 @@ class ProgressReporter(ConsoleReporter):
         self._tick(final=True)
         self._report_failures()
         self._publish_named()
-        from .. import tasks
-        note = tasks.run().say() if tasks.has_run() and "report" in self.uptodate else None
+        from .run import current
+        note = current().say() if current() is not None and "report" in self.uptodate else None
         if note:
             self.write(note)
         super().complete_run()
@@ -206,7 +206,7 @@ class ProgressReporter(ConsoleReporter):
         or found up to date are published here instead, so every run that holds the key shares
         what it settled. Best effort, like the task: the verdicts stand whatever the cache does."""
         task = self.tasks.get("cache")
-        if task is None or "cache" in self.reachable:
+        if task is None or "cache" in self.reachable or not task.actions:
             return
         done = {n[len("lock:"):] for n in self.settled if n.startswith("lock:")}
         try:

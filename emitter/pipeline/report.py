@@ -231,13 +231,19 @@ def _figures(r):
             f"{number(shown.get('guarded_rel'))} | {number(one_minus_cos(shown) if shown else None)} |")
 
 
+def formats():
+    """The report's files, each with its renderer (rows, plots cache) -> text: a new format is
+    one entry here (its code is the report's: digests.CODE["report"])."""
+    from .report_html import render
+    return {"report.json": lambda rows, _: render_json(rows), "junit.xml": lambda rows, _: render_junit(rows),
+            "summary.md": lambda rows, _: render_summary(rows), "report.html": render}
+
+
 def write_reports(rows, out_dir, plots_cache=None, key=None):
     """All four files, each whole (staged, then renamed together), then the report's status: the
     key it was made under (None: never current) and each file's sha256."""
-    from .report_html import render
     os.makedirs(out_dir, exist_ok=True)
-    files = {"report.json": render_json(rows), "junit.xml": render_junit(rows),
-             "summary.md": render_summary(rows), "report.html": render(rows, plots_cache)}
+    files = {f: render(rows, plots_cache) for f, render in formats().items()}
     write_files(out_dir, files)
     drop_aside(out_dir)
     write_files(os.path.join(out_dir, "status"), {"report.json": json_lines(

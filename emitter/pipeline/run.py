@@ -38,7 +38,7 @@ def begin(build):
     guards.safe_build(root, build)
     guards.exclusive(build)
     guards.sweep(build)
-    guards.install_sigterm(build)
+    guards.install_sigterm()
     guards.pause_collector()
     fingerprint.bind(f"{build}/.fingerprints.json")
     if handing.is_run(handing.doit_args()):
@@ -64,7 +64,32 @@ def settings(get_var):
             "cache": store.url if store else None, "kind": ex["kind"]}
 
 
+def _ignored(name):
+    """Whether `doit ignore NAME` marked the task (in doit's DB, open by the time tasks load)."""
+    from types import SimpleNamespace
+    from doit.globals import Globals
+    dm = getattr(Globals, "dep_manager", None)
+    return bool(dm is not None and dm.status_is_ignore(SimpleNamespace(name=name)))
+
+
+_CURRENT = []
+
+
+def current():
+    """This process's Run, once the first task creator made it (else None)."""
+    return _CURRENT[0] if _CURRENT else None
+
+
+def start(build, config, own_config, ours):
+    """The process's Run, made on first use (see `Run`)."""
+    if not _CURRENT:
+        _CURRENT.append(Run(build, config, own_config, ours))
+    return _CURRENT[0]
+
+
 class Run:
+    """The run's settings, its records (`entries`) and the tasks it hands doit."""
+
     def __init__(self, build, config, own_config, ours):
         from doit import get_var
         begin(build)
@@ -208,9 +233,16 @@ class Run:
             }
 
     def report_task(self):
+        """The report: after every task handed that it covers, except those `doit ignore` marks
+        (a dependency doit ignores would have it ignore the report too: it covers every check
+        all the same, each by its currency)."""
         from .actions import make_report, report_current
-        deps = [f"lock:{e.name}" if e.locked else f"emit:{e.name}" for e in self.entries
-                if self._hands(f"lock:{e.name}" if e.locked else f"emit:{e.name}")]
+        deps = []
+        for e in self.entries:
+            for n in ([f"lock:{e.name}"] if e.locked else []) + [f"emit:{e.name}"]:
+                if self._hands(n) and not _ignored(n):
+                    deps.append(n)   # its lock if doit runs it, else its emit
+                    break
         return {
             "doc": f"report {len(self.entries)} programs into {self.build}/report.json, junit.xml, "
                    "summary.md, report.html",
