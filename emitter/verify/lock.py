@@ -153,8 +153,8 @@ def _feeding(program):
 
 
 def _run(torch, model, dtype, program, leaves, steps, tol, timings, resident, golden=None, gate=None):
-    """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures).
-    Each step has a probe pass (every op on the VM's inputs) and a teacher-forced pass (the module
+    """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures,
+    where the module raised or None: the run stops at the step it raised in). Each step has a probe pass (every op on the VM's inputs) and a teacher-forced pass (the module
     alone from the VM's states, so each step's error is its own); its VM step also goes to `golden`
     (a Golden) when given. With `gate` (bfloat16: precisions and bounds), each op is judged
     against its rounding floor (emitter.verify.bf16) instead of the flat tolerance."""
@@ -361,8 +361,6 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                                                           steps, tol, result["timings"], resident, keep, gate)
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
-        if keep is not None and raised is None:
-            golden_files.update(keep.files())
         if load["failed"]:   # a wrong leaf is the first divergence, whatever the module did then
             f = load["failed"][0]
             first = {"step": 0, "stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],
@@ -381,6 +379,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                 result["worst"] = {**{k: raised[k] for k in ("stage", "out", "op", "line")},
                                    "ratio": None, "max_abs": None, "guarded_rel": None}
         result["verdict"] = "pass" if load["pass"] and all(d["pass"] for d in details) else "fail"
+        if keep is not None and raised is None:   # a verdict, every step run: the VM's outputs
+            golden_files.update(keep.files())
     except (ProgramError, CouldNotRun) as e:
         result["reason"] = str(e)
     except Exception as e:  # anything else is still "could not run" (exit 2), never a numeric fail
