@@ -67,10 +67,10 @@ def read_json(path, limit=MAX_JSON):
     """A JSON file's value, or None when it is missing, not JSON or over `limit` bytes."""
     try:
         with open(path, "rb") as f:
-            data = f.read(limit + 1)
-        if len(data) > limit:
-            return None
-        return json.loads(data)
+            if os.fstat(f.fileno()).st_size > limit:
+                return None
+            data = f.read()
+        return json.loads(data) if len(data) <= limit else None
     except (OSError, ValueError, RecursionError):
         return None
 

@@ -36,7 +36,7 @@ class Fingerprints:
         """The sha256 of `path`'s bytes (links followed); OSError when it cannot be read."""
         st = os.stat(path)
         stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-        key = os.path.abspath(path)
+        key = path if path.startswith("/") else f"{os.getcwd()}/{path}"
         hit = self.files.get(key)
         if isinstance(hit, list) and len(hit) == 5 and hit[:4] == stamp:
             return hit[4]

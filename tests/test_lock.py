@@ -239,34 +239,33 @@ def test_weights_digest_sees_an_edit_that_keeps_size_and_mtime(tmp_path):
     assert weights_digest(str(tmp_path), {"W": "W.f32"}) == weights_digest(str(tmp_path), {"W": "W.f32"})
 
 
-def test_known_hashes_stand_only_while_the_stat_is_the_same(tmp_path):
-    """The weights manifest's hashes (with the stat taken before hashing) spare a worker hashing a
-    model's weights again; a file whose stat moved since is hashed."""
+def test_a_lock_hashes_weights_through_the_one_stat_cache(tmp_path):
+    """The lock reads a weights file's sha256 through the one fingerprint rule: what the stat cache
+    holds for a file stands while its stat (ctime included) is the same, so a model's weights are
+    not hashed again; a file edited since, its mtime put back, is hashed."""
     import hashlib
-    from emitter.pipeline.weights import known_hashes, write_weights_manifest
-    from emitter.verify.lock import remember, weights_digest
+    from emitter import fingerprint
+    from emitter.verify.lock import weights_digest
     w = tmp_path / "w"
     w.mkdir()
     (w / "W.f32").write_bytes(np.arange(64, dtype="<f4").tobytes())
-    write_weights_manifest(str(w), str(tmp_path / "m.json"))
-    known = known_hashes(str(w), str(tmp_path / "m.json"))
-    st = os.stat(w / "W.f32")
-    assert known == {"W.f32": [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino,
-                               hashlib.sha256((w / "W.f32").read_bytes()).hexdigest()]}
-    assert known_hashes(str(tmp_path / "elsewhere"), str(tmp_path / "m.json")) == {}
-    forged = {"W.f32": known["W.f32"][:4] + ["f" * 64]}   # the remembered hash is what stands...
-    remember(str(w), forged)
-    want = hashlib.sha256(f"W.f32\0{'f' * 64}\n".encode()).hexdigest()
-    assert weights_digest(str(w), {"W": "W.f32"}) == want
-    with open(w / "W.f32", "r+b") as f:                   # ...until the file's stat moves
-        f.write(np.float32(7).tobytes())
-    os.utime(w / "W.f32", ns=(st.st_atime_ns, st.st_mtime_ns))
-    real = hashlib.sha256((w / "W.f32").read_bytes()).hexdigest()
-    assert weights_digest(str(w), {"W": "W.f32"}) == hashlib.sha256(f"W.f32\0{real}\n".encode()).hexdigest()
+    cache = fingerprint.bind(str(tmp_path / "fp.json"))
+    try:
+        st = os.stat(w / "W.f32")
+        cache.files[str(w / "W.f32")] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, "f" * 64]
+        want = hashlib.sha256(f"W.f32\0{'f' * 64}\n".encode()).hexdigest()
+        assert weights_digest(str(w), {"W": "W.f32"}) == want      # what the cache holds stands...
+        with open(w / "W.f32", "r+b") as f:                          # ...until the file's stat moves
+            f.write(np.float32(7).tobytes())
+        os.utime(w / "W.f32", ns=(st.st_atime_ns, st.st_mtime_ns))
+        real = hashlib.sha256((w / "W.f32").read_bytes()).hexdigest()
+        assert weights_digest(str(w), {"W": "W.f32"}) == hashlib.sha256(f"W.f32\0{real}\n".encode()).hexdigest()
+    finally:
+        fingerprint.bind(None)
 
 
 def test_weights_changed_after_their_manifest_are_an_error(zoo):
-    """A lock told the weights manifest's hashes (doit's locks are) checks the files it read
+    """A lock told the weights' hashes (doit's locks are: those its key names) checks the files it read
     against them: weights edited after the manifest was taken (say while the run waited for a
     worker) give an error, not a verdict that the manifest and its cache key would pin on other
     weights."""
@@ -277,7 +276,7 @@ def test_weights_changed_after_their_manifest_are_an_error(zoo):
     moved = sorted(shas)[0]
     r = lock_bundle(zoo["bundle"], zoo["program"], w, "float64", 1, weights_shas={**shas, moved: "0" * 64})
     assert r["verdict"] == "error" and moved in r["reason"], r["reason"]
-    assert "changed after the weights manifest was taken" in r["reason"]
+    assert "changed after the check's key was taken" in r["reason"]
 
 
 def test_weights_rewritten_while_the_lock_runs_are_an_error(zoo, tmp_path):
@@ -294,4 +293,4 @@ def test_weights_rewritten_while_the_lock_runs_are_an_error(zoo, tmp_path):
         f.write(f"\nwith open({str(w / victim)!r}, 'r+b') as _f:\n    _f.write({bytes(255 - b for b in head)!r})\n")
     r = lock_bundle(str(bundle), zoo["program"], str(w), "float64", 1, weights_shas=shas)
     assert r["verdict"] == "error" and r["stale_weights"] == [victim], r["reason"]
-    assert "changed after the weights manifest was taken" in r["reason"]
+    assert "changed after the check's key was taken" in r["reason"]

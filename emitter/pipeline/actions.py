@@ -108,13 +108,14 @@ def make_report(entries, out_dir, threads, failures=None):
     return True
 
 
-def report_current(entries, out_dir, threads):
+def report_current(entries, out_dir, threads, now=None):
     """doit's `uptodate` of the report: the last complete report records the report key of the
     inputs as they are now (it records one only when every check passed); it is then brought back
-    from where the run set it aside."""
+    from where the run set it aside. `now`: that key as the run's pre-check took it, when no task
+    ran before the report."""
     from .keys import report_key
     from .report import recorded_key, restore
-    if recorded_key(out_dir) != report_key(entries, threads):
+    if recorded_key(out_dir) != (now or report_key(entries, threads)):
         return False
     restore(out_dir)
     return True

@@ -82,13 +82,18 @@ def weights_part(entry, leaves):
     return {"files": files, "others": others}
 
 
-def check_parts(entry, check, status, threads):
+_NONE = object()
+
+
+def check_parts(entry, check, status, threads, weights=_NONE):
     """Everything `check`'s verdict depends on, from its config and the files as they are now;
-    None when there is nothing to key (a refused program, no bundle, unreadable import inputs)."""
+    None when there is nothing to key (a refused program, no bundle, unreadable import inputs).
+    `weights`: the entry's `weights_part`, worked out here when not given."""
     if check.spec is None or not isinstance(status, dict) or status.get("status") != "ok" \
             or not status.get("bundle"):
         return None
-    weights = weights_part(entry, status.get("leaves") or ())
+    if weights is _NONE:
+        weights = weights_part(entry, status.get("leaves") or ())
     if entry.pc.derive and weights is None:
         return None
     return {**check.spec, "source": status.get("source_sha"), "bundle": status["bundle"],
@@ -105,9 +110,10 @@ def moved(recorded, parts):
 
 # --- currency: each task's recorded key against the key of its inputs now ---------------------
 
-def emit_current(entry):
-    """The emit status records this emit's key, and the bundle it lists is on disk as written."""
-    st = read_json(entry.status)
+def emit_current(entry, st=None):
+    """The emit status (`st`, read here when not given) records this emit's key, and the bundle it
+    lists is on disk as written."""
+    st = read_json(entry.status) if st is None else st
     if not isinstance(st, dict) or st.get("key") != emit_key(entry):
         return False
     bundle = st.get("bundle")
@@ -129,26 +135,30 @@ def import_current(entry):
         sha256_or_none(os.path.join(entry.pc.weights, n)) == sha for n, sha in files.items())
 
 
-def current_keys(entry, threads):
-    """{dtype: the check's key now, or None}."""
-    st = read_json(entry.status)
-    return {c.dtype: (lambda p: p and check_key(p))(check_parts(entry, c, st, threads))
+def current_keys(entry, threads, st=None):
+    """{dtype: the check's key now, or None} (`st`: the emit status, read here when not given)."""
+    st = read_json(entry.status) if st is None else st
+    if not isinstance(st, dict) or st.get("status") != "ok":
+        return {c.dtype: None for c in entry.checks}
+    weights = weights_part(entry, st.get("leaves") or ())
+    return {c.dtype: (lambda p: p and check_key(p))(check_parts(entry, c, st, threads, weights))
             for c in entry.checks}
 
 
-def lock_current(entry, threads):
+def lock_current(entry, threads, st=None, lock=None, now=None):
     """Every check's result is a pass recorded under the key of its inputs as they are now, and
     the result file is the one the lock wrote (a failing or erroring check reruns); a refused
-    program's lock is current while it has recorded the errors of this very refusal."""
-    lock = read_json(entry.lock_status) or {}
+    program's lock is current while it has recorded the errors of this very refusal. `st`, `lock`:
+    the emit and lock statuses, `now` the current keys, worked out here when not given."""
+    lock = (read_json(entry.lock_status) if lock is None else lock) or {}
     rec = lock.get("checks")
     if not entry.checks or not isinstance(rec, dict):
         return False
-    st = read_json(entry.status) or {}
+    st = (read_json(entry.status) if st is None else st) or {}
     if st.get("status") == "error":   # refused: nothing to check until the program or config moves
         return bool(st.get("key")) and lock.get("refused") == st["key"] and all(
             sha256_or_none(c.result) == (rec.get(c.dtype) or {}).get("sha256") for c in entry.checks)
-    now = current_keys(entry, threads)
+    now = current_keys(entry, threads, st) if now is None else now
     for c in entry.checks:
         r = rec.get(c.dtype)
         if not isinstance(r, dict) or r.get("verdict") != "pass" or not now[c.dtype] \
@@ -157,15 +167,20 @@ def lock_current(entry, threads):
     return True
 
 
-def report_key(entries, threads):
+def report_row(e, threads, st, lock, now=None):
+    """One program's part of the report key (`st`, `lock`: its emit and lock statuses; `now`: its
+    current keys, worked out here when not given)."""
+    return [e.name, e.pc.source, st.get("key"), st.get("status"), st.get("reason"),
+            current_keys(e, threads, st) if now is None else now, (lock or {}).get("checks") or {}]
+
+
+def report_key(entries, threads, rows=None):
     """What the report is made of: every program's emit status and every check's recorded entry
-    beside its current key, and the report code. A report recording this key is current."""
-    rows = []
-    for e in entries:
-        rec = (read_json(e.lock_status) or {}).get("checks") or {}
-        st = read_json(e.status) or {}
-        rows.append([e.name, e.pc.source, st.get("key"), st.get("status"), st.get("reason"),
-                     current_keys(e, threads), rec])
+    beside its current key, and the report code (`rows`: those `report_row`s, read here when not
+    given). A report recording this key is current."""
+    if rows is None:
+        rows = [report_row(e, threads, read_json(e.status) or {}, read_json(e.lock_status))
+                for e in entries]
     return digest({"rows": rows, "code": digests.code("report")})
 
 

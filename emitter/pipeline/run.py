@@ -11,6 +11,7 @@ import os
 import sys
 
 from .. import fingerprint
+from ..files import read_json
 from . import cache as vcache, executors, files_io, guards, handing, keys
 from .checks import entries
 from .config import discover
@@ -102,6 +103,7 @@ class Run:
         defaults = [f for f in ("programs/defaults.yaml",) if os.path.isfile(f)]
         self.entries = entries(programs, build, defaults)
         self.handed = None   # None: every task; else the names of those handed beside the report
+        self.report_now = None   # the report's key as the pre-check read it, when nothing is handed
         args = handing.doit_args()
         if handing.plain(args) and handing.dodo_ok(ours, config, own_config, self._inputs()):
             self.handed = self._not_current()
@@ -131,17 +133,22 @@ class Run:
 
     def _not_current(self):
         """The zoo's tasks that are not current, and what they name (doit must know each)."""
-        threads, out = self.settings["threads"], set()
+        threads, out, rows = self.settings["threads"], set(), []
         for e in self.entries:
+            st, lock = read_json(e.status) or {}, read_json(e.lock_status)
+            now = keys.current_keys(e, threads, st)
+            rows.append(keys.report_row(e, threads, st, lock, now))
             w = e.pc.derive is not None and not e.pc.error and not keys.import_current(e)
-            em = not keys.emit_current(e)
-            lk = e.locked and (w or em or not keys.lock_current(e, threads))
+            em = not keys.emit_current(e, st)
+            lk = e.locked and (w or em or not keys.lock_current(e, threads, st, lock, now))
             if lk or w or em:
                 out |= {f"emit:{e.name}"} | ({f"weights:{e.name}"} if e.pc.derive and not e.pc.error else set())
             if lk:
                 out.add(f"lock:{e.name}")
                 if self.settings["cache"] and e.pc.derive and not e.pc.error:
                     out.add(f"cachelookup:{e.name}")
+        if not out:   # nothing runs before the report: its key is the one these reads make
+            self.report_now = keys.report_key(self.entries, threads, rows)
         return out
 
     def _hands(self, name):
@@ -248,7 +255,8 @@ class Run:
                    "summary.md, report.html",
             "actions": [(make_report, [self.entries, self.build, self.settings["threads"]])],
             "task_dep": deps,
-            "uptodate": [(report_current, [self.entries, self.build, self.settings["threads"]])],
+            "uptodate": [(report_current, [self.entries, self.build, self.settings["threads"],
+                                           self.report_now])],
             "clean": [(files_io.remove_files, [[f"{self.build}/{f}" for f in REPORT_FILES]])],
         }
 

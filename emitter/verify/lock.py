@@ -21,6 +21,7 @@ import uuid
 
 import numpy as np
 
+from .. import fingerprint
 from ..files import BUNDLE_FILES, json_lines, write_atomic, write_files
 from ..language.errors import ProgramError
 from ..language.reader import read_file
@@ -35,26 +36,11 @@ from .tolerances import DEFAULT_TOLERANCES as TOLERANCES, tolerance
 SCHEMA, VERSION = "logos.lock.result", 2
 
 
-_SHAS = {}   # (path, inode, size, mtime, ctime) -> sha256: a lock per dtype hashes a 1 GB checkpoint once
-
-
 def _sha(path):
-    """A file's sha256, remembered in this process under its stat (ctime included: no write keeps
-    it), so the same weights locked at three dtypes are read once."""
-    with open(path, "rb") as f:
-        st = os.fstat(f.fileno())
-        key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if key not in _SHAS:
-            _SHAS[key] = hashlib.file_digest(f, "sha256").hexdigest()
-        return _SHAS[key]
-
-
-def remember(weights_dir, known):
-    """Take the weights manifest's hashes ({name: [size, mtime_ns, ctime_ns, inode, sha256]}, each
-    stat taken before its file was hashed) as this process's own: a file whose stat is still the
-    same is not read again (a worker's first check of a model hashed its weights once more)."""
-    for name, (size, mtime, ctime, ino, sha) in (known or {}).items():
-        _SHAS[(os.path.realpath(os.path.join(weights_dir, name)), ino, size, mtime, ctime)] = sha
+    """A file's sha256 through the one fingerprint rule (`emitter.fingerprint`: one stat cache,
+    the ctime in its stamp), so the same weights locked at three dtypes are read once, and a file
+    the driver's keys hashed is not read again."""
+    return fingerprint.sha256(path)
 
 
 def weights_digest(weights_dir, sources):
@@ -77,7 +63,7 @@ def _as_manifest(result, weights_dir, sources, shas):
     if moved:
         result["stale_weights"] = moved
         raise CouldNotRun(f"{weights_dir}: {', '.join(moved[:3])}{' and more' if moved[3:] else ''} "
-                          "changed after the weights manifest was taken; run doit again")
+                          "changed after the check's key was taken; run doit again")
 
 
 def load_bundle_module(bundle_dir, source=None):
@@ -291,7 +277,7 @@ def _excuse(torch, out_m, probe, trace, feed, gate):
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
                 rtol=None, allow_nonfinite=(), max_tensor_bytes=None, golden=None, bf16_bounds=None,
-                precision=None, known_hashes=None, weights_shas=None, golden_files=None):
+                precision=None, weights_shas=None, golden_files=None):
     """Lock one bundle, as it stands on disk, against its program; the RESULT.json dict (verdict
     pass, fail or error). A program whose tensors take more than `max_tensor_bytes` (float64) is
     refused before anything is allocated. Nothing is written: with `golden` ({dtype: tolerance})
@@ -332,7 +318,6 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         leaves = vm.load_leaves(program, weights_dir, allow_nonfinite=allow_nonfinite)
         result["unmatched_weights"] = leaves.unmatched
         if weights_dir is not None:
-            remember(weights_dir, known_hashes)
             result["hashes"]["weights"] = weights_digest(weights_dir, leaves.sources)
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
         import torch

@@ -1,0 +1,100 @@
+"""Importers declare the files they read (`emitter.importers.declared_reads`): those files are the
+derived weights' inputs, in their import key, so an edit of any of them re-derives the weights.
+Each of the zoo's derived programs is imported here as doit imports it, under an audit hook that
+records every file Python opens: a file of the checkpoint's folder (or of the package that ships
+it) that the importer opens but did not declare fails the test. Files read natively (safetensors'
+Rust reader opens its file itself) are covered the other way round: the repository checkpoint is
+imported again from a folder holding its declared files alone, and must give the same weights."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from emitter.importers import declared_reads
+from emitter.pipeline.config import discover
+
+AUDIT = """
+import json, os, sys
+opened = set()
+def hook(event, args):
+    if event == "open" and args and isinstance(args[0], (str, bytes)):
+        p = args[0].decode() if isinstance(args[0], bytes) else args[0]
+        opened.add(os.path.realpath(p))
+sys.addaudithook(hook)
+from emitter.cli import main
+rc = main(sys.argv[1:])
+with open(os.environ["AUDIT_OUT"], "w") as f:
+    json.dump(sorted(opened), f)
+sys.exit(rc)
+"""
+
+DERIVED = sorted(pc.name for pc in discover(ROOT) if pc.derive and not pc.error)
+
+
+def _import(pc, checkpoint, tmp):
+    out = tmp / "out"
+    env = {**os.environ, "AUDIT_OUT": str(tmp / "opened.json"), "TMPDIR": str(tmp)}
+    p = subprocess.run([sys.executable, "-c", AUDIT, f"import-{pc.derive.importer}", checkpoint,
+                        "--program", os.path.join(ROOT, pc.source), "-o", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    made = {f: hashlib.sha256((out / f).read_bytes()).hexdigest() for f in sorted(os.listdir(out))}
+    return json.loads((tmp / "opened.json").read_text()), made
+
+
+def _homes(paths):
+    """The folders a checkpoint's files live in: a file's own, and for a package's file its
+    distribution's top folder (whatever else the package ships is the checkpoint's too)."""
+    out = set()
+    for p in paths:
+        real = os.path.realpath(p)
+        out.add(os.path.dirname(real))
+        parts = real.split(os.sep)
+        if "site-packages" in parts:
+            out.add(os.sep.join(parts[:parts.index("site-packages") + 2]))
+    return out
+
+
+@pytest.mark.parametrize("name", DERIVED)
+def test_an_importer_opens_no_file_of_its_checkpoint_it_did_not_declare(name, tmp_path):
+    pc = next(p for p in discover(ROOT) if p.name == name)
+    d = pc.derive
+    declared = {os.path.realpath(p if os.path.isabs(p) else os.path.join(ROOT, p))
+                for _, p in declared_reads(d.importer, d.checkpoint, d.checkpoint_path)}
+    checkpoint = d.checkpoint_path if os.path.isabs(d.checkpoint_path) or "#" in d.checkpoint_path \
+        else os.path.join(ROOT, d.checkpoint_path)
+    opened, made = _import(pc, checkpoint, tmp_path)
+    homes = _homes(declared)
+    theirs = {p for p in opened if any(p.startswith(h + os.sep) for h in homes)
+              and not p.endswith((".py", ".pyc")) and not p.startswith(str(tmp_path))}
+    assert os.path.realpath(os.path.join(ROOT, pc.source)) in opened   # (the audit sees its reads)
+    assert theirs <= declared, sorted(theirs - declared)
+    assert made
+
+
+def test_a_checkpoint_folder_holding_its_declared_files_alone_imports_the_same(tmp_path):
+    """qwen38's checkpoint (config.json + model.safetensors, read natively): its declared files
+    copied alone into a folder import to the same weights, so nothing else of it is read."""
+    pc = next(p for p in discover(ROOT) if p.name == "qwen38")
+    d = pc.derive
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for _, p in declared_reads(d.importer, d.checkpoint, d.checkpoint_path):
+        shutil.copy(os.path.join(ROOT, p), alone / os.path.basename(p))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, made = _import(pc, os.path.join(ROOT, d.checkpoint_path), tmp_path / "a")
+    _, again = _import(pc, str(alone / os.path.basename(d.checkpoint_path)), tmp_path / "b")
+    assert again == made and len(made) > 10
+    os.unlink(alone / "config.json")     # and the declaration is not wider than it needs: without
+    env = {**os.environ, "AUDIT_OUT": str(tmp_path / "x.json")}    # config.json it cannot import
+    p = subprocess.run([sys.executable, "-c", AUDIT, "import-qwen35", str(alone / "model.safetensors"),
+                        "--program", os.path.join(ROOT, pc.source), "-o", str(tmp_path / "c")],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert p.returncode != 0 and "config.json" in p.stderr, p.stderr[-2000:]
