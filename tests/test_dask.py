@@ -74,7 +74,7 @@ def _job(tmp_path, name, source, **extra):
 
 
 def test_a_dead_worker_a_slow_check_and_a_too_big_one_are_errors_not_hangs(tmp_path):
-    from emitter.pipeline import executors
+    from emitter.pipeline import dask_executor, executors
     ok = _job(tmp_path, "ok", PROG_B)
     dies = _job(tmp_path, "dies", PROG_B)
     with open(tmp_path / "dies" / "model.py", "a") as f:
@@ -82,7 +82,7 @@ def test_a_dead_worker_a_slow_check_and_a_too_big_one_are_errors_not_hangs(tmp_p
     slow = _job(tmp_path, "slow", PROG_B)
     with open(tmp_path / "slow" / "model.py", "a") as f:
         f.write("\nimport time\ntime.sleep(60)\n")
-    ex = executors.Dask(executors.parse("dask:local", 2))
+    ex = dask_executor.Dask(executors.parse("dask:local", 2))
     try:
         t = time.monotonic()
         out = ex.run([ok, dies], 120)
@@ -120,7 +120,7 @@ def test_a_worker_loads_all_of_the_lock_code_with_its_first_check(tmp_path):
 
 def _in_worker():
     import sys
-    return {m: m in sys.modules for m in ("torch", "emitter.verify.lock")}
+    return {m: m in sys.modules for m in ("torch", "emitter.verify.lock", "emitter.pipeline.dask_executor")}
 
 
 def test_a_local_cluster_starts_warm_runs_the_longest_first_and_leaves_nothing(tmp_path):
@@ -128,20 +128,21 @@ def test_a_local_cluster_starts_warm_runs_the_longest_first_and_leaves_nothing(t
     the lock code before their first check; one worker, two checks of one lock: the costlier
     runs first whatever the order they came in; close stops the forkserver the workers came from."""
     from multiprocessing import forkserver
-    from emitter.pipeline import executors
+    from emitter.pipeline import dask_executor, executors
     small = _job(tmp_path, "small", PROG_B, memory=1 << 20)
     big = _job(tmp_path, "big", PROG_B, memory=1 << 30)
     assert executors.cost(big) > executors.cost(small)
     by_dtype = [executors.cost({**small, "kwargs": {**small["kwargs"], "dtype": d}})
                 for d in ("float32", "bfloat16", "float64")]
     assert by_dtype == sorted(set(by_dtype))     # as measured: float64's module copy costs most
-    ex = executors.Dask(executors.parse("dask:local", 1))
+    ex = dask_executor.Dask(executors.parse("dask:local", 1))
     try:
         ex.warm()
         assert ex._warming.is_alive()   # doit goes on loading meanwhile
         ex._warming.join(120)
         assert ex._client is not None
-        assert list(ex._client.run(_in_worker).values()) == [{"torch": True, "emitter.verify.lock": True}]
+        assert list(ex._client.run(_in_worker).values()) == [{"torch": True, "emitter.verify.lock": True,
+                                                           "emitter.pipeline.dask_executor": True}]
         server = forkserver._forkserver._forkserver_pid
         out = ex.run([small, big], 120)
         assert [o["result"]["verdict"] for o in out] == ["pass", "pass"]
@@ -157,10 +158,10 @@ def test_checks_of_every_lock_share_one_queue_longest_first(tmp_path):
     """Two locks' checks, queued while the cluster starts (doit's threads each run a lock): the
     costliest of all starts first, though the other lock's came first and asked for the cluster."""
     import threading
-    from emitter.pipeline import executors
+    from emitter.pipeline import dask_executor, executors
     small = [_job(tmp_path, f"s{i}", PROG_B, memory=1 << 20) for i in range(2)]
     big = _job(tmp_path, "big", PROG_B, memory=1 << 30)
-    ex = executors.Dask(executors.parse("dask:local", 1))
+    ex = dask_executor.Dask(executors.parse("dask:local", 1))
     outs = {}
     try:
         first = threading.Thread(target=lambda: outs.update(small=ex.run(small, 120)))
@@ -193,6 +194,82 @@ def test_an_unreachable_scheduler_is_one_line(tmp_path):
     assert len(lines) == 1 and "no Dask scheduler can be reached at tcp://127.0.0.1:" in lines[0], out
     rc, ran, out = doit(z, "executor=ray:local")
     assert rc == 3 and "must be inline, dask:local or dask:tcp://HOST:PORT" in out
+
+
+ONLY_DASK = """
+import sys
+from emitter.pipeline import executors, lock_task, run
+for spec in ("inline", "dask:local", "dask:tcp://127.0.0.1:1"):
+    executors.parse(spec, 2)
+executors.probe(executors.parse("dask:local"))
+executors.executor("inline").warm()
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("distributed", "dask")))
+"""
+
+
+def test_only_the_dask_modules_import_distributed():
+    """Distributed is the Dask executor's business: no other module imports it, and parsing and
+    probing any spec (the run's settings) or running inline loads none of it."""
+    import ast
+    base = os.path.join(ROOT, "emitter")
+    uses = []
+    for dirpath, _, files in os.walk(base):
+        for f in files:
+            if not f.endswith(".py") or f.startswith("dask_"):
+                continue
+            with open(os.path.join(dirpath, f)) as fh:
+                tree = ast.parse(fh.read())
+            for node in ast.walk(tree):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                uses += [f"{f}:{node.lineno}" for n in names if n.split(".")[0] in ("distributed", "dask")]
+    assert uses == []
+    p = subprocess.run([sys.executable, "-c", ONLY_DASK], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["[]"], p.stdout
+
+
+class Echo:
+    """A made-up executor (`echo:N`), registered by one line: every check errs with its N."""
+    FORMS = ("echo:N",)
+
+    def __init__(self, ex):
+        self.ex = ex
+
+    @classmethod
+    def parse(cls, spec, workers):
+        n = spec.partition(":")[2]
+        return {"kind": "echo", "address": n, "workers": workers, "spec": spec} if n.isdigit() else None
+
+    @classmethod
+    def probe(cls, ex):
+        if ex["address"] == "0":
+            from emitter.pipeline.executors import ExecutorError
+            raise ExecutorError(f"executor={ex['spec']}: nothing answers")
+
+    def run(self, jobs, seconds):
+        return [{"error": f"echo {self.ex['address']}"} for _ in jobs]
+
+
+def test_an_executor_is_one_registry_line(monkeypatch):
+    from emitter.pipeline import executors
+    monkeypatch.setitem(executors.REGISTRY, "echo", "test_dask:Echo")
+    monkeypatch.setattr(executors, "_EXECUTORS", {})   # this process's executors, echo's with them
+    ex = executors.parse("echo:7", 3)
+    assert ex == {"kind": "echo", "address": "7", "workers": 3, "spec": "echo:7"}
+    executors.probe(ex)
+    with pytest.raises(executors.ExecutorError, match="echo:0: nothing answers"):
+        executors.probe(executors.parse("echo:0"))
+    one = executors.executor("echo:7", 3)
+    assert one is executors.executor("echo:7", "3") and one.run([{}], 1) == [{"error": "echo 7"}]
+    with pytest.raises(executors.ExecutorError) as e:
+        executors.parse("echo:x")
+    assert str(e.value) == "executor=echo:x: must be inline, dask:local, dask:tcp://HOST:PORT or echo:N"
+    monkeypatch.delitem(executors.REGISTRY, "echo")
+    with pytest.raises(executors.ExecutorError) as e:
+        executors.parse("dask:tcp://nohost")
+    assert str(e.value) == "executor=dask:tcp://nohost: must be inline, dask:local or dask:tcp://HOST:PORT"
+    assert executors.parse("inline")["kind"] == "inline" and executors.parse("dask:local", 2)["workers"] == 2
 
 
 def _wait_port(port, proc, seconds=60):
@@ -238,7 +315,7 @@ def test_a_scheduler_and_two_workers_started_by_hand(tmp_path):
     Workers keep the code they loaded: after an edit of the lock code, their checks are errors
     that say so (not verdicts on the new code) until they are restarted; and a verdict computed by
     a worker in another environment (another torch) is not published under this checkout's key."""
-    from emitter.pipeline import executors
+    from emitter.pipeline import dask_executor, executors
     z = _zoo(tmp_path)
     port = _free_port()
     env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False", "PYTHONPATH": str(z)}
@@ -255,7 +332,7 @@ def test_a_scheduler_and_two_workers_started_by_hand(tmp_path):
         assert rc == 0, out + (tmp_path / "dask.log").read_text()[-3000:]
         where = {_result(z, n, d)["execution"]["worker"] for n in "ab" for d in ("float64", "float32")}
         assert len(where) == 2 and all(w.startswith("tcp://127.0.0.1:") for w in where)
-        ex = executors.Dask(executors.parse(f"dask:tcp://127.0.0.1:{port}"))
+        ex = dask_executor.Dask(executors.parse(f"dask:tcp://127.0.0.1:{port}"))
         try:
             big = _job(tmp_path, "big", PROG_B, memory=3 << 30)
             t = time.monotonic()

@@ -1,10 +1,11 @@
-"""A lock check on whichever process runs it (`run_check`): this one (executor=inline) or a Dask
-worker. Either way it writes nothing: the verdict and the golden/ files (the lock hands them back
-as data) go back to the driver, which writes them.
+"""A lock check on whichever process runs it (`run_check`): this one (executor=inline) or an
+executor's worker, whose own wrapper (dask_executor.run_on_worker) passes its address in, so this
+module stays free of any executor's library (it is lock code: every lock's key hashes it).
+Either way it writes nothing: the verdict and the golden/ files (the lock hands them back as data)
+go back to the driver, which writes them.
 Every check runs under an explicit thread count (torch's, and the BLAS's through threadpoolctl),
 recorded in its result."""
 
-import contextlib
 import os
 import time
 
@@ -15,23 +16,6 @@ from ..verify.threads import thread_limits
 POOL_VARS = tuple(v for v in THREAD_VARS if v.endswith("_NUM_THREADS"))
 
 
-_MALLOC = []
-
-
-def _malloc_as_usual():
-    """A `dask worker` nanny starts workers with MALLOC_TRIM_THRESHOLD_ set, which turns off glibc's
-    adaptive thresholds: large arrays then go back to the system on every free (a smollm2 lock
-    7.3 s instead of 3.3 s). Raise the thresholds again, once per process (glibc only)."""
-    if _MALLOC or "MALLOC_TRIM_THRESHOLD_" not in os.environ:
-        return
-    _MALLOC.append(True)
-    with contextlib.suppress(Exception):
-        import ctypes
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-1, 64 << 20)   # M_TRIM_THRESHOLD
-        libc.mallopt(-3, 32 << 20)   # M_MMAP_THRESHOLD (its largest)
-
-
 def loaded_code():
     """The digest of the lock code this process loaded (`worker_code`: all of it, at its first
     import, before any check of this process ran)."""
@@ -39,28 +23,18 @@ def loaded_code():
     return LOADED
 
 
-def run_check(job):
+def run_check(job, worker=None):
     """One lock check, on whichever process runs it: {"result", "golden" ({name: bytes} of the
     bundle's golden/ when the job asked for them and the check ran through, else None),
     "execution"}.
 
     `job`: {"root", "bundle", "source", "weights", "kwargs" (lock_bundle's), "golden" (tolerances,
-    or None), "threads", "thread_env" (the driver's *_NUM_THREADS), "key"}. Paths are relative to
-    `root`, the driver's folder (a worker elsewhere sees it through a shared filesystem)."""
+    or None), "threads", "thread_env" (the driver's *_NUM_THREADS), "key", "remote" (run by a
+    worker, not the driver)}. Paths are relative to `root`, the driver's folder (a worker elsewhere
+    sees it through a shared filesystem). `worker`: the worker's address, as its executor knows it."""
     remote = job.get("remote", False)
     code = loaded_code() if remote else None   # before the lock code is imported
     from ..verify.lock import lock_bundle
-    worker = None
-    if remote:
-        try:
-            from distributed import get_worker
-            w = get_worker()
-            worker = w.address
-            if job.get("log_start", True):   # for a scheduler that may rerun it elsewhere
-                w.log_event(f"logos-lock-{job['key']}", {"worker": worker, "pid": os.getpid()})
-        except (ImportError, ValueError):
-            pass
-        _malloc_as_usual()
     own_env = {k: os.environ[k] for k in POOL_VARS if k in os.environ}
     if remote:
         # pools are sized below through the libraries, so these variables no longer act; they are

@@ -1,4 +1,5 @@
-"""`executor=dask:local`: a LocalCluster of single-threaded worker processes, started warm.
+"""`executor=dask:local`'s cluster (dask_executor.py starts it on first use): a LocalCluster of
+single-threaded worker processes, started warm.
 
 Its workers are forked from one forkserver process that has imported torch, the lock code and
 Distributed already (multiprocessing's forkserver, preloaded), so a worker's first check pays no
@@ -23,8 +24,10 @@ LOCAL_CONFIG = {"distributed.worker.profile.enabled": False,
                 # (the real models' 9 checks 4-5% faster, 5 of 6 alternated runs)
                 "distributed.admin.tick.interval": "2s"}
 _PKG = __name__.rsplit(".", 2)[0]   # the emitter package, as this process imports it
+# in this order: worker_code (all of the lock code, its digest taken) before the modules that
+# import parts of it; dask_executor holds `run_on_worker`, the function a worker runs
 WARM_IMPORTS = ("distributed", "numpy", "torch", "threadpoolctl", f"{_PKG}.pipeline.worker_code",
-                f"{_PKG}.pipeline.check_worker")
+                f"{_PKG}.pipeline.check_worker", f"{_PKG}.pipeline.dask_executor")
 
 
 def start_forkserver():

@@ -1,40 +1,107 @@
-"""Where a lock check runs: here (`executor=inline`, the default) or on a Dask cluster
-(`executor=dask:local`, a LocalCluster of `workers=N` single-threaded processes started on demand;
-`executor=dask:tcp://HOST:PORT`, a scheduler started with `dask scheduler` / `dask worker`).
+"""Where a lock check runs, behind one interface (`Executor`): `executor=SPEC` names one by its
+scheme, the text before the first ":", and REGISTRY maps the scheme to the class that parses the
+rest. `inline` (the default: here, one check after another) lives here; `dask:local` and
+`dask:tcp://HOST:PORT` in dask_executor.py, imported only when named, so that a run that never asks
+for Dask never loads it and nothing but the dask_* modules imports Distributed. A new executor is
+one module and one REGISTRY line.
 
-doit still decides what runs; the lock action hands each check to the executor and waits. A worker
-runs one pure function (`run_check`) and returns the verdict as JSON-able data with the VM's golden
-outputs beside it; the driver alone writes result files, golden/, the history and the report.
+doit still decides what runs; the lock action hands each check to the executor and waits. Whatever
+runs a check runs one pure function (`check_worker.run_check`) and returns the verdict as JSON-able
+data with the VM's golden outputs beside it; the driver alone writes result files, golden/, the
+history and the report.
 
 Every check runs with an explicit thread count (torch's, and the BLAS's through threadpoolctl),
 recorded in its result under `execution`. One thread is the default: measured on this project's
 2-core machine, a smollm2 float32 lock takes 2.7-3.2 s at 1 thread and 6-12 s at torch's default 2
 (its own threads fight the VM's BLAS and each other).
 
-Faults are results, never hangs: a worker that dies mid-lock gives an error verdict naming it (a
-LocalCluster never retries; a scheduler that reruns it elsewhere is said in the result); a check
-past limits.seconds is cancelled; an unreachable scheduler is one line; an interrupt cancels the
-cluster's work.
+Faults are results, never hangs: a check past limits.seconds is an error verdict, and so is one
+that raises; an executor that cannot run anything (a bad spec, a scheduler nobody answers at) is one
+line, an ExecutorError.
 """
 
-import atexit
-import contextlib
-import functools
-import heapq
-import itertools
-import os
-import socket
+import importlib
 import threading
-import time
-import uuid
 
-from .check_worker import POOL_VARS, run_check
+from .check_worker import POOL_VARS, run_check  # noqa: F401 (POOL_VARS: what the driver hands on)
 
-CONNECT_S = 5
+# scheme -> "module:Class", the module relative to this package (or absolute), imported when named
+REGISTRY = {"inline": ".executors:Inline",
+            "dask": ".dask_executor:Dask"}
 
 
 class ExecutorError(Exception):
     """The executor cannot run anything (a bad spec, a scheduler nobody answers at): one line."""
+
+
+class Executor:
+    """What the lock's driver sees of an executor. Made from its parsed spec (`parse`'s dict), it
+    runs jobs (`run_check`'s) and gives one outcome per job, in order: run_check's result, or
+    {"error": one line, "infrastructure": True when the executor, not the bundle, failed it}."""
+    FORMS = ()   # the specs it takes, as the one-line refusal of any other lists them
+
+    def __init__(self, ex=None):
+        self.ex = ex
+
+    @classmethod
+    def parse(cls, spec, workers):
+        """{"kind", "address", "workers", "spec"} for a spec this class takes, else None; `workers`
+        is the checked workers=N (an int) or None."""
+        raise NotImplementedError
+
+    @classmethod
+    def probe(cls, ex):
+        """Raise an ExecutorError now if nothing can run (said before doit starts, not per lock)."""
+
+    def run(self, jobs, seconds):
+        raise NotImplementedError
+
+    def warm(self):
+        """Get ready in the background while doit loads its tasks (nothing to do for most)."""
+
+    def close(self):
+        """Let go of what it holds (the run is over)."""
+
+
+class Inline(Executor):
+    """Each check in this process, one after another, each under limits.seconds."""
+    kind = "inline"
+    FORMS = ("inline",)
+
+    @classmethod
+    def parse(cls, spec, workers):
+        return {"kind": "inline", "address": None, "workers": None, "spec": spec} if spec == "inline" else None
+
+    def run(self, jobs, seconds):
+        from .guards import TimeLimit, deadline
+        out = []
+        for job in jobs:
+            try:
+                with deadline(seconds, f"the {job['kwargs']['dtype']} lock check"):
+                    out.append(run_check(job))
+            except TimeLimit as e:
+                out.append({"error": str(e)})
+            except Exception as e:   # a lock that crashes is this program's error, not the run's
+                out.append({"error": f"the lock check raised {type(e).__name__}: {e}"})
+        return out
+
+
+def executor_class(scheme):
+    """The class REGISTRY names for `scheme`, or None."""
+    where = REGISTRY.get(scheme)
+    if where is None:
+        return None
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module, __package__), name)
+
+
+def _forms():
+    forms = [f for scheme in REGISTRY for f in executor_class(scheme).FORMS]
+    return ", ".join(forms[:-1]) + " or " + forms[-1] if len(forms) > 1 else "".join(forms)
+
+
+def _scheme(spec):
+    return spec.partition(":")[0]
 
 
 def parse(spec, workers=None):
@@ -49,29 +116,17 @@ def parse(spec, workers=None):
             n = 0
         if n < 1:
             raise ExecutorError(f"workers={workers}: must be a whole number of at least 1")
-    if spec == "inline":
-        return {"kind": "inline", "address": None, "workers": None, "spec": spec}
-    if spec == "dask:local":
-        return {"kind": "local", "address": None, "workers": n or os.cpu_count() or 1, "spec": spec}
-    if spec.startswith("dask:tcp://"):
-        address = spec[len("dask:"):]
-        host, _, port = address[len("tcp://"):].rpartition(":")
-        if host and port.isdigit():
-            return {"kind": "tcp", "address": address, "workers": None, "spec": spec}
-    raise ExecutorError(f"executor={spec}: must be inline, dask:local or dask:tcp://HOST:PORT")
+    cls = executor_class(_scheme(spec))
+    ex = cls.parse(spec, n) if cls is not None else None
+    if ex is None:
+        raise ExecutorError(f"executor={spec}: must be {_forms()}")
+    return ex
 
 
-def probe(ex, timeout=CONNECT_S):
-    """For a tcp scheduler: can anything be reached at its address (a plain socket, no Dask)?"""
-    if ex["kind"] != "tcp":
-        return
-    host, _, port = ex["address"][len("tcp://"):].rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as e:
-        raise ExecutorError(f"executor={ex['spec']}: no Dask scheduler can be reached at "
-                            f"{ex['address']} ({e.strerror or type(e).__name__}); start one with "
-                            "`dask scheduler` and `dask worker`, or run with executor=inline") from None
+def probe(ex):
+    """Whether the parsed executor can run anything at all (for a tcp scheduler: can anything be
+    reached at its address); an ExecutorError of one line if not."""
+    executor_class(_scheme(ex["spec"])).probe(ex)
 
 
 def memory_need(manifest_path):
@@ -96,239 +151,12 @@ DTYPE_COST = {"float32": 1.0, "float64": 1.55, "bfloat16": 1.45}
 
 
 def cost(job, need=None):
-    """A check's expected cost, as a Dask priority: the longest checks start first, so a zoo's
-    last check is a short one and no worker idles while another finishes a long one."""
+    """A check's expected cost, for an executor that orders its checks (Dask's priority): the
+    longest start first, so a zoo's last check is a short one and no worker idles while another
+    finishes a long one."""
     need = need or job.get("memory") or 0
     k = job["kwargs"]
     return int(need * (k.get("steps") or 1) * DTYPE_COST.get(k.get("dtype"), 1.0) / (1 << 10))
-
-
-# --- the driver's side --------------------------------------------------------------------------
-
-class Inline:
-    """Each check in this process, one after another, each under limits.seconds."""
-    kind = "inline"
-
-    def run(self, jobs, seconds):
-        from .guards import TimeLimit, deadline
-        out = []
-        for job in jobs:
-            try:
-                with deadline(seconds, f"the {job['kwargs']['dtype']} lock check"):
-                    out.append(run_check(job))
-            except TimeLimit as e:
-                out.append({"error": str(e)})
-            except Exception as e:   # a lock that crashes is this program's error, not the run's
-                out.append({"error": f"the lock check raised {type(e).__name__}: {e}"})
-        return out
-
-
-class Dask:
-    """Checks handed to a Dask scheduler from one queue that every lock of the run shares; the
-    client (and for `dask:local` the cluster) is made on first use and shared by the run's threads."""
-
-    def __init__(self, ex):
-        self.ex, self.kind = ex, ex["spec"]
-        self._client = self._cluster = None
-        self._failed = None
-        self._lock = threading.Lock()
-        self._pending = set()
-        self._largest = (None, 0.0)   # (the largest MEMORY advertised, when it was asked)
-        self._warming = None
-        self._cv = threading.Condition()       # the run's queue of checks, longest first
-        self._queue, self._order, self._in_flight = [], itertools.count(), 0
-
-    def client(self):
-        with self._lock:
-            if self._failed:
-                raise ExecutorError(self._failed)
-            if self._client is None:
-                try:
-                    self._client = self._connect()
-                except ExecutorError as e:
-                    self._failed = str(e)
-                    raise
-                atexit.register(self.close)
-            return self._client
-
-    def warm(self):
-        """Start the cluster (or connect to the scheduler) in the background now, while doit
-        loads and checks its tasks, rather than when the first lock asks for it; a failure is
-        kept and said by that lock, as without it."""
-        with self._lock:
-            if self._client is not None or self._failed or self._warming:
-                return
-            self._warming = threading.Thread(target=self._warm, name="logos-dask-start", daemon=True)
-            self._warming.start()
-        atexit.register(self.close)
-
-    def _warm(self):
-        with contextlib.suppress(Exception):
-            self.client()
-
-    def _connect(self):
-        if self.ex["kind"] == "local":
-            from .dask_local import start_cluster
-            self._cluster = start_cluster(self.ex["workers"], POOL_VARS)
-        from distributed import Client
-        if self._cluster is not None:
-            return Client(self._cluster, set_as_default=False)
-        try:
-            return Client(self.ex["address"], timeout=CONNECT_S, set_as_default=False)
-        except (OSError, TimeoutError) as e:
-            raise ExecutorError(f"executor={self.kind}: the Dask scheduler at {self.ex['address']} "
-                                f"did not answer ({str(e).splitlines()[0][:200]})") from None
-
-    def close(self):
-        warming = self._warming
-        if warming is not None and warming is not threading.current_thread():
-            warming.join()   # a cluster half started is closed once it is up, not left behind
-        with self._lock:
-            client, cluster, self._client, self._cluster = self._client, self._cluster, None, None
-        for thing in (client, cluster):
-            if thing is not None:
-                with contextlib.suppress(Exception):
-                    if thing is client and self._pending:
-                        client.cancel(list(self._pending), force=True)
-                    thing.close()
-        if cluster is not None:
-            from .dask_local import stop_forkserver
-            stop_forkserver()
-
-    def _memory(self, client):
-        """The largest MEMORY any worker advertises, or None when none does (asked again after
-        a few seconds: workers come and go)."""
-        largest, at = self._largest
-        if time.monotonic() - at < 5:
-            return largest
-        info = client.scheduler_info(n_workers=-1).get("workers", {})
-        have = [w.get("resources", {}).get("MEMORY") for w in info.values()]
-        have = [m for m in have if m is not None]
-        self._largest = (max(have) if have else None, time.monotonic())
-        return self._largest[0]
-
-    def run(self, jobs, seconds):
-        """Queue the checks with every other lock's of the run, then wait for them. The queue is
-        the run's, longest first (`cost`): a local cluster gets one check per worker at a time,
-        the longest waiting handed to the first worker that frees (the scheduler, handed them
-        all, gave each worker its own line, and a short check that came first could keep a long
-        one waiting behind another long one); a scheduler of its own (tcp) gets them all at once
-        as Dask priorities, so an adaptive cluster sees what waits and scales."""
-        end = time.monotonic() + seconds
-        mine = []
-        for i, job in enumerate(jobs):
-            job = {**job, "remote": True, "executor": self.kind, "log_start": self.ex["kind"] == "tcp",
-                   "key": f"{job['name']}-{job['kwargs']['dtype']}-{uuid.uuid4().hex[:12]}"}
-            need = job.pop("memory", None)
-            mine.append(_Check(i, job, need, cost(job, need)))
-        with self._cv:   # queued before the cluster is up: it starts on the run's longest
-            for c in mine:
-                heapq.heappush(self._queue, (-c.priority, next(self._order), c))
-        client, out = None, [None] * len(jobs)
-        try:
-            client = self.client()
-            self._pump(client)
-            self._wait(client, mine, out, end, seconds)
-        except BaseException:   # an interrupt, or no cluster: the cluster stops this work too
-            self._drop(client, mine)
-            raise
-        return out
-
-    def _pump(self, client):
-        """Hand queued checks to the cluster while it has room."""
-        largest = self._memory(client)
-        room = self.ex["workers"] if self.ex["kind"] == "local" else float("inf")
-        with self._cv:
-            while self._queue and self._in_flight < room:
-                c = heapq.heappop(self._queue)[2]
-                if c.done:
-                    continue
-                resources = None
-                if largest is not None and c.need:
-                    if c.need > largest:
-                        c.outcome, c.done = {"error": f"{_what(c.job, self.kind)}: it needs "
-                                             f"{c.need / 2**30:.2f} GiB (the Dask resource MEMORY) and "
-                                             f"the largest worker advertises {largest / 2**30:.2f} GiB"}, True
-                        continue
-                    resources = {"MEMORY": c.need}
-                c.future = client.submit(run_check, c.job, key=f"logos-lock-{c.job['key']}", pure=False,
-                                         resources=resources, priority=c.priority)
-                self._in_flight += 1
-                self._pending.add(c.future)
-                c.future.add_done_callback(functools.partial(self._landed, client, c))
-            self._cv.notify_all()
-
-    def _landed(self, client, c, future):
-        """A check finished (or failed, or was cancelled): its worker takes the next."""
-        with self._cv:
-            self._in_flight -= 1
-            self._pending.discard(future)
-            c.done = True
-            self._cv.notify_all()
-        with contextlib.suppress(Exception):
-            self._pump(client)
-
-    def _drop(self, client, checks):
-        with self._cv:
-            futures = [c.future for c in checks if c.future is not None and not c.done]
-            for c in checks:
-                c.done = True
-        if futures and client is not None:
-            with contextlib.suppress(Exception):
-                client.cancel(futures, force=True)
-
-    def _wait(self, client, mine, out, end, seconds):
-        with self._cv:
-            while any(not c.done for c in mine) and _until(end) > 0 and threading.main_thread().is_alive():
-                self._cv.wait(timeout=min(1.0, _until(end)))
-            left = [c for c in mine if not c.done]
-        if left:
-            why = (f"took over {seconds} s (limits.seconds) and was cancelled"
-                   if _until(end) <= 0 else "was cancelled: the run was interrupted")
-            self._drop(client, left)
-            for c in left:
-                out[c.index] = {"error": f"{_what(c.job, self.kind)} {why}"}
-        for c in mine:
-            if out[c.index] is None:
-                out[c.index] = c.outcome or self._outcome(client, c.future, c.job)
-
-    def _outcome(self, client, f, job):
-        try:
-            got = f.result()
-        except Exception as e:
-            from distributed import KilledWorker
-            if isinstance(e, KilledWorker):
-                who = getattr(e.last_worker, "address", None) or str(e.last_worker)
-                return {"error": f"{_what(job, self.kind)}: worker {who} died while running it "
-                                 "(the check was not retried)", "infrastructure": True}
-            return {"error": f"{_what(job, self.kind)} raised: {type(e).__name__}: {str(e)[:300]}",
-                    "infrastructure": True}
-        starts = []
-        if self.ex["kind"] == "tcp":   # a LocalCluster never retries: nothing to ask
-            with contextlib.suppress(Exception):
-                starts = [m.get("worker") for _, m in client.get_events(f"logos-lock-{job['key']}")]
-        if len(starts) > 1:
-            got["execution"]["attempts"] = starts
-            got["execution"]["note"] = (f"rerun on {starts[-1]} after "
-                                        f"{', '.join(starts[:-1])} was lost while running it")
-        return got
-
-
-class _Check:
-    """One queued check: where its outcome goes, what it needs, its future once handed over."""
-
-    def __init__(self, index, job, need, priority):
-        self.index, self.job, self.need, self.priority = index, job, need, priority
-        self.future = self.outcome = None
-        self.done = False
-
-
-def _what(job, kind):
-    return f"the {job['kwargs']['dtype']} lock check on {kind}"
-
-
-def _until(end):
-    return end - time.monotonic()
 
 
 _EXECUTORS = {}
@@ -336,13 +164,11 @@ _MAKE = threading.Lock()
 
 
 def executor(spec, workers=None):
-    """The run's executor for this spec (one per process: the threads of `doit -P thread` share
-    the client and cluster)."""
+    """The run's executor for this spec, one per process: the threads of `doit -P thread` share
+    it (a Dask client and cluster, and the queue of the run's checks)."""
     ex = parse(spec, workers)
-    if ex["kind"] == "inline":
-        return Inline()
     with _MAKE:
         key = (ex["spec"], ex["workers"])
         if key not in _EXECUTORS:
-            _EXECUTORS[key] = Dask(ex)
+            _EXECUTORS[key] = executor_class(_scheme(ex["spec"]))(ex)
         return _EXECUTORS[key]
