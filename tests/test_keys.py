@@ -183,3 +183,24 @@ def test_a_run_that_does_not_end_leaves_no_report_that_says_pass(tmp_path):
     rc, ran, out = doit(z)                              # the next run reports this zoo
     assert rc != 0 and (z / "build/summary.md").read_text().startswith("## ❌"), out
     assert not (z / "build/stale/summary.md").exists()
+
+
+def test_inputs_that_come_back_take_their_verdict_from_the_store(tmp_path):
+    """build/store/ holds every keyed verdict under its key, in the shared cache's entry format: a
+    config edited and then put back locks nothing the second time."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64]\n")})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:a" in ran, out
+    first = _results(z)[("a", "float64")]
+    (z / "programs/a.yaml").write_text("dtypes: [float64]\nsteps: 2\n")
+    rc, ran, out = doit(z)
+    second = _results(z)[("a", "float64")]
+    assert rc == 0 and "lock:a" in ran and second["steps"] == 2, out
+    (z / "programs/a.yaml").write_text("dtypes: [float64]\n")          # back as it was
+    rc, ran, out = doit(z)
+    back = _results(z)[("a", "float64")]
+    assert rc == 0 and back["key"] == first["key"] and back["timings"] == first["timings"], out
+    entries = {p.stem: json.loads(p.read_text()) for p in (z / "build/store").rglob("*.json")}
+    assert set(entries) == {first["key"], second["key"]}
+    assert entries[first["key"]]["schema"] == "logos.verdict-cache"

@@ -204,6 +204,30 @@ class VerdictCache:
         return True
 
 
+class LocalStore(VerdictCache):
+    """build/store/: every keyed pass and fail of this checkout under its key, in the shared
+    cache's entry format (signed with a secret of this build/, made on first use): a check whose
+    inputs come back to an earlier key takes its verdict from here, and `cache=URL` mirrors the
+    same keys. Its verdicts are this checkout's own: not marked as cached."""
+
+    def __init__(self, build):
+        secret_path = os.path.join(build, "store", ".secret")
+        secret = None
+        try:
+            with open(secret_path, encoding="ascii") as f:
+                secret = f.read().strip() or None
+        except OSError:
+            pass
+        if secret is None:
+            secret = uuid.uuid4().hex
+            write_atomic(secret_path, secret)
+        super().__init__("file://" + os.path.abspath(os.path.join(build, "store")), secret)
+
+    def get(self, key):
+        entry = self._entry(key)
+        return None if entry is None else entry["result"]
+
+
 def open_cache(url, env=None, say=None):
     """(VerdictCache or None, a warning or None): no URL, no cache; a URL without the key in
     LOGOS_CACHE_KEY is not used (a reader without the key must not trust entries it cannot check)."""

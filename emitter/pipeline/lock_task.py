@@ -1,7 +1,8 @@
 """The lock task's action: each check of one program under the key of its inputs as they are now.
 
-A check whose key already holds its pass here is kept; one the shared cache holds (`cache=URL`) is
-taken from it; the rest go to the executor (inline, or a Dask cluster) as jobs. The driver alone
+A check whose key already holds its pass here is kept (its result, or build/store/'s entry for that
+key: inputs that came back to an earlier state); one the shared cache holds (`cache=URL`) is taken
+from it; the rest go to the executor (inline, or a Dask cluster) as jobs. The driver alone
 writes: each result (with its key and the record it was computed from), golden/, the lock status
 (each check's key, verdict and result's sha256: what `keys.lock_current` reads) and the history.
 A result is recorded under its key only when it is about that key: the code that ran is the code
@@ -95,10 +96,11 @@ def lock_program(entry, run, db):
     from . import cache, executors, results as history
     pc, threads = entry.pc, run["threads"]
     store = cache.store(run.get("cache"))
+    local = cache.LocalStore(os.path.dirname(db) or ".")
     status = read_json(entry.status) or {"status": "error", "reason": f"{entry.status}: missing or unreadable"}
     recorded = (read_json(entry.lock_status) or {}).get("checks") or {}
     own = digests.code("lock")
-    done, parts_of, keys, jobs, fresh = {}, {}, {}, [], set()
+    done, parts_of, keys, jobs, fresh, restored = {}, {}, {}, [], set(), set()
     golden = {c.dtype: c.tolerance for c in entry.checks}
     for c in entry.checks:
         if status.get("status") != "ok":
@@ -107,6 +109,11 @@ def lock_program(entry, run, db):
         parts = parts_of[c.dtype] = check_parts(entry, c, status, threads)
         key = keys[c.dtype] = parts and check_key(parts)
         kept = _kept(entry, c, key, recorded)
+        if kept is None and key:   # a pass this checkout locked under this key before
+            kept = local.get(key)
+            kept = kept if isinstance(kept, dict) and kept.get("verdict") == "pass" else None
+            if kept is not None:
+                restored.add(c.dtype)
         if kept is not None:
             done[c.dtype] = kept
             continue
@@ -167,15 +174,16 @@ def lock_program(entry, run, db):
             r["cache"]["url"] = store.url
         write_atomic(c.result, json_lines(r))
         statuses[c.dtype] = {"key": r.get("key"), "verdict": r["verdict"], "sha256": sha256_or_none(c.result)}
-        if c.dtype in fresh and store is not None and key:
-            _publish(store, pc.name, c.dtype, key, r, parts)
+        if c.dtype in fresh and key:
+            for shared in ([local] + ([store] if store is not None else [])):
+                _publish(shared, pc.name, c.dtype, key, r, parts, quiet=shared is local)
         line = verdict.line(r) + (" (from the cache)" if r.get("from_cache") else "")
         (sys.stdout if r["verdict"] == "pass" else sys.stderr).write(f"lock:{pc.name} {line}\n")
     refused = status.get("key") if status.get("status") == "error" else None
     write_atomic(entry.lock_status, json_lines({"schema": "logos.pipeline.lock", "version": 1,
                                                 "checks": statuses, "refused": refused}))
-    new = [done[c.dtype] for c in entry.checks if c.dtype in fresh or done[c.dtype].get("from_cache")
-           or status.get("status") != "ok"]
+    new = [done[c.dtype] for c in entry.checks if c.dtype in fresh | restored
+           or done[c.dtype].get("from_cache") or status.get("status") != "ok"]
     try:
         if new:
             history.record_all(db, new)
@@ -186,13 +194,15 @@ def lock_program(entry, run, db):
     return True
 
 
-def _publish(store, name, dtype, key, r, parts):
-    """Share a verdict computed here under its key (best effort: the verdict stands regardless);
+def _publish(store, name, dtype, key, r, parts, quiet=False):
+    """Store a verdict computed here under its key (best effort: the verdict stands regardless);
     one computed in another environment than the key names (a Dask worker elsewhere) is not."""
     from .cache import publishable
     if r["verdict"] not in ("pass", "fail"):
         return
     if not publishable(r, parts):
+        if quiet:
+            return
         sys.stderr.write(f"lock:{name}: [{dtype}] not published to {store.url}: computed in another "
                          "environment than this checkout's (a worker with other versions or another "
                          "CPU); the key names this one\n")

@@ -14,7 +14,7 @@ from ..fingerprint import sha256_or_none, sha256_text
 from .keys import check_key, moved
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
-REPORT_FILES = ("report.json", "junit.xml", "summary.md", "report.html")
+REPORT_FILES = ("report.json", "junit.xml", "summary.md", "report.html")   # (formats' order)
 STALE = "stale"   # build/stale/: the last complete report while a run is under way
 _OUTPUT = ("max_abs", "max_rel", "guarded_rel", "nmse", "cosine", "argmax_agree", "integer",
            "integer_mismatches", "feeding", "pass")

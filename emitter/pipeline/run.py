@@ -12,14 +12,29 @@ import sys
 
 from .. import fingerprint
 from ..files import read_json
-from . import cache as vcache, executors, files_io, guards, handing, keys
+from . import executors, files_io, guards, handing, keys
 from .checks import entries
 from .config import discover
-from .report import REPORT_FILES, set_aside
 from ..importers import declared_reads
 from ..verify.threads import DEFAULT_THREADS
 
 _BEGUN = []
+
+
+def cache_lookup(*args):
+    from .cache import lookup_deps
+    return lookup_deps(*args)
+
+
+def cache_publish(*args):
+    from .cache import publish_all
+    return publish_all(*args)
+
+
+def clean_report(build):
+    """`doit clean` of the report's files."""
+    from .report import REPORT_FILES
+    files_io.remove_files([f"{build}/{f}" for f in REPORT_FILES])
 
 
 class ZooChecker(files_io.FingerprintChecker):
@@ -43,12 +58,14 @@ def begin(build):
     guards.pause_collector()
     fingerprint.bind(f"{build}/.fingerprints.json")
     if handing.is_run(handing.doit_args()):
+        from .report import set_aside   # (xml and the renderers load only when a report is made)
         set_aside(build)
 
 
 def settings(get_var):
     """executor=, workers=, threads=, cache= (doit's command-line variables), checked: a bad one,
     or a scheduler nobody answers at, is one line and exit 3."""
+    from . import cache as vcache   # (fsspec, hmac, sockets: only for a run that may use a cache)
     try:
         ex = executors.parse(get_var("executor"), get_var("workers"))
         threads = str(get_var("threads") or DEFAULT_THREADS)
@@ -234,7 +251,7 @@ class Run:
             yield {
                 "name": e.name,
                 "doc": f"look {e.name}'s verdicts up in {self.settings['cache']}",
-                "actions": [(vcache.lookup_deps, [e, self.settings["threads"], self.settings["cache"]])],
+                "actions": [(cache_lookup, [e, self.settings["threads"], self.settings["cache"]])],
                 "task_dep": [f"emit:{e.name}"],
                 "verbosity": 2,   # a bad entry is said here (once)
             }
@@ -257,7 +274,7 @@ class Run:
             "task_dep": deps,
             "uptodate": [(report_current, [self.entries, self.build, self.settings["threads"],
                                            self.report_now])],
-            "clean": [(files_io.remove_files, [[f"{self.build}/{f}" for f in REPORT_FILES]])],
+            "clean": [(clean_report, [self.build])],
         }
 
     def cache_task(self):
@@ -266,7 +283,7 @@ class Run:
             return {"actions": [], "uptodate": [True], "doc": "publish verdicts (cache=URL: none)"}
         return {
             "doc": f"publish the verdicts {self.settings['cache']} lacks",
-            "actions": [(vcache.publish_all, [[e for e in self.entries if e.locked and not e.pc.error],
+            "actions": [(cache_publish, [[e for e in self.entries if e.locked and not e.pc.error],
                                               self.settings["threads"], self.settings["cache"],
                                               f"{self.build}/.cache-published.json"])],
             "task_dep": ["report"],
