@@ -89,13 +89,14 @@ def make_report(entries, out_dir, threads, failures=None):
     from doit.exceptions import TaskFailed
     from .keys import report_key
     from .report import build_rows, write_reports
-    key = report_key(entries, threads)
     from . import results as history
     try:
         history.refill(os.path.join(out_dir, "results.sqlite"), [c.result for e in entries for c in e.checks])
     except history.HistoryError as e:
         sys.stderr.write(f"report: the history was not made again: {e}\n")
-    rows = build_rows(entries, os.path.join(out_dir, ".report-cache.json"), threads, failures)
+    key_rows = []
+    rows = build_rows(entries, os.path.join(out_dir, ".report-cache.json"), threads, failures, key_rows)
+    key = report_key(entries, threads, key_rows)
     bad = [r for r in rows if r["verdict"] != "pass"]
     # only a report of every check passing is ever current: a failing one runs (and fails) again
     write_reports(rows, out_dir, os.path.join(out_dir, ".report-plots.json"),

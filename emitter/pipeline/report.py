@@ -100,22 +100,24 @@ def _check_rows(e, status, cache, now, parts_now):
     return rows
 
 
-def build_rows(entries, cache_path=None, threads=None, failures=None):
+def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=None):
     """One row per check: (program, dtype) for locked programs, (program, "emit") for the rest.
 
     `entries`: the run's `checks.Entry` records. A result recorded under another key than its
     inputs' now is refused as an error that names what moved (and `current` is false); so is
     every check of a program one of whose tasks failed in this run (`failures`: {task name:
     message}), and a failed task of no program is a row of its own. `cache_path`, if given,
-    keeps slim copies of the files read between runs, each under its content's fingerprint."""
-    from .keys import check_parts
+    keeps slim copies of the files read between runs, each under its content's fingerprint;
+    `key_rows`, if given, gets each program's `keys.report_row` from the same reads."""
+    from .keys import check_parts, report_row
     cache = StampedCache(cache_path, 5)   # v5: rows carry their key and its record
     failures = dict(failures or {})
     rows = []
     for e in entries:
         failed = [(t, failures.pop(f"{t}:{e.name}")) for t in PROGRAM_TASKS
                   if f"{t}:{e.name}" in failures]
-        status = read_json(e.status) or {"status": "error",
+        raw = read_json(e.status)
+        status = raw or {"status": "error",
                                          "reason": f"{e.status}: not written (emit did not run)"}
         if not e.checks:
             ok = status.get("status") == "ok"
@@ -123,6 +125,8 @@ def build_rows(entries, cache_path=None, threads=None, failures=None):
                              current=True))
         parts = {c.dtype: check_parts(e, c, status, threads) for c in e.checks}
         now = {dt: p and check_key(p) for dt, p in parts.items()}
+        if key_rows is not None:
+            key_rows.append(report_row(e, threads, raw or {}, read_json(e.lock_status), now))
         rows += _check_rows(e, status, cache, now, parts)
         if failed:   # the first of its tasks to fail says why (the later ones waited for it)
             task, message = failed[0]
