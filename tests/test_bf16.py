@@ -13,7 +13,8 @@ import pytest
 from bf16_bugs import BUGS
 from conftest import ROOT, run_cli
 from emitter.language.reader import read_file
-from emitter.ops.precision import DEFAULT, stage_precisions
+from emitter.ops import BY_NAME
+from emitter.ops.precision import stage_precisions
 from emitter.sambaflow.emit import emit_program, write_bundle
 from emitter.verify import bf16
 from emitter.verify.lock import lock_bundle
@@ -52,7 +53,7 @@ def test_model_py_and_the_manifest_state_the_policy(qwen):
     assert "PRECISION = {" in text and f"    0: {tuple(table[0])!r}," .replace("'", '"') in text
     manifest = json.loads(open(qwen["tmp"] / "good" / "manifest.json").read())
     by = {o["out"]: o for o in manifest["ops"]}
-    assert by["logits"]["bf16"] == ["fp32", "fp32"] and by["hm0"]["bf16"] == list(DEFAULT["plus"])
+    assert by["logits"]["bf16"] == ["fp32", "fp32"] and by["hm0"]["bf16"] == list(BY_NAME["plus"].precision)
     assert by["x0"]["bf16"] == ["fp32", "bf16"]
     plain = emit_program(program)
     assert "PRECISION = {}" in plain.model_py and "self.cast(" not in plain.model_py

@@ -70,11 +70,12 @@ def full_attention_call(a):
     return f"full_attention({a.name('Q')}, {a.name('K')}, {a.name('V')}, {heads}, {hd})"
 
 
+# in bfloat16 both accumulate in fp32 (the default precision), the bf16 gate bounding their excess at 4
 OPS = (
     Op("attention", "attention of Q over K and V with H heads KV groups", shape=attention_shape,
        vm=attention_vm, call=attention_call, spelling="attention(q, k, v, heads, groups, hd)",
-       ints=("H", "KV")),
+       ints=("H", "KV"), excess=4.0),
     Op("full attention", "full attention of Q over K and V with H heads",
        shape=full_attention_shape, vm=full_attention_vm, call=full_attention_call,
-       spelling="full_attention(q, k, v, heads, hd)", ints=("H",)),
+       spelling="full_attention(q, k, v, heads, hd)", ints=("H",), excess=4.0),
 )

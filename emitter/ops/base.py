@@ -8,6 +8,9 @@ starts with a capital is a placeholder (a tensor name; an integer literal when l
 either when listed in `index`; a positive real literal such as `1e-5` when listed in `reals`);
 `[...]` is an optional group. `params` names the placeholders that take a parameter (a
 weight, a bias, a table) rather than data: a leaf read only there is a weight of the program.
+An op also declares how it runs in bfloat16 and how the lock's bf16 gate judges it: `precision`,
+its (compute, output) under the default policy (emitter.ops.precision), `excess`, its bound on
+rms(module − VM) over its rounding floor's noise, and `gain_test` (emitter.verify.bf16).
 """
 
 import mmap
@@ -17,6 +20,7 @@ from typing import Callable, Optional
 import numpy as np
 
 EPS = 1e-6
+FP32, BF16 = "fp32", "bf16"   # the precisions a bfloat16 module computes and holds values in
 WIDEN_BYTES = 1 << 23   # a float32 parameter is widened to float64 at most this many bytes at a time
 
 
@@ -121,6 +125,12 @@ class Op:
     view: bool = False                      # the torch call may return a view of its input
     widens: tuple = ()                      # operands the torch call widens itself, a block at a time
     integer: bool = False                   # the result holds integers (an index), whatever its type
+    # in bfloat16: (compute, output) by default, as SambaNova's model zoo runs it (an elementwise op
+    # bf16 in and out, computing in fp32 between); its bf16 gate's bound on the excess over its
+    # rounding floor (None: the gate's bound for the rest); whether the gate tests its gain
+    precision: tuple = (FP32, BF16)
+    excess: Optional[float] = None
+    gain_test: bool = True
 
     def placeholders(self):
         return [w for w in pattern_words(self.pattern) if w[0].isupper()]

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .base import Op, ShapeError, fmt, widened_product
+from .base import FP32, Op, ShapeError, fmt, widened_product
 
 
 def matmul_shape(a):
@@ -67,11 +67,13 @@ def transpose_call(a):
     return f"{a.name('X')}.transpose(0, 1)"
 
 
+# in bfloat16 a matmul accumulates in fp32 and a residual add (plus) keeps an fp32 sum; the bf16
+# gate bounds the excess of both at 4 (an op that declares no bound gets the gate's EXCESS_OTHER)
 OPS = (
     Op("matmul", "A matmul B", shape=matmul_shape, vm=matmul_vm, call=matmul_call, spelling="a @ b",
-       params=("B",), widens=("B",)),
+       params=("B",), widens=("B",), excess=4.0),
     Op("plus", "A plus B", shape=broadcast_shape, vm=plus_vm, call=plus_call, spelling="a + b",
-       params=("B",)),
+       params=("B",), precision=(FP32, FP32), excess=4.0),   # a residual add: its sum kept in fp32
     Op("hadamard", "A hadamard B", shape=broadcast_shape, vm=hadamard_vm, call=hadamard_call,
        spelling="a * b", params=("B",)),
     Op("transpose", "transpose of X", shape=transpose_shape, vm=transpose_vm, call=transpose_call,

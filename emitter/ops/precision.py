@@ -2,31 +2,19 @@
 bfloat16, as SambaNova's RDU runs models. Each op kind gets (compute, output), each "fp32" or
 "bf16": its inputs are cast to `compute` before the op, its result rounded to `output` after.
 
-The default is how SambaNova's model zoo runs: weights and activations stored in bf16; matmul and
+The default is each op's own `precision` (declared with the op, in its family's file under
+emitter/ops/), how SambaNova's model zoo runs: weights and activations stored in bf16; matmul and
 attention accumulate in fp32; residual adds, the softmax, the norms' statistics and the logits in
 fp32 (residual adds and the logits stage, the one that feeds an argmax or is named `logits`, keep
-an fp32 output); the elementwise ops take bf16 in and give bf16 out, computing in fp32 between (as
-bf16 hardware's vector units do: a bf16 silu rounded twice has a measurable bias that no RDU kernel
-has). Int tensors (token ids, positions) stay fp32 (exact to 2^24)."""
+an fp32 output: LOGITS); the elementwise ops take bf16 in and give bf16 out, computing in fp32
+between (as bf16 hardware's vector units do: a bf16 silu rounded twice has a measurable bias that
+no RDU kernel has). Int tensors (token ids, positions) stay fp32 (exact to 2^24)."""
 
-FP32, BF16 = "fp32", "bf16"
+from .base import BF16, FP32
 
-DEFAULT = {
-    "matmul": (FP32, BF16),
-    "attention": (FP32, BF16),
-    "full attention": (FP32, BF16),
-    "plus": (FP32, FP32),
-    "softmax": (FP32, BF16),
-    "rmsnorm": (FP32, BF16),
-    "layernorm": (FP32, BF16),
-    "l2norm": (FP32, BF16),
-    "causal conv": (FP32, BF16),
-    "decay": (FP32, BF16),
-    "gated delta": (FP32, BF16),
-    "argmax": (FP32, FP32),
-    "logits": (FP32, FP32),
-}
-OTHERWISE = (FP32, BF16)
+LOGITS = (FP32, FP32)   # the logits stage, whatever op computes it
+
+__all__ = ["BF16", "FP32", "LOGITS", "check_policy", "logits_stage", "stage_precisions"]
 
 
 def logits_stage(program):
@@ -43,13 +31,15 @@ def logits_stage(program):
 
 def stage_precisions(program, policy=None):
     """{stage index: (compute, output)} of every stage under `policy` (op kind or "logits" ->
-    (compute, output)) over DEFAULT."""
-    table = {**DEFAULT, **(policy or {})}
+    (compute, output)) over the defaults: LOGITS for the logits stage, each op's `precision`."""
+    policy = policy or {}
     logits = logits_stage(program)
     out = {}
     for st in program.stages:
-        key = "logits" if st.index == logits else st.op.name
-        out[st.index] = tuple(table.get(key, table.get(st.op.name, OTHERWISE)))
+        if st.index == logits:
+            out[st.index] = tuple(policy.get("logits", LOGITS))
+        else:
+            out[st.index] = tuple(policy.get(st.op.name, st.op.precision))
     return out
 
 

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from .base import Op, ShapeError, fmt
+from .base import FP32, Op, ShapeError, fmt
 
 
 def row_number(value, rows, what):
@@ -93,7 +93,7 @@ def moe_vm(a):
 OPS = (
     Op("moe", "moe of X", shape=moe_shape, vm=moe_vm, call=None, spelling=None),
     Op("argmax", "argmax of X", shape=argmax_shape, vm=argmax_vm, call=argmax_call,
-       spelling="torch.argmax(x).reshape(1, 1).to(x.dtype)", integer=True),
+       spelling="torch.argmax(x).reshape(1, 1).to(x.dtype)", integer=True, precision=(FP32, FP32)),
     Op("embedding", "row TOK of TABLE", shape=row_shape, vm=row_vm, call=row_call,
        spelling="table[tok]", index=("TOK",), params=("TABLE",),
        inputs_order=("TABLE", "TOK"), view=True),

@@ -7,7 +7,8 @@ as the precision policy feeds them (bf16 or fp32), its result rounded to its out
 op, in the probe pass (each op on the VM's inputs, so upstream error does not count twice), with
 `noise` = rms(floor − VM), never below the compute precision's own grain (COMPUTE_GRAIN × rms(VM)):
 
-- excess: rms(module − VM) / noise, bounded per op kind (EXCESS);
+- excess: rms(module − VM) / noise, bounded per op kind (each op's `excess`, beside its meaning in
+  emitter/ops/; EXCESS_OTHER where it declares none);
 - deviation: rms(module − floor) / rms(floor − VM), where a value larger than the rms counts
   relative to its own size (so the few largest values do not speak for all) and the one value
   furthest from the floor is left out (one rounding tipped by fp32 arithmetic in a 16-value op is
@@ -20,15 +21,16 @@ op, in the probe pass (each op on the VM's inputs, so upstream error does not co
   share their input rounding) barely moves;
 - gain: the module's values regressed on the floor's; |z| = |slope − 1| / its standard error (the
   heteroscedasticity-consistent one: rounding noise grows with |value|) above Z_LIMIT is a
-  systematic gain, not noise (norms are skipped: GAIN_SKIP, their output renormalised). On the
-  floor, not on the VM as the design's sentence has it: bf16 weights carry gains of their own (a
-  conv tap of 0.3 everywhere is 0.30078 in bf16, +0.26% on every value, which qwen38's conv taps
-  show at |z| up to 22 on the VM), and the floor holds exactly those;
+  systematic gain, not noise (norms are skipped, their output renormalised: an op's
+  `gain_test`). On the floor, not on the VM as the design's sentence has it: bf16 weights carry
+  gains of their own (a conv tap of 0.3 everywhere is 0.30078 in bf16, +0.26% on every value,
+  which qwen38's conv taps show at |z| up to 22 on the VM), and the floor holds exactly those;
 - cosine(module, VM) at least COSINE_MIN.
 
 An argmax the module flips is excused only where the VM's top-2 margin lies inside the bf16 noise
 of the logits (MARGIN_NOISE times their rms error). Each bound is a named constant a config can
-override (`bf16:` in the program's config).
+override (`bf16:` in the program's config). The check's judge (emitter.verify.judges.Bf16) holds
+the gate's state, hands each step here (`gate_step`) and sums the figures up.
 """
 
 import math
@@ -36,18 +38,18 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from ..ops import ALL_OPS
 from ..ops.base import WIDEN_BYTES
 from .vm import bind_result, run_stage
 
-EXCESS = {"matmul": 4.0, "attention": 4.0, "full attention": 4.0, "plus": 4.0,
-          "rmsnorm": 32.0, "layernorm": 32.0, "l2norm": 32.0}
-EXCESS_OTHER = 8.0          # elementwise ops and the rest
+EXCESS = {op.name: op.excess for op in ALL_OPS if op.excess is not None}   # each op declares its own
+EXCESS_OTHER = 8.0          # elementwise ops and the rest (an op whose `excess` is None)
 DEVIATION = 0.5             # rms(module − floor) over rms(floor − VM), relative per value
 Z_LIMIT = 6.0
 GAIN_MIN = 2.0 ** -16       # a gain under this is no bug the gate calls, however significant: fp32
 #                             accumulation over gemma3's 262144 logits has a slope of 1 + 2.4e-9 at
 #                             |z| 7.5; the bugs it is for are 0.4% (2.6e2 times this)
-GAIN_SKIP = ("rmsnorm", "layernorm", "l2norm")
+GAIN_SKIP = tuple(op.name for op in ALL_OPS if not op.gain_test)   # the norms: renormalised
 COSINE_MIN = 0.999
 MARGIN_NOISE = 3.0
 MIN_VALUES = 16             # fewer values than this give no gain or cosine test (too few to judge)
@@ -230,48 +232,16 @@ def judge(op_name, module, vm, floor, b, compute="fp32"):
 
 
 def gate_step(torch, program, current, trace, probe, gate, step, label):
-    """The bf16 gate on one step's probe pass: each op's figures replace its flat-tolerance pass."""
-    found = floors(torch, program, current, trace.stages, gate["precisions"], gate.get("model"),
-                   gate.setdefault("shared", {}), {i for i, m in probe.results.items() if m.get("view")})
+    """The bf16 gate on one step's probe pass: each op's figures replace its flat-tolerance pass.
+    `gate` is the check's judge (emitter.verify.judges.Bf16: its precisions, bounds, the module
+    whose weights the floors read, and `seen`, where each op's figures go)."""
+    found = floors(torch, program, current, trace.stages, gate.precisions, gate.model,
+                   gate.shared, {i for i, m in probe.results.items() if m.get("view")})
     for i, m in probe.results.items():
         st = program.stages[i]
         if m.get("view"):      # a view computes nothing: the probe checked it bit for bit
             continue
-        j = judge(st.op.name, probe.values[i], trace.stages[i], found[i], gate["bounds"],
-                  gate["precisions"][i][0])
+        j = judge(st.op.name, probe.values[i], trace.stages[i], found[i], gate.bounds,
+                  gate.precisions[i][0])
         m.update(bf16=j, pass_flat=m["pass"], **{"pass": j["pass"]})
-        gate["seen"].append({"step": step, **label(program, i), **j})
-
-
-def _share(s, b):
-    """How far one op's figures went towards their bounds (1.0: at a bound), and which bound."""
-    shares = {"excess": s["excess"] / s["excess_limit"], "deviation": s["deviation"] / b["deviation"],
-              "z": s["z"] / b["z"],
-              "cosine": (1.0 - s["cosine"]) / (1.0 - b["cosine"]) if b["cosine"] < 1 else 0.0}
-    by = max(shares, key=shares.get)
-    return shares[by], by
-
-
-def summary(gate):
-    """The bf16 gate's columns: the op furthest towards any of its bounds (`worst`: its share of
-    that bound and which), its worst op by excess (as a share of its bound), the worst deviation
-    from the floor, the worst |z|, the lowest cosine, and the argmax flips and how many were
-    excused."""
-    seen, b = gate["seen"], gate["bounds"]
-
-    def pick(key, what):
-        s = max(seen, key=key) if seen else None
-        return None if s is None else {k: s[k] for k in ("step", "stage", "out", "op", "line", what)}
-    worst = pick(lambda s: s["excess"] / s["excess_limit"], "excess")
-    if worst is not None:
-        worst["limit"] = max(seen, key=lambda s: s["excess"] / s["excess_limit"])["excess_limit"]
-    furthest = None
-    if seen:
-        s = max(seen, key=lambda s: _share(s, b)[0])
-        ratio, by = _share(s, b)
-        furthest = {**{k: s[k] for k in ("step", "stage", "out", "op", "line")}, "ratio": ratio, "by": by}
-    return {"bounds": b, "worst": furthest, "worst_excess": worst, "worst_z": pick(lambda s: s["z"], "z"),
-            "worst_deviation": pick(lambda s: s["deviation"], "deviation"),
-            "min_cosine": pick(lambda s: -s["cosine"], "cosine"),
-            "argmax_flips": gate["flips"], "argmax_excused": gate["excused"],
-            "ops_failing": sum(1 for s in seen if not s["pass"])}
+        gate.seen.append({"step": step, **label(program, i), **j})

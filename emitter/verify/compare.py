@@ -130,13 +130,9 @@ def figures(m):
     return {k: m[k] for k in KEYS}
 
 
-def worst_of(stages, load, gate=None):
-    """The stage furthest from its tolerance (load failures first); under the bf16 gate, the op
-    furthest towards any of its bounds (excess, deviation, |z|, cosine: `by` says which)."""
-    if gate is not None and not load["failed"] and gate["worst"]:
-        w = gate["worst"]
-        return {**{k: w[k] for k in ("stage", "out", "op", "line", "ratio", "by")},
-                "max_abs": None, "guarded_rel": None}
+def worst_of(stages, load):
+    """The stage furthest from its tolerance (load failures first); the bf16 judge names its own
+    (emitter.verify.judges.Bf16.report)."""
     if load["failed"]:
         f = load["failed"][0]
         return {"stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],

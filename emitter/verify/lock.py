@@ -9,6 +9,8 @@ The module is built the way `model.py --weights` and compile.py build it: the bu
   is named even where the error would grow later;
 - each step, a free pass: the module runs alone carrying its own states; its output and its states
   after the step are compared with the VM's, so a wrong write-back is named (state and step).
+What passes is the check's judge's (emitter.verify.judges): the dtype's tolerance, or in bfloat16
+the per-op gate against each op's rounding floor.
 """
 
 import hashlib
@@ -27,7 +29,8 @@ from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
 from . import environment, verdict, vm
-from .compare import KEYS, compare, figures, load_stage, worse, worst_of
+from .compare import KEYS, compare, figures, load_stage, worse  # noqa: F401 (compare: for callers)
+from .judges import judge_for
 from .probe import CouldNotRun, Probe, Raised, run_module
 from .resident import Releasing, Resident, reads
 from .threads import DEFAULT_THREADS, thread_limits
@@ -138,12 +141,13 @@ def _feeding(program):
     return next((bound[n] for n in out.inputs if n in bound and program.real.get(n)), None)
 
 
-def _run(torch, model, dtype, program, leaves, steps, tol, timings, resident, golden=None, gate=None):
+def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, golden=None):
     """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures,
-    where the module raised or None: the run stops at the step it raised in). Each step has a probe pass (every op on the VM's inputs) and a teacher-forced pass (the module
-    alone from the VM's states, so each step's error is its own); its VM step also goes to `golden`
-    (a Golden) when given. With `gate` (bfloat16: precisions and bounds), each op is judged
-    against its rounding floor (emitter.verify.bf16) instead of the flat tolerance."""
+    where the module raised or None: the run stops at the step it raised in). Each step has a probe
+    pass (every op on the VM's inputs) and a teacher-forced pass (the module alone from the VM's
+    states, so each step's error is its own); its VM step also goes to `golden` (a Golden) when
+    given. `judge` (emitter.verify.judges) says what passes: each stage after the probe pass, the
+    output and each state after the free pass."""
     current = dict(leaves)
     details, stages_worst, first, output_worst, argmax_all = [], {}, None, None, True
     out_stage = next(st for st in reversed(program.stages) if st.binds)
@@ -165,8 +169,8 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, resident, go
         if golden is not None:
             golden.add(step, trace)
 
-        probe = Probe(torch, dtype, trace.stages, tol, gate and gate["precisions"],
-                       {st.index for st in program.stages if st.op.view})
+        probe = Probe(torch, dtype, trace.stages, judge.tol, judge.precisions,
+                      {st.index for st in program.stages if st.op.view})
         try:
             with torch.no_grad():
                 _set_states(torch, model, program, current)
@@ -197,26 +201,19 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, resident, go
             missing = [i for i in range(len(program.stages)) if i not in probe.results]
             raise CouldNotRun(f"the module's forward never tapped stage {missing[0]}: "
                               "the bundle does not match the program")
-        if gate is not None:
-            from .bf16 import gate_step
-            gate_step(torch, program, current, trace, probe, gate, step, _label)
+        judge.step(torch, program, current, trace, probe, step, _label)
 
-        out_m = compare(out.double().numpy(), trace.output, tol)
+        out_m = judge.compare(out.double().numpy(), trace.output)
         out_m["argmax_agree"] = bool(out.numel() == trace.output.size and
                                      int(torch.argmax(out)) == int(np.argmax(trace.output)))
         if integer:
             got_i = np.rint(out.double().numpy()).astype(np.int64)
             out_m["integer_mismatches"] = int(np.count_nonzero(got_i != np.rint(trace.output)))
             out_m["pass"] = out_m["integer_mismatches"] == 0
-            if gate is not None and out_m["integer_mismatches"] and feed is not None:
-                _excuse(torch, out_m, probe, trace, feed, gate)
-        elif gate is not None:
-            out_m["pass"] = out_m["nonfinite_mismatch"] == 0 and out_m["cosine"] >= gate["bounds"]["cosine"]
-        state_m = {s: compare(getattr(model, "leaf_" + s).detach(), trace.states[s], tol)
+            if out_m["integer_mismatches"] and feed is not None:
+                judge.flip(out_m, probe, trace, feed)
+        state_m = {s: judge.compare(getattr(model, "leaf_" + s).detach(), trace.states[s])
                    for s in program.states}
-        if gate is not None:
-            for s, m in state_m.items():
-                m["pass"] = m["nonfinite_mismatch"] == 0 and m["cosine"] >= gate["bounds"]["cosine"]
         compared(step, probe)
         for s, m in state_m.items():
             if first is None and not m["pass"]:
@@ -238,41 +235,9 @@ def _run(torch, model, dtype, program, leaves, steps, tol, timings, resident, go
     return details, stages, first, output, raised
 
 
-def _gate(module, program, policy, bounds):
-    """The bf16 gate's state: the program's precision under its policy (the config's, else the
-    default), which the bundle's PRECISION table must be, and the gate's bounds."""
-    from ..ops.precision import stage_precisions
-    from . import bf16
-    want = stage_precisions(program, policy or {})
-    have = {int(k): tuple(v) for k, v in (getattr(module, "PRECISION", None) or {}).items()}
-    if not have:
-        raise CouldNotRun("the bundle has no precision policy (PRECISION): emit it for bfloat16 "
-                          "(a program whose dtypes include bfloat16 is, in the pipeline)")
-    wrong = [i for i in sorted(want) if have.get(i) != want[i]]
-    if wrong:
-        st = program.stages[wrong[0]]
-        raise CouldNotRun(f"the bundle's PRECISION says stage {st.index} `{st.out} = {st.op.name}` (line "
-                          f"{st.line}) runs in {have.get(st.index)}, the policy says {want[st.index]}: "
-                          "emit it again with the program's policy")
-    return {"precisions": want, "bounds": bf16.bounds(bounds), "seen": [], "flips": 0, "excused": 0}
-
-
 def _set_states(torch, model, program, values):
     for s in program.states:
         getattr(model, "leaf_" + s).copy_(torch.from_numpy(np.array(values[s], np.float64)))
-
-
-def _excuse(torch, out_m, probe, trace, feed, gate):
-    """A flipped token passes only where the VM's top-2 margin lies inside the logits' noise."""
-    logits_vm = trace.stages[feed]
-    noise = float(np.sqrt(np.mean((probe.values[feed].reshape(-1) - np.asarray(logits_vm).reshape(-1)) ** 2)))
-    top = np.sort(np.asarray(logits_vm, dtype=np.float64).reshape(-1))[-2:]
-    margin = float(top[1] - top[0])
-    excused = margin <= gate["bounds"]["margin_noise"] * noise
-    out_m.update(flip_margin=margin, flip_noise=noise, flip_excused=excused)
-    out_m["pass"] = excused
-    gate["flips"] += 1
-    gate["excused"] += int(excused)
 
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
@@ -334,16 +299,14 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             result["load"] = load = load_stage(torch, model, program, leaves.values, torch_dtype,
                                                tol, resident)
             result["timings"]["setup_s"] = time.perf_counter() - start
-            gate = None
-            if dtype == "bfloat16":
-                gate = _gate(module, program, precision, bf16_bounds)
-                gate["model"] = model if load["pass"] else None   # its leaves: the floors' weights
+            judge = judge_for(dtype, tol, module, program, precision, bf16_bounds,
+                              model if load["pass"] else None)   # its leaves: a floor's weights
             keep = None
             if golden is not None and golden_files is not None:
                 from .golden import Golden
                 keep = Golden(bundle_dir, program, weights_dir, golden)
             details, stages, first, output, raised = _run(torch, model, torch_dtype, program, leaves.values,
-                                                          steps, tol, result["timings"], resident, keep, gate)
+                                                          steps, judge, result["timings"], resident, keep)
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
         if load["failed"]:   # a wrong leaf is the first divergence, whatever the module did then
@@ -351,11 +314,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             first = {"step": 0, "stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],
                      **{k: f[k] for k in figures(f)}}
         result.update(steps_detail=details, stages=stages, first_divergence=first, output=output,
-                      worst=worst_of(stages, load))
-        if gate is not None:
-            from .bf16 import summary
-            result["bf16"] = summary(gate)
-            result["worst"] = worst_of(stages, load, result["bf16"])
+                      **judge.report(stages, load))
         if raised is not None:
             result["raised"] = raised
             at = verdict.where({k: raised[k] for k in ("stage", "out", "op", "line")})

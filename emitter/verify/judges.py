@@ -1,0 +1,148 @@
+"""The lock's judges: what passes. The lock computes the figures (emitter.verify.compare) and asks
+its check's judge, which it does not tell apart, for the verdict on each of them:
+
+- `compare(got, want)`: a real tensor the free pass ends with (the output, each state), its figures
+  and its pass;
+- `step(...)`: after each step's probe pass, each stage's pass (the probe's figures in hand);
+- `flip(...)`: an integer output (an argmax's token) the module got wrong: whether it is excused;
+- `report(stages, load)`: the result's fields the judge adds (the worst stage, a summary).
+
+`Flat` (float64, float32): every tensor within the check's tolerance (compare's own pass). `Bf16`
+(bfloat16): the per-op gate of emitter.verify.bf16, each op against its rounding floor under the
+program's precision policy, which the bundle's PRECISION table must be; a real output or state
+passes on its cosine, a flipped token only inside the logits' noise; its summary is the result's
+`bf16` and its furthest op the result's `worst`."""
+
+import numpy as np
+
+from ..ops.precision import stage_precisions
+from . import bf16
+from .compare import compare, worst_of
+from .probe import CouldNotRun
+
+
+class Flat:
+    """float64 / float32: every tensor passes within the tolerance `tol`."""
+
+    precisions = None   # the module runs in the lock's dtype: no precision per stage
+
+    def __init__(self, tol):
+        self.tol = tol
+
+    def compare(self, got, want):
+        """A real tensor's figures (the module's against the VM's) and its pass."""
+        return compare(got, want, self.tol)
+
+    def step(self, torch, program, current, trace, probe, step, label):
+        """One step's probe pass judged: each stage's pass is the tolerance's, as the probe set it."""
+
+    def flip(self, out_m, probe, trace, feed):
+        """A token the module got wrong stays wrong."""
+
+    def report(self, stages, load):
+        """The result's fields this judge gives: the stage furthest from its tolerance."""
+        return {"worst": worst_of(stages, load)}
+
+
+class Bf16(Flat):
+    """bfloat16: the per-op gate. `module` (the bundle's model.py) must hold the program's
+    precision under `policy` (the config's, else each op's default); `overrides`, the config's
+    `bf16:` bounds; `model`, the module whose leaves passed the load stage (the floors read its
+    weights), or None."""
+
+    def __init__(self, tol, module, program, policy=None, overrides=None, model=None):
+        super().__init__(tol)
+        self.precisions = _precisions(module, program, policy)
+        self.bounds = bf16.bounds(overrides)
+        self.model = model
+        self.shared = {}     # the floors' float64 weights, kept across the lock's steps
+        self.seen, self.flips, self.excused = [], 0, 0
+
+    def compare(self, got, want):
+        m = compare(got, want, self.tol)
+        m["pass"] = m["nonfinite_mismatch"] == 0 and m["cosine"] >= self.bounds["cosine"]
+        return m
+
+    def step(self, torch, program, current, trace, probe, step, label):
+        # looked up on the module each step: bench/bench_bf16.py puts its spy there
+        bf16.gate_step(torch, program, current, trace, probe, self, step, label)
+
+    def flip(self, out_m, probe, trace, feed):
+        """A flipped token passes only where the VM's top-2 margin lies inside the logits' noise."""
+        logits_vm = trace.stages[feed]
+        noise = float(np.sqrt(np.mean((probe.values[feed].reshape(-1) - np.asarray(logits_vm).reshape(-1)) ** 2)))
+        top = np.sort(np.asarray(logits_vm, dtype=np.float64).reshape(-1))[-2:]
+        margin = float(top[1] - top[0])
+        excused = margin <= self.bounds["margin_noise"] * noise
+        out_m.update(flip_margin=margin, flip_noise=noise, flip_excused=excused)
+        out_m["pass"] = excused
+        self.flips += 1
+        self.excused += int(excused)
+
+    def report(self, stages, load):
+        """The gate's summary (`bf16`) and, load failures aside, its furthest op as the worst."""
+        s = self.summary()
+        w = s["worst"]
+        if load["failed"] or not w:
+            return {"worst": worst_of(stages, load), "bf16": s}
+        return {"worst": {**{k: w[k] for k in ("stage", "out", "op", "line", "ratio", "by")},
+                          "max_abs": None, "guarded_rel": None}, "bf16": s}
+
+    def summary(self):
+        """The gate's columns: the op furthest towards any of its bounds (`worst`: its share of
+        that bound and which), its worst op by excess (as a share of its bound), the worst deviation
+        from the floor, the worst |z|, the lowest cosine, and the argmax flips and how many were
+        excused."""
+        seen, b = self.seen, self.bounds
+
+        def pick(key, what):
+            s = max(seen, key=key) if seen else None
+            return None if s is None else {k: s[k] for k in ("step", "stage", "out", "op", "line", what)}
+        worst = pick(lambda s: s["excess"] / s["excess_limit"], "excess")
+        if worst is not None:
+            worst["limit"] = max(seen, key=lambda s: s["excess"] / s["excess_limit"])["excess_limit"]
+        furthest = None
+        if seen:
+            s = max(seen, key=lambda s: _share(s, b)[0])
+            ratio, by = _share(s, b)
+            furthest = {**{k: s[k] for k in ("step", "stage", "out", "op", "line")}, "ratio": ratio, "by": by}
+        return {"bounds": b, "worst": furthest, "worst_excess": worst, "worst_z": pick(lambda s: s["z"], "z"),
+                "worst_deviation": pick(lambda s: s["deviation"], "deviation"),
+                "min_cosine": pick(lambda s: -s["cosine"], "cosine"),
+                "argmax_flips": self.flips, "argmax_excused": self.excused,
+                "ops_failing": sum(1 for s in seen if not s["pass"])}
+
+
+def _share(s, b):
+    """How far one op's figures went towards their bounds (1.0: at a bound), and which bound."""
+    shares = {"excess": s["excess"] / s["excess_limit"], "deviation": s["deviation"] / b["deviation"],
+              "z": s["z"] / b["z"],
+              "cosine": (1.0 - s["cosine"]) / (1.0 - b["cosine"]) if b["cosine"] < 1 else 0.0}
+    by = max(shares, key=shares.get)
+    return shares[by], by
+
+
+def _precisions(module, program, policy):
+    """The program's precision under its policy, which the bundle's PRECISION table must be."""
+    want = stage_precisions(program, policy or {})
+    have = {int(k): tuple(v) for k, v in (getattr(module, "PRECISION", None) or {}).items()}
+    if not have:
+        raise CouldNotRun("the bundle has no precision policy (PRECISION): emit it for bfloat16 "
+                          "(a program whose dtypes include bfloat16 is, in the pipeline)")
+    wrong = [i for i in sorted(want) if have.get(i) != want[i]]
+    if wrong:
+        st = program.stages[wrong[0]]
+        raise CouldNotRun(f"the bundle's PRECISION says stage {st.index} `{st.out} = {st.op.name}` (line "
+                          f"{st.line}) runs in {have.get(st.index)}, the policy says {want[st.index]}: "
+                          "emit it again with the program's policy")
+    return want
+
+
+JUDGES = {"bfloat16": Bf16}   # any other dtype: Flat
+
+
+def judge_for(dtype, tol, module=None, program=None, policy=None, overrides=None, model=None):
+    """The judge of a check in `dtype` with tolerance `tol` (the rest: Bf16's)."""
+    if dtype in JUDGES:
+        return JUDGES[dtype](tol, module, program, policy, overrides, model)
+    return Flat(tol)
