@@ -43,6 +43,7 @@ def test_dask_local_gives_the_inline_verdicts(tmp_path):
     shutil.rmtree(z / "build/bundles/a/golden")
     for n in "ab":
         shutil.rmtree(z / f"build/results/{n}")
+    shutil.rmtree(z / "build/store")          # every keyed verdict: now computed again
     rc, ran, out = doit(z, "executor=dask:local", "workers=2")
     assert rc == 0, out
     assert {"lock:a", "lock:b", "report"} <= ran and "Traceback" not in out
@@ -364,6 +365,7 @@ def test_a_scheduler_and_two_workers_started_by_hand(tmp_path):
         workers = _workers(z, port, logs, {**env, "PYTHONPATH": f"{fake}{os.pathsep}{z}"})
         _wait_workers(port, 2)
         shutil.rmtree(z / "build/results")
+        shutil.rmtree(z / "build/store")
         url = (tmp_path / "cache").as_uri()
         rc, ran, out = doit(z, tcp, "-n", "4", f"cache={url}", env={"LOGOS_CACHE_KEY": "k"})
         assert rc == 0 and out.count("computed in another environment") == 4, out

@@ -172,6 +172,8 @@ def lock_program(entry, run, db):
                                environment=(r.get("environment") or {}).get("digest"))
         elif r.get("from_cache"):
             r["cache"]["url"] = store.url
+        elif c.dtype in restored:   # this checkout's own verdict under this key, as recorded then
+            r["cache"] = {"url": store and store.url, "key": key}
         write_atomic(c.result, json_lines(r))
         statuses[c.dtype] = {"key": r.get("key"), "verdict": r["verdict"], "sha256": sha256_or_none(c.result)}
         if c.dtype in fresh and key:
