@@ -11,7 +11,6 @@ import os
 
 from ..fingerprint import sha256
 from ..verify import environment
-from ..verify.tolerances import tolerance
 
 CODE = {
     "emit": ("files.py", "ops", "language", "sambaflow"),
@@ -67,11 +66,3 @@ def code(kind):
 def env():
     """This process's environment fingerprint's digest, taken once."""
     return environment.digest(environment.fingerprint())
-
-
-def check_digest(dtype, steps, atol, rtol, weights, allow_nonfinite=(), bf16=None):
-    """The digest of what a check's verdict depends on from the merged config (the bf16 gate's
-    bounds for a bfloat16 check)."""
-    return digest({"dtype": dtype, "steps": steps, "tolerance": tolerance(dtype, atol, rtol),
-                   "weights": weights, "allow_nonfinite": sorted(allow_nonfinite),
-                   "bf16": (bf16 or {}) if dtype == "bfloat16" else None})

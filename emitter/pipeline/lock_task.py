@@ -167,7 +167,7 @@ def lock_program(entry, run, db):
             r["cache"] = {"url": store and store.url, "key": key}
             if store is not None:
                 r["from_cache"] = False
-            r["hashes"].update(code=own, config=c.spec and c.spec["config"],
+            r["hashes"].update(code=own, config=c.spec and digests.digest(c.spec),
                                weights_manifest=parts and digests.digest(parts["weights"]),
                                environment=(r.get("environment") or {}).get("digest"))
         elif r.get("from_cache"):
