@@ -77,7 +77,7 @@ def read_json(path, limit=MAX_JSON):
 
 class StampedCache:
     """Values derived from files, kept between runs in one JSON file, each under its file's stamp
-    (a content hash, or mtime and size): a hit needs the same stamp, what this run did not ask for
+    (a content hash: `emitter.fingerprint` is the one stat cache): a hit needs the same stamp, what this run did not ask for
     is dropped, and the file is rewritten only when something changed. Best effort: a cache that
     cannot be read or written costs a recomputation, nothing more."""
 

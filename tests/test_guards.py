@@ -256,14 +256,10 @@ def test_a_child_forked_from_another_thread_outlives_that_thread(tmp_path):
 
 # the refusal of a second live run is kept
 
-def test_a_second_live_run_is_refused_naming_the_first(tmp_path):
-    holder = _python(tmp_path, """
-        import sys
-        from emitter.pipeline import guards
-        guards.exclusive("build")
-        print("held", flush=True)
-        sys.stdin.read()
-        """, stdin=subprocess.PIPE)
+def _refused_while_held(tmp_path, code):
+    """While a process running `code` holds the lock (it prints "held", then waits for its stdin
+    to close), a second run is refused with exit 3, naming that process."""
+    holder = _python(tmp_path, code, stdin=subprocess.PIPE)
     try:
         assert holder.stdout.readline().strip() == "held"
         rc, err = _take_lock(tmp_path)
@@ -271,6 +267,16 @@ def test_a_second_live_run_is_refused_naming_the_first(tmp_path):
         assert f"doit: refused: another doit run (pid {holder.pid}) is using build/" in err, err
     finally:
         holder.communicate(input="", timeout=60)
+
+
+def test_a_second_live_run_is_refused_naming_the_first(tmp_path):
+    _refused_while_held(tmp_path, """
+        import sys
+        from emitter.pipeline import guards
+        guards.exclusive("build")
+        print("held", flush=True)
+        sys.stdin.read()
+        """)
     rc, err = _take_lock(tmp_path)               # it ended: the lock is free
     assert rc == 0, err
 
@@ -283,7 +289,7 @@ def test_a_run_that_has_only_just_taken_the_lock_is_waited_for_and_named(tmp_pat
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (tmp_path / "build/.doit.lock").write_text(str(dead.pid))
-    holder = _python(tmp_path, """
+    _refused_while_held(tmp_path, """
         import fcntl, os, sys, time
         fd = os.open("build/.doit.lock", os.O_RDWR)
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -292,14 +298,7 @@ def test_a_run_that_has_only_just_taken_the_lock_is_waited_for_and_named(tmp_pat
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         sys.stdin.read()
-        """, stdin=subprocess.PIPE)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        rc, err = _take_lock(tmp_path)
-        assert rc == 3, err
-        assert f"another doit run (pid {holder.pid})" in err, err
-    finally:
-        holder.communicate(input="", timeout=60)
+        """)
 
 
 # 2. a damaged dependency DB

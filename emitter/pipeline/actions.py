@@ -13,7 +13,7 @@ is reported by the progress reporter, so the report is always this run's.
 import os
 import sys
 
-from ..files import BUNDLE_FILES, read_json, write_atomic
+from ..files import BUNDLE_FILES, json_lines, write_atomic
 from ..fingerprint import sha256_text
 from .guards import freeze_heap
 from .keys import emit_key
@@ -71,13 +71,8 @@ def emit_bundle(entry):
         sys.stderr.write(f"emit:{pc.name}: {error}\n")
     # a program edited while it was emitted is not recorded as done: the next run emits it again
     state["key"] = key if key == emit_key(entry) else None
-    write_atomic(entry.status, _dumps(state))
+    write_atomic(entry.status, json_lines(state))
     return True
-
-
-def _dumps(obj):
-    import json
-    return json.dumps(obj, indent=1, sort_keys=True) + "\n"
 
 
 def make_report(entries, out_dir, threads, failures=None):

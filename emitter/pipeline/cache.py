@@ -25,7 +25,7 @@ import uuid
 
 from ..files import read_json, write_atomic
 from .digests import canonical
-from .keys import check_key, check_parts
+from .keys import check_key, check_parts, current_keys
 
 SCHEMA, VERSION = "logos.verdict-cache", 1
 KEY_ENV = "LOGOS_CACHE_KEY"
@@ -48,12 +48,10 @@ def lookup_deps(entry, threads, url):
     cache = store(url)
     status = read_json(entry.status)
     recorded = (read_json(entry.lock_status) or {}).get("checks") or {}
-    for c in entry.checks:
-        parts = check_parts(entry, c, status, threads)
-        if parts is None:   # no bundle: the lock records the emit's error, no weights needed
+    for dtype, key in current_keys(entry, threads, status).items():
+        if key is None:   # no bundle: the lock records the emit's error, no weights needed
             return {}
-        key = check_key(parts)
-        if (recorded.get(c.dtype) or {}).get("key") == key and recorded[c.dtype].get("verdict") == "pass":
+        if (recorded.get(dtype) or {}).get("key") == key and recorded[dtype].get("verdict") == "pass":
             continue
         if cache is None or not cache.has(key):
             return need

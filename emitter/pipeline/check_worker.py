@@ -33,7 +33,7 @@ def run_check(job, worker=None):
     worker, not the driver)}. Paths are relative to `root`, the driver's folder (a worker elsewhere
     sees it through a shared filesystem). `worker`: the worker's address, as its executor knows it."""
     remote = job.get("remote", False)
-    code = loaded_code() if remote else None   # before the lock code is imported
+    code = loaded_code()   # all of the lock code, before this check imports any of it
     from ..verify.lock import lock_bundle
     own_env = {k: os.environ[k] for k in POOL_VARS if k in os.environ}
     if remote:
@@ -57,8 +57,8 @@ def run_check(job, worker=None):
              weights=None if job["weights"] is None else str(job["weights"]))
     execution = {"executor": job.get("executor", "inline"), "worker": worker, "pid": os.getpid(),
                  **threads, "seconds": round(time.perf_counter() - start, 3),
-                 "cpu_seconds": round(time.process_time() - cpu, 3), "started": round(began, 3)}
+                 "cpu_seconds": round(time.process_time() - cpu, 3), "started": round(began, 3),
+                 "code": code}
     if remote:
         execution["worker_thread_env"] = own_env
-        execution["code"] = code
     return {"result": r, "golden": golden or None, "execution": execution}

@@ -71,9 +71,9 @@ def weights_part(entry, leaves):
         return key and {"import": key}
     if not pc.weights:
         return None
+    from .weights import files
     try:
-        with os.scandir(pc.weights) as it:
-            found = {e.name: e for e in it if not e.name.startswith(".") and e.is_file()}
+        found = files(pc.weights)
     except OSError:
         return {"missing": pc.weights}
     claimed = {f"{leaf}{s}" for leaf in leaves for s in LEAF_SUFFIXES} & set(found)
@@ -135,14 +135,19 @@ def import_current(entry):
         sha256_or_none(os.path.join(entry.pc.weights, n)) == sha for n, sha in files.items())
 
 
-def current_keys(entry, threads, st=None):
-    """{dtype: the check's key now, or None} (`st`: the emit status, read here when not given)."""
-    st = read_json(entry.status) if st is None else st
+def current_parts(entry, threads, st):
+    """{dtype: `check_parts` now} of every check of `entry` (`st`: its emit status), the weights
+    looked at once for them all."""
     if not isinstance(st, dict) or st.get("status") != "ok":
         return {c.dtype: None for c in entry.checks}
     weights = weights_part(entry, st.get("leaves") or ())
-    return {c.dtype: (lambda p: p and check_key(p))(check_parts(entry, c, st, threads, weights))
-            for c in entry.checks}
+    return {c.dtype: check_parts(entry, c, st, threads, weights) for c in entry.checks}
+
+
+def current_keys(entry, threads, st=None):
+    """{dtype: the check's key now, or None} (`st`: the emit status, read here when not given)."""
+    st = read_json(entry.status) if st is None else st
+    return {dt: p and check_key(p) for dt, p in current_parts(entry, threads, st).items()}
 
 
 def lock_current(entry, threads, st=None, lock=None, now=None):

@@ -100,7 +100,7 @@ def lock_program(entry, run, db):
     status = read_json(entry.status) or {"status": "error", "reason": f"{entry.status}: missing or unreadable"}
     recorded = (read_json(entry.lock_status) or {}).get("checks") or {}
     own = digests.code("lock")
-    done, parts_of, keys, jobs, fresh, restored = {}, {}, {}, [], set(), set()
+    done, parts_of, keys, jobs, fresh, restored, intact = {}, {}, {}, [], set(), set(), set()
     golden = {c.dtype: c.tolerance for c in entry.checks}
     for c in entry.checks:
         if status.get("status") != "ok":
@@ -109,7 +109,9 @@ def lock_program(entry, run, db):
         parts = parts_of[c.dtype] = check_parts(entry, c, status, threads)
         key = keys[c.dtype] = parts and check_key(parts)
         kept = _kept(entry, c, key, recorded)
-        if kept is None and key:   # a pass this checkout locked under this key before
+        if kept is not None:
+            intact.add(c.dtype)
+        elif key:   # a pass this checkout locked under this key before
             kept = local.get(key)
             kept = kept if isinstance(kept, dict) and kept.get("verdict") == "pass" else None
             if kept is not None:
@@ -128,9 +130,7 @@ def lock_program(entry, run, db):
         # the VM's outputs are the same for every dtype: golden/ is written once
         jobs.append(_job(entry, c, parts, run, golden))
         golden = golden if (run.get("executor") or "inline") != "inline" else None
-    lost, loaded = None, None
-    if jobs and (run.get("executor") or "inline") == "inline":
-        from .worker_code import LOADED as loaded   # all of the lock code, before any check runs
+    lost = None
     try:
         ex = executors.executor(run.get("executor"), run.get("workers"))
         outcomes = ex.run(jobs, pc.limits["seconds"]) if jobs else []
@@ -139,8 +139,6 @@ def lock_program(entry, run, db):
     wrote_golden = False
     for job, o in zip(jobs, outcomes):
         dtype = job["kwargs"]["dtype"]
-        if loaded is not None and "error" not in o:
-            o["execution"]["code"] = loaded
         o = _refused(o, dtype, own)
         fresh.add(dtype)
         if "error" in o:
@@ -174,7 +172,8 @@ def lock_program(entry, run, db):
             r["cache"]["url"] = store.url
         elif c.dtype in restored:   # this checkout's own verdict under this key, as recorded then
             r["cache"] = {"url": store and store.url, "key": key}
-        write_atomic(c.result, json_lines(r))
+        if c.dtype not in intact:   # (a result kept as the lock wrote it is not written again)
+            write_atomic(c.result, json_lines(r))
         statuses[c.dtype] = {"key": r.get("key"), "verdict": r["verdict"], "sha256": sha256_or_none(c.result)}
         if c.dtype in fresh and key:
             for shared in ([local] + ([store] if store is not None else [])):

@@ -109,7 +109,7 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
     message}), and a failed task of no program is a row of its own. `cache_path`, if given,
     keeps slim copies of the files read between runs, each under its content's fingerprint;
     `key_rows`, if given, gets each program's `keys.report_row` from the same reads."""
-    from .keys import check_parts, report_row
+    from .keys import current_parts, report_row
     cache = StampedCache(cache_path, 5)   # v5: rows carry their key and its record
     failures = dict(failures or {})
     rows = []
@@ -117,13 +117,12 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
         failed = [(t, failures.pop(f"{t}:{e.name}")) for t in PROGRAM_TASKS
                   if f"{t}:{e.name}" in failures]
         raw = read_json(e.status)
-        status = raw or {"status": "error",
-                                         "reason": f"{e.status}: not written (emit did not run)"}
+        status = raw or {"status": "error", "reason": f"{e.status}: not written (emit did not run)"}
         if not e.checks:
             ok = status.get("status") == "ok"
             rows.append(_row(e.name, e.pc.source, "emit", "pass" if ok else "error", status.get("reason"),
                              current=True))
-        parts = {c.dtype: check_parts(e, c, status, threads) for c in e.checks}
+        parts = current_parts(e, threads, status)
         now = {dt: p and check_key(p) for dt, p in parts.items()}
         if key_rows is not None:
             key_rows.append(report_row(e, threads, raw or {}, read_json(e.lock_status), now))

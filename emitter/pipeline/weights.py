@@ -18,11 +18,17 @@ from .keys import import_key
 DERIVED = ".derived.json"
 
 
+def files(folder):
+    """{name: os.DirEntry} of a weights folder's plain files (dot files are the pipeline's); an
+    OSError when it cannot be listed."""
+    with os.scandir(folder) as it:
+        return {e.name: e for e in it if not e.name.startswith(".") and e.is_file()}
+
+
 def listed(folder):
-    """The names of a weights folder's plain files (dot files are the pipeline's), or an empty set."""
+    """The names of a weights folder's plain files, or an empty set when it cannot be listed."""
     try:
-        with os.scandir(folder) as it:
-            return {e.name for e in it if not e.name.startswith(".") and e.is_file()}
+        return set(files(folder))
     except OSError:
         return set()
 
