@@ -64,15 +64,27 @@ MAX_JSON = 256 << 20   # no file the pipeline reads as JSON may make it hold mor
 
 
 def read_json(path, limit=MAX_JSON):
-    """A JSON file's value, or None when it is missing, not JSON or over `limit` bytes."""
+    """A JSON file's value, or None when it is missing, not JSON or over `limit` bytes. (os-level
+    reads: a no-op run reads a status file per task, and file objects cost twice the read.)"""
     try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size > limit:
-                return None
-            data = f.read()
-        return json.loads(data) if len(data) <= limit else None
-    except (OSError, ValueError, RecursionError):
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
         return None
+    try:
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        return json.loads(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+    except (OSError, ValueError, RecursionError, IndexError):
+        return None
+    finally:
+        os.close(fd)
 
 
 class StampedCache:

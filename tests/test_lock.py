@@ -252,7 +252,7 @@ def test_a_lock_hashes_weights_through_the_one_stat_cache(tmp_path):
     cache = fingerprint.bind(str(tmp_path / "fp.json"))
     try:
         st = os.stat(w / "W.f32")
-        cache.files[str(w / "W.f32")] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, "f" * 64]
+        cache.files[str(w / "W.f32")] = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:" + "f" * 64
         want = hashlib.sha256(f"W.f32\0{'f' * 64}\n".encode()).hexdigest()
         assert weights_digest(str(w), {"W": "W.f32"}) == want      # what the cache holds stands...
         with open(w / "W.f32", "r+b") as f:                          # ...until the file's stat moves

@@ -25,8 +25,11 @@ PACKAGES = {"import": ("gguf", "safetensors", "ml_dtypes", "numpy", "torch")}
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the emitter package
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=True, ensure_ascii=True)
+
+
 def canonical(obj):
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=True, ensure_ascii=True)
+    return _CANONICAL.encode(obj)
 
 
 def digest(obj):

@@ -141,7 +141,7 @@ def _alive(pid):
 _PR_SET_PDEATHSIG = 1
 _BOUND = False
 _PRCTL = None
-_FORKER = (0, False)   # (pid, main thread?) of the process and thread that forked; set before fork
+_FORKER = (0, False, None)   # (pid, main thread?, prctl) of the forking process and thread
 
 
 def bind_children():
@@ -150,35 +150,42 @@ def bind_children():
     writing under build/. A child forked from another thread than the main one is left unbound:
     the kernel takes the death of the forking *thread* for its parent's. Children made by
     `subprocess` (fork and exec in C) are not covered: no Python runs in them before exec."""
-    global _BOUND, _PRCTL
+    global _BOUND
     if _BOUND or not sys.platform.startswith("linux"):
         return
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                          ctypes.c_ulong]
-        prctl.restype = ctypes.c_int
-    except (OSError, AttributeError, ImportError):
-        return
-    _PRCTL = prctl
     os.register_at_fork(before=_before_fork, after_in_child=_bind_this_child)
     _BOUND = True
 
 
+def _prctl():
+    """libc's prctl, loaded at the first fork (ctypes costs a no-op run milliseconds); None where
+    it cannot be."""
+    global _PRCTL
+    if _PRCTL is None:
+        try:
+            import ctypes
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+            prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                              ctypes.c_ulong]
+            prctl.restype = ctypes.c_int
+            _PRCTL = prctl
+        except (OSError, AttributeError, ImportError):
+            _PRCTL = False
+    return _PRCTL or None
+
+
 def _before_fork():
     global _FORKER
-    _FORKER = (os.getpid(), threading.current_thread() is threading.main_thread())
+    _FORKER = (os.getpid(), threading.current_thread() is threading.main_thread(), _prctl())
 
 
 def _bind_this_child():
     """In a fresh child: die with the parent. Set, then look: a parent that died before the
     setting took effect sends no signal, and this child then has another parent already."""
-    forker, main = _FORKER
-    if not main or _PRCTL is None:
+    forker, main, prctl = _FORKER
+    if not main or prctl is None:
         return
-    if _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+    if prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         return
     if os.getppid() != forker:
         os.kill(os.getpid(), signal.SIGKILL)

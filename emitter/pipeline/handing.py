@@ -7,7 +7,6 @@ the zoo's tasks) is handed every task."""
 
 import os
 import sys
-import tomllib
 
 NOT_RUNS = {"list", "info", "clean", "forget", "ignore", "dumpdb", "strace", "help", "reset-dep",
             "tabcompletion", "auto"}
@@ -38,11 +37,14 @@ def plain(args):
     if os.path.exists("doit.cfg"):
         return False
     try:
-        with open("pyproject.toml", "rb") as f:
-            data = tomllib.load(f)
+        f = open("pyproject.toml", "rb")
     except OSError:
         return True
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+    import tomllib   # (only where there is one to read: a no-op's imports count)
+    try:
+        with f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         return False                 # doit will say what is wrong with it
     tool = data.get("tool")
     return not (isinstance(tool, dict) and "doit" in tool)

@@ -76,9 +76,17 @@ def weights_part(entry, leaves):
         found = files(pc.weights)
     except OSError:
         return {"missing": pc.weights}
-    claimed = {f"{leaf}{s}" for leaf in leaves for s in LEAF_SUFFIXES} & set(found)
-    files = {n: sha256_or_none(os.path.join(pc.weights, n)) for n in sorted(claimed)}
-    others = {n: e.stat().st_size for n, e in sorted(found.items()) if n not in claimed}
+    claimed = {f"{leaf}{s}" for leaf in leaves for s in LEAF_SUFFIXES}
+    files, others = {}, {}
+    for n in sorted(found):
+        try:
+            st = found[n].stat()
+        except OSError:
+            st = None
+        if n in claimed:
+            files[n] = st and sha256_or_none(found[n].path, st)
+        else:
+            others[n] = st and st.st_size
     return {"files": files, "others": others}
 
 
