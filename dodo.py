@@ -14,11 +14,8 @@ if ROOT not in sys.path:
 os.chdir(ROOT)
 
 from emitter.tasks import *  # noqa: E402,F401,F403
-from emitter.tasks import standalone  # noqa: E402
 
 SMALL = "weights/make_small.py"
-if os.path.isfile(SMALL):   # (a copy of the zoo without it has no such task)
-    DOIT_CONFIG = {**DOIT_CONFIG, "default_tasks": DOIT_CONFIG["default_tasks"] + ["small_weights"]}  # noqa: F405
 
 
 def _check_small():
@@ -30,7 +27,6 @@ def _check_small():
     return module.main(["--check"]) == 0
 
 
-@standalone   # (it uses none of the zoo's tasks: a settled zoo's no-op still checks it)
 def task_small_weights():
     """weights/*: the small programs' committed weights are what weights/make_small.py makes."""
     if not os.path.isfile(SMALL):

@@ -14,15 +14,16 @@ README, "Beyond one machine").
 
 Each task is current when the key it recorded is the key of its inputs now (`pipeline.keys`): that
 is every task's `uptodate`, and on a plain run the creators hand doit only what is not current
-(`pipeline.handing`), so a no-op is a stat per input file. A dodo's own task creators keep that
-when marked `@standalone` (they name none of the zoo's tasks); an unmarked one has every task handed.
+(`pipeline.handing`), so a no-op is a stat per input file. A dodo's own tasks run beside them on a
+plain `doit` (DOIT_CONFIG names no default tasks); one that names the zoo's weights, emit or lock
+tasks as a dependency, or writes a file they read, has every task handed (doit then orders them).
 """
 
 from .pipeline.progress import ProgressReporter
 from .pipeline.run import ZooChecker
 
 __all__ = ["DOIT_CONFIG", "task_weights", "task_emit", "task_lock", "task_report",
-           "task_cachelookup", "task_cache", "standalone"]
+           "task_cachelookup", "task_cache"]
 
 BUILD = "build"
 
@@ -40,8 +41,8 @@ def _config():
         "check_file_uptodate": ZooChecker,   # the one fingerprint rule; it begins the run
         "continue": True,          # one program's failure never stops the others
         "reporter": ProgressReporter,
-        # the report covers every check; `cache` publishes with cache=URL (else it does nothing)
-        "default_tasks": ["report", "cache"],
+        # no default_tasks: a plain `doit` runs every task, a dodo's own included (the report
+        # covers every check; `cache` publishes with cache=URL, else it does nothing)
     }
     executor, workers = get_var("executor") or "inline", get_var("workers")
     if executor != "inline":
@@ -52,14 +53,6 @@ def _config():
 
 DOIT_CONFIG = _config()
 OWN_CONFIG = ("dep_file", "backend", "check_file_uptodate", "reporter")
-
-
-def standalone(creator):
-    """Mark a task creator of a dodo's own (beside `from emitter.tasks import *`) as using none of
-    the zoo's tasks (no task_dep, setup or calc_dep naming them): a plain run then still hands doit
-    only the zoo's tasks that are not current, and the dodo's own."""
-    creator.zoo_standalone = True
-    return creator
 
 
 def run():

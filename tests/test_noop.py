@@ -60,9 +60,9 @@ def test_a_failing_zoo_hands_doit_what_failed_each_run(zoo):
     (zoo / "programs/b.logos").write_text("Let y be frobnicate of x.\n")   # refused: the report fails
     rc, ran, out = doit(zoo)
     assert rc != 0 and "report" in ran, out
-    for _ in range(2):        # the failing report runs again; b's lock recorded this refusal
+    for _ in range(2):        # a refused program's lock and the failing report run again
         rc, ran, out = doit(zoo)
-        assert rc != 0 and ran == {"report"}, out
+        assert rc == 1 and ran == {"lock:b", "report"}, out
     (zoo / "programs/b.logos").write_text(PROG_B)
     rc, ran, out = doit(zoo)
     assert rc == 0 and ran == {"emit:b", "lock:b", "report"}, out
@@ -89,10 +89,8 @@ def test_derived_weights_under_the_snapshot(derived_zoo):
 
 
 STANDALONE = '''
-DOIT_CONFIG = {**DOIT_CONFIG, "default_tasks": DOIT_CONFIG["default_tasks"] + ["notes"]}
 
 
-@standalone
 def task_notes():
     return {"actions": ["cp notes.txt build/notes.copy"], "file_dep": ["notes.txt"],
             "targets": ["build/notes.copy"]}
@@ -101,11 +99,14 @@ def task_notes():
 NAMES_A_LOCK = '''
 
 def task_after_lock():
-    return {"actions": ["touch build/after"], "task_dep": ["lock:a"], "targets": ["build/after"]}
+    return {"actions": ["touch build/after"], "task_dep": ["lock:a"], "targets": ["build/after"],
+            "file_dep": ["notes.txt"]}
 '''
 
 
-def test_a_dodos_own_tasks_are_checked_and_an_unmarked_one_keeps_the_full_load(zoo):
+def test_a_dodos_own_tasks_run_on_a_plain_doit_and_one_naming_a_lock_keeps_the_full_load(zoo):
+    """The README's recipe: a task of the dodo's own, no marker, runs on a plain `doit` beside the
+    zoo's (DOIT_CONFIG names no default tasks) and the no-op stays the pre-check's."""
     (zoo / "notes.txt").write_text("one\n")
     with open(zoo / "dodo.py", "a") as f:
         f.write(STANDALONE)
@@ -122,7 +123,7 @@ def test_a_dodos_own_tasks_are_checked_and_an_unmarked_one_keeps_the_full_load(z
     rc, ran, out = doit(zoo)
     assert (rc, ran) == (0, set()) and FAST in out, out
 
-    with open(zoo / "dodo.py", "a") as f:            # a creator that names a zoo task, unmarked
+    with open(zoo / "dodo.py", "a") as f:            # a creator that names a zoo task
         f.write(NAMES_A_LOCK)
     rc, ran, out = doit(zoo, "after_lock")
     assert rc == 0 and ran == {"after_lock"}, out
@@ -183,14 +184,13 @@ def test_edits_that_keep_size_and_mtime_are_seen(zoo):
     assert "lock:a" in ran and json.loads(result.read_text())["verdict"] == "fail", out
 
 
-def test_a_standalone_task_writing_what_the_zoo_reads_loads_every_task(zoo):
-    """Found in review: a dodo's own standalone task that writes a weight the zoo reads ran alone
+def test_a_dodos_task_writing_what_the_zoo_reads_loads_every_task(zoo):
+    """Found in review: a dodo's own task that writes a weight the zoo reads ran alone
     and the report stayed green for a run. Now such a dodo loads every task (doit orders them)."""
     (zoo / "gen").mkdir()
     (zoo / "gen/w.f64").write_bytes((zoo / "weights/a/w.f64").read_bytes())
     with open(zoo / "dodo.py", "a") as f:
-        f.write('\nDOIT_CONFIG = {**DOIT_CONFIG, "default_tasks": DOIT_CONFIG["default_tasks"] + ["gen"]}'
-                '\n\n\n@standalone\ndef task_gen():\n    return {"actions": ["cp gen/w.f64 weights/a/w.f64"],'
+        f.write('\n\n\ndef task_gen():\n    return {"actions": ["cp gen/w.f64 weights/a/w.f64"],'
                 ' "file_dep": ["gen/w.f64"], "targets": ["weights/a/w.f64"]}\n')
     for _ in range(3):
         rc, ran, out = doit(zoo)

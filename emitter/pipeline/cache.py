@@ -228,9 +228,15 @@ class LocalStore(VerdictCache):
 
 def open_cache(url, env=None, say=None):
     """(VerdictCache or None, a warning or None): no URL, no cache; a URL without the key in
-    LOGOS_CACHE_KEY is not used (a reader without the key must not trust entries it cannot check)."""
+    LOGOS_CACHE_KEY is not used (a reader without the key must not trust entries it cannot check);
+    CacheError for a URL that names no location (`file://`, `s3://`, `::`), which fsspec would
+    take for the current folder."""
     if not url:
         return None, None
+    scheme, sep, where = url.partition("://")
+    if not (sep and scheme.isidentifier() and where.strip("/")) or "::" in url:
+        raise CacheError(f"cache={url}: names no location; give a URL with a folder or bucket, "
+                         "e.g. cache=file:///srv/logos-cache or cache=s3://BUCKET/PREFIX")
     secret = (os.environ if env is None else env).get(KEY_ENV)
     if not secret:
         return None, (f"cache={url}: {KEY_ENV} is not set, so the cache is not used (neither read "

@@ -8,6 +8,9 @@ the zoo's tasks) is handed every task."""
 import os
 import sys
 
+# the zoo's task kinds a dodo's own task may not name on a plain run (`report` and `cache` are
+# always handed: naming them keeps the run plain)
+ZOO_TASKS = {"weights", "emit", "lock", "cachelookup"}
 NOT_RUNS = {"list", "info", "clean", "forget", "ignore", "dumpdb", "strace", "help", "reset-dep",
             "tabcompletion", "auto"}
 
@@ -51,32 +54,35 @@ def plain(args):
 
 
 def dodo_ok(ours, config, own_keys, inputs):
-    """Whether the dodo doit loaded (if any) lets a plain run hand doit fewer tasks: each task
-    creator of its own is marked `standalone` (it names none of the zoo's tasks) and writes none of
-    the zoo's `inputs` (files, or folders ending in os.sep: doit must then order the two), and the
-    settings that decide what is current (`own_keys`) are `config`'s."""
+    """Whether the dodo doit loaded (if any) lets a plain run hand doit fewer tasks: each task of
+    its own names none of the zoo's tasks but those always handed (`report`, `cache`) as a
+    dependency and writes none of the zoo's `inputs` (files, or folders ending in os.sep: doit
+    must then order the two), and the settings that decide what is current (`own_keys`) are
+    `config`'s. (A creator only describes its tasks; one that raises is left for doit to say.)"""
     mod = sys.modules.get("dodo")
     if mod is None or not os.path.samefile(os.path.dirname(os.path.abspath(mod.__file__)), os.getcwd()):
         return True   # `logos doit`: the zoo's tasks alone
     ns = vars(mod)
-    made = set()
+    made = []
     for key, ref in list(ns.items()):
         if key.startswith("task_") and callable(ref) and not isinstance(ref, type) and ref not in ours:
-            if not getattr(ref, "zoo_standalone", False):
+            try:
+                got = ref()
+                made += [got] if isinstance(got, dict) else list(got or ())
+            except Exception:
                 return False
-            made |= _targets(ref())   # a standalone creator only describes its tasks
-        elif hasattr(ref, "create_doit_tasks") and not getattr(ref, "zoo_standalone", False):
+        elif hasattr(ref, "create_doit_tasks"):
             return False
+    targets = set()
+    for t in made:
+        if not isinstance(t, dict):
+            return False
+        named = [str(d).split(":")[0] for k in ("task_dep", "setup", "calc_dep") for d in t.get(k, ())]
+        if any(n in ZOO_TASKS for n in named):
+            return False
+        targets.update(os.path.normpath(str(f)) for f in t.get("targets", ()))
     dirs = tuple(i for i in inputs if i.endswith(os.sep))
-    if made & set(inputs) or any(f.startswith(dirs) for f in made):
+    if targets & set(inputs) or any(f.startswith(dirs) for f in targets):
         return False
     cfg = ns.get("DOIT_CONFIG")
     return isinstance(cfg, dict) and all(cfg.get(k) == config[k] for k in own_keys)
-
-
-def _targets(made):
-    out = set()
-    for t in [made] if isinstance(made, dict) else list(made or ()):
-        if isinstance(t, dict):
-            out.update(os.path.normpath(str(f)) for f in t.get("targets", ()))
-    return out

@@ -160,17 +160,16 @@ def current_keys(entry, threads, st=None):
 
 def lock_current(entry, threads, st=None, lock=None, now=None):
     """Every check's result is a pass recorded under the key of its inputs as they are now, and
-    the result file is the one the lock wrote (a failing or erroring check reruns); a refused
-    program's lock is current while it has recorded the errors of this very refusal. `st`, `lock`:
-    the emit and lock statuses, `now` the current keys, worked out here when not given."""
+    the result file is the one the lock wrote (a failing or erroring check reruns, a refused
+    program's too). `st`, `lock`: the emit and lock statuses, `now` the current keys, worked out
+    here when not given."""
     lock = (read_json(entry.lock_status) if lock is None else lock) or {}
     rec = lock.get("checks")
     if not entry.checks or not isinstance(rec, dict):
         return False
     st = (read_json(entry.status) if st is None else st) or {}
-    if st.get("status") == "error":   # refused: nothing to check until the program or config moves
-        return bool(st.get("key")) and lock.get("refused") == st["key"] and all(
-            sha256_or_none(c.result) == (rec.get(c.dtype) or {}).get("sha256") for c in entry.checks)
+    if st.get("status") != "ok":   # refused: its checks are errors, recorded again by every run
+        return False
     now = current_keys(entry, threads, st) if now is None else now
     for c in entry.checks:
         r = rec.get(c.dtype)

@@ -8,10 +8,13 @@ writes: each result (with its key and the record it was computed from), golden/,
 A result is recorded under its key only when it is about that key: the code that ran is the code
 the key names (a worker reports what it loaded), and the program, bundle and weights files it read
 are those the key hashed; else it is recorded with no key, so the next run checks it again.
-A cluster that lost a check (a dead worker, no scheduler) records an error and fails the task."""
+A cluster that lost a check (a dead worker, no scheduler) records an error and fails the task; in
+a run without the report, a check that fails or errors fails it too (`ChecksFailed`: exit 1)."""
 
 import os
 import sys
+
+from doit.exceptions import TaskFailed
 
 from ..files import json_lines, read_json, write_atomic, write_files
 from ..fingerprint import sha256_or_none
@@ -20,6 +23,12 @@ from .guards import freeze_heap
 from .keys import check_key, check_parts
 
 RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
+
+
+class ChecksFailed(TaskFailed):
+    """A lock whose checks ran and were recorded, some not passing, in a run without the report
+    (`doit lock:NAME`): the run fails as Make's and CI's users read it (exit 1); the verdicts are
+    recorded as any other (not an error of the task)."""
 
 
 def error_result(name, source, dtype, steps, reason):
@@ -91,7 +100,6 @@ def lock_program(entry, run, db):
     """Lock one program's checks (see the module's doc); `run`: the run's settings (executor,
     workers, threads, cache). Verdicts are recorded, not raised."""
     freeze_heap()
-    from doit.exceptions import TaskFailed
     from ..verify import verdict
     from . import cache, executors, results as history
     pc, threads = entry.pc, run["threads"]
@@ -180,9 +188,8 @@ def lock_program(entry, run, db):
                 _publish(shared, pc.name, c.dtype, key, r, parts, quiet=shared is local)
         line = verdict.line(r) + (" (from the cache)" if r.get("from_cache") else "")
         (sys.stdout if r["verdict"] == "pass" else sys.stderr).write(f"lock:{pc.name} {line}\n")
-    refused = status.get("key") if status.get("status") == "error" else None
     write_atomic(entry.lock_status, json_lines({"schema": "logos.pipeline.lock", "version": 1,
-                                                "checks": statuses, "refused": refused}))
+                                                "checks": statuses}))
     new = [done[c.dtype] for c in entry.checks if c.dtype in fresh | restored
            or done[c.dtype].get("from_cache") or status.get("status") != "ok"]
     try:
@@ -192,7 +199,12 @@ def lock_program(entry, run, db):
         sys.stderr.write(f"lock:{pc.name}: the history was not appended to: {e}\n")
     if lost:
         return TaskFailed(f"lock:{pc.name}: {lost} (recorded as an error; the next run tries again)")
+    bad = [f"{c.dtype} {done[c.dtype]['verdict']}" for c in entry.checks if done[c.dtype]["verdict"] != "pass"]
+    if bad and not run.get("report_follows"):   # (else the report fails the run, naming them)
+        return ChecksFailed(f"lock:{pc.name}: {len(bad)} of {len(entry.checks)} check(s) did not "
+                            f"pass: {', '.join(bad)}")
     return True
+
 
 
 def _publish(store, name, dtype, key, r, parts, quiet=False):

@@ -96,7 +96,8 @@ class ProgressReporter(ConsoleReporter):
         self.last_frac = -1
         self.last_counts = None
         self.tty = hasattr(outstream, "isatty") and outstream.isatty()
-        self.tasks, self.reachable, self.failed_tasks = {}, [], {}
+        self.tasks, self.reachable, self.failed_tasks, self.known = {}, [], {}, set()
+        self.verdicts_failed = set()   # lock tasks whose recorded checks did not all pass
         self.work, self.bar = Work([]), None
         self.settled = []   # tasks found up to date or run with success
         self.uptodate = []
@@ -105,9 +106,13 @@ class ProgressReporter(ConsoleReporter):
     def initialize(self, tasks, selected_tasks):
         self.tasks = tasks
         self.reachable = _reachable(tasks, selected_tasks)
+        self.known = set(self.reachable)
         self.total = len(self.reachable)
         self.work = Work(self.reachable)
         self.line = self.mode == "line" or (self.mode == "auto" and self.total > PROGRESS_THRESHOLD)
+        from .run import current
+        if current() is not None:   # a lock whose checks fail fails the run itself when no report will
+            current().settings["report_follows"] = "report" in self.reachable
         self.start = time.monotonic()
 
     def _maybe_line(self):
@@ -147,7 +152,17 @@ class ProgressReporter(ConsoleReporter):
         if final:
             self.bar.close()
 
+    def _seen(self, task):
+        """A task doit reached that the selection did not show (one a calc_dep added): counted
+        from now on, so done never passes total."""
+        if _counted(task) and task.name not in self.known:
+            self.known.add(task.name)
+            self.total += 1
+            self.work.kinds.setdefault(task.name.split(":")[0], {"total": 0, "checked": 0, "ran": 0,
+                                                                 "s": 0.0})["total"] += 1
+
     def execute_task(self, task):
+        self._seen(task)
         if _counted(task):
             self.work.start(task.name, time.monotonic())
             self.ran += 1
@@ -156,6 +171,7 @@ class ProgressReporter(ConsoleReporter):
             return super().execute_task(task)
 
     def add_success(self, task):
+        self._seen(task)
         self.settled.append(task.name)
         if _counted(task):
             self.done += 1
@@ -163,17 +179,29 @@ class ProgressReporter(ConsoleReporter):
         self._tick()
 
     def add_failure(self, task, fail):
+        """One line per failure (doit's block of captured output only where there is some): a
+        lock whose checks did not pass has said why on its own lines already."""
+        from .lock_task import ChecksFailed
+        self._seen(task)
         if _counted(task):   # a group (`lock`) fails with its sub-tasks: they say why
-            self.failed_tasks[task.name] = _message(fail)
             self.done += 1
             self.failed += 1
             self.work.finish(task.name, time.monotonic())
+            if isinstance(fail, ChecksFailed):
+                self.verdicts_failed.add(task.name)
+            else:
+                self.failed_tasks[task.name] = _message(fail)
         if self.line and self.tty and self.bar is not None:
             self.bar.clear()
-        super().add_failure(task, fail)
+        from doit.exceptions import UnmetDependency
+        if _counted(task) and not isinstance(fail, (ChecksFailed, UnmetDependency)) and fail.report:
+            self.write(f"FAILED {task.name}: {_message(fail)}\n")
+            if any(a.out or a.err for a in task.actions):
+                self.failures.append({"task": task, "exception": fail})
         self._tick()
 
     def skip_uptodate(self, task):
+        self._seen(task)
         self.settled.append(task.name)
         self.uptodate.append(task.name)
         if _counted(task):
@@ -184,6 +212,7 @@ class ProgressReporter(ConsoleReporter):
         self._tick()
 
     def skip_ignore(self, task):
+        self._seen(task)
         self.ignored.append(task.name)
         self.done += 1
         if not self.line:
@@ -199,6 +228,9 @@ class ProgressReporter(ConsoleReporter):
         if note:
             self.write(note)
         super().complete_run()
+        summary = self._summary()
+        if summary:
+            self.write(summary + "\n")
 
     def _publish_named(self):
         """With cache=URL, a run that names its tasks (`doit lock:NAME cache=URL`) leaves out the
@@ -225,13 +257,48 @@ class ProgressReporter(ConsoleReporter):
         always this run's and never an earlier run's green."""
         failed = self.failed_tasks
         ignored = "report" in self.ignored
-        if "report" not in self.reachable or not (failed or ignored) or (
+        if "report" not in self.reachable or not (failed or ignored or self.verdicts_failed) or (
                 set(failed) == {"report"} and not failed["report"].startswith("UnmetDependency")):
             return
+        failed = {k: v for k, v in failed.items() if k != "report"}
         from .actions import make_report
         action = self.tasks["report"].actions[0]
         entries, build_dir, threads = action.args[:3]
         make_report(entries, build_dir, threads, failed)
-        why = [f"{len(failed) - ('report' in failed)} failed task(s) as errors"] if failed else []
+        why = [f"{len(failed)} failed task(s) as errors"] if failed else []
+        why += ["the checks that did not pass"] if self.verdicts_failed else []
         why += ["ignored tasks' checks as current or not"] if ignored else []
         self.write(f"report: written with {' and '.join(why)} (see {build_dir}/summary.md)\n")
+
+    def _summary(self):
+        """The run's last line: its checks' verdicts and where the report is, e.g. `24 checks:
+        23 pass, 1 fail (smollm2 float32) · build/report.html`. The report's rows when the run
+        covers the report, else the recorded verdicts of the locks it ran or found current."""
+        from ..files import read_json
+        from .run import current
+        run = current()
+        if run is None:
+            return None
+        rows = None
+        if "report" in self.reachable:
+            rows = [(r.get("name"), r.get("check"), r.get("verdict"))
+                    for r in (read_json(f"{run.build}/report.json") or {}).get("results") or ()]
+        else:
+            names = {n[len("lock:"):] for n in self.settled + sorted(self.verdicts_failed)
+                     if n.startswith("lock:")}
+            rows = [(e.name, dt, (r or {}).get("verdict", "error"))
+                    for e in run.entries if e.name in names
+                    for dt, r in (((read_json(e.lock_status) or {}).get("checks")) or {}).items()]
+        if not rows:
+            return None
+        counts = {}
+        for name, check, verdict in rows:
+            counts.setdefault(verdict, []).append(f"{name} {check}")
+        parts = []
+        for v in ("pass", "fail", "error"):
+            if v in counts:
+                shown = counts[v][:5] + ([f"{len(counts[v]) - 5} more"] if len(counts[v]) > 5 else [])
+                parts.append(f"{len(counts[v])} {v}" + ("" if v == "pass" else f" ({', '.join(shown)})"))
+        where = f" · {run.build}/report.html" if "report" in self.reachable else \
+            f" · {run.build}/results/ (`logos results`)"
+        return f"{len(rows)} check{'s' if len(rows) != 1 else ''}: {', '.join(parts)}{where}"

@@ -1,0 +1,85 @@
+"""doit as Make's and CI's users read it: a run whose checks do not all pass exits non-zero and
+says which, whether or not it runs the report; the terminal's last line counts the verdicts and
+points at the report; failures are one line each (no empty block of doit's); the progress line
+never counts past its total; a cache URL with no location is refused in one line; `doit dumpdb`
+reads the zoo's sqlite3 DB. Real doit runs in a copy of a small zoo."""
+
+import os
+import re
+import subprocess
+import sys
+
+import test_pipeline
+from test_pipeline import doit
+
+
+def last_line(cwd, *args, env=None):
+    """doit's exit code and the last line it printed on stdout."""
+    e = {**os.environ, "LOGOS_PROGRESS": "names", **(env or {})}
+    p = subprocess.run([sys.executable, "-m", "doit", *args], cwd=cwd, capture_output=True,
+                       text=True, env=e, timeout=300)
+    return p.returncode, (p.stdout.rstrip().splitlines() or [""])[-1]
+
+zoo = test_pipeline.zoo   # programs a (weights, float64 and float32) and b
+
+EXACT_F32 = "dtypes: [float64, float32]\ntolerances:\n  float32: {abs: 0.0, rel: 0.0}\n"
+
+
+def test_a_named_lock_whose_check_fails_exits_1_on_every_run(zoo):
+    (zoo / "programs/a.yaml").write_text(EXACT_F32)   # float32 held to float64's exact figures
+    for _ in range(2):   # the failing check runs again; the passing one is kept
+        rc, ran, out = doit(zoo, "lock:a")
+        assert rc == 1 and "lock:a" in ran, out
+        assert "lock:a [float32] FAIL" in out, out
+        assert "2 checks: 1 pass, 1 fail (a float32) · build/results/ (`logos results`)" \
+            in out.splitlines(), out
+        assert "<stdout>" not in out and "TaskFailed" not in out and "#####" not in out, out
+    assert last_line(zoo, "lock:a")[1].startswith("2 checks: 1 pass, 1 fail")   # the run's last word
+    (zoo / "programs/a.yaml").write_text("dtypes: [float64, float32]\n")
+    rc, ran, out = doit(zoo, "lock:a")
+    assert rc == 0 and "2 checks: 2 pass · build/results/ (`logos results`)" in out.splitlines(), out
+
+
+def test_a_plain_run_with_a_failing_check_exits_1_and_its_report_says_which(zoo):
+    (zoo / "programs/a.yaml").write_text(EXACT_F32)
+    for _ in range(2):
+        rc, ran, out = doit(zoo)
+        assert rc == 1 and {"lock:a", "report"} <= ran, out
+        assert "a[float32]=fail" in out, out     # the report's own failure, one line
+        assert "4 checks: 3 pass, 1 fail (a float32) · build/report.html" in out.splitlines(), out
+        assert "<stdout>" not in out and "#####" not in out, out
+
+
+def test_a_refused_program_fails_a_named_lock_every_run(zoo):
+    (zoo / "programs/b.logos").write_text("Let y be frobnicate of x.\n")
+    for _ in range(2):
+        rc, ran, out = doit(zoo, "lock:b")
+        assert rc == 1 and "lock:b" in ran, out
+        assert "2 checks: 2 error (b float32, b float64) · build/results/ (`logos results`)" in out.splitlines(), out
+
+
+def test_the_progress_line_never_counts_past_its_total(zoo):
+    rc, ran, out = doit(zoo, "lock:a", env={"LOGOS_PROGRESS": "line"})
+    assert rc == 0, out
+    counts = [tuple(map(int, m)) for m in re.findall(r"^\[(\d+)/(\d+)\]", out, re.M)]
+    assert counts and all(done <= total for done, total in counts), out
+    assert counts[-1][0] == counts[-1][1], out
+    assert not re.search(r"ETA -", out), out
+
+
+def test_a_cache_url_that_names_no_location_is_refused_in_one_line(zoo):
+    for url in ("file://", "s3://", "::"):
+        rc, ran, out = doit(zoo, f"cache={url}", env={"LOGOS_CACHE_KEY": "k"})
+        assert rc == 3 and not ran, out
+        assert f"doit: refused: cache={url}: names no location" in out, out
+        assert "Traceback" not in out, out
+    assert not any(p.name.startswith(":") for p in zoo.iterdir())
+
+
+def test_doit_dumpdb_reads_the_zoos_sqlite_db(zoo):
+    assert doit(zoo)[0] == 0
+    p = subprocess.run([sys.executable, "-m", "doit", "dumpdb"], cwd=zoo, capture_output=True,
+                       text=True, timeout=120)   # (the package's doit.COMMAND plugin)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "DB type is 'sqlite3'" in p.stdout and "Traceback" not in p.stderr
+    assert re.search(r"^report -> ", p.stdout, re.M), p.stdout
