@@ -98,7 +98,10 @@ def run_main(args):
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    leaves = vm.load_leaves(program, args.weights)
+    try:
+        leaves = vm.load_leaves(program, args.weights)
+    except ProgramError as e:   # (no --weights: the error is the program's, named by its path)
+        raise e.at(args.program) from None
     for f in leaves.unmatched:
         print(f"{args.weights}: `{f}` matches no leaf of the program (ignored)", file=sys.stderr)
     current = dict(leaves.values)
