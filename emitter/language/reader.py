@@ -204,7 +204,9 @@ def read_tensor_sentences(source):
     Lines end with LF, CRLF or a bare CR, as editors count them (and the line numbers of errors
     with them); a UTF-8 byte-order mark at the start is not text."""
     out = []
-    for number, text in enumerate(_LINE_BREAK.split(source.removeprefix("\ufeff")), start=1):
+    source = source.removeprefix("\ufeff")
+    lines = source.split("\n") if "\r" not in source else _LINE_BREAK.split(source)
+    for number, text in enumerate(lines, start=1):
         if len(text) > MAX_LINE:
             raise ProgramError(f"`{excerpt(text)}`: a line of {len(text)} characters; a line holds at "
                                f"most {MAX_LINE}", number)

@@ -75,3 +75,15 @@ def inside(root, rel, tree=None, roots=()):
     return full if roots and _under(full, roots) else None
 
 
+
+
+def find_zoo_root(start):
+    """The nearest folder from `start` upward that holds programs/ (a zoo's root), or None."""
+    here = os.path.abspath(start)
+    while True:
+        if os.path.isdir(os.path.join(here, "programs")):
+            return here
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
