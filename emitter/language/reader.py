@@ -37,7 +37,7 @@ _FORMS = [DECL_FORM, FILL_FORM, _form(SET_ROW)] + [_form(op) for op, _ in _PATTE
 _OP_WORDS = {}   # an op's naming word (`matmul`, `rmsnorm`, `row`) -> its ops
 for _op, _items, (_pos, _word) in _KEYS:
     _OP_WORDS.setdefault(_word, []).append(_op)
-MAX_HINT = 299   # an unknown sentence's message: the nearest forms, never all of them
+MAX_HINT = 240   # an unknown sentence's message (its path aside): the nearest forms, never all
 
 
 def _hint(line, head, forms, close=""):
@@ -57,7 +57,7 @@ def _unknown_let(line, rest):
     """An op sentence whose op the reader does not know: the nearest op word of the sentence's
     words (a misspelt `matmull`), else the forms most like it."""
     best = None
-    for word in rest:
+    for word in rest[:max(pos for _, _, (pos, _) in _KEYS) + 1]:   # where an op's word stands
         near = nearest(word, _OP_WORDS, 0.7)
         if near and word != near:
             score = difflib.SequenceMatcher(None, word, near).ratio()

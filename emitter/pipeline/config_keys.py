@@ -128,7 +128,7 @@ def leaves_message(path, roots):
     """Why a path is refused: it leaves the repository, and every named root when there are any."""
     if roots:
         return (f"`{excerpt(path, 120)}` leaves the repository and every named root "
-                f"({', '.join(excerpt(r, 60) for r in roots)})")
+                f"({', '.join(excerpt(r, 200) for r in roots)})")
     return (f"`{excerpt(path, 120)}` leaves the repository (a shared folder outside it may be named "
             f"in programs/defaults.yaml `roots:` or {ROOTS_ENV})")
 
