@@ -70,8 +70,9 @@ def _stage_requests(program, requests):
         if not eq or not path:
             return None, f"--stage `{request}`: expected NAME=PATH"
         if name not in named:
+            from .language.hints import did_you_mean
             return None, (f"--stage `{request}`: {program.path} has no stage `{name}` (a stage is "
-                          "the name an op's `Let` binds)")
+                          "the name an op's `Let` binds)" + did_you_mean(name, named))
         out.append((named[name], path))
     return out, None
 

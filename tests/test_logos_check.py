@@ -40,8 +40,11 @@ def test_every_error_of_every_file_in_one_run(tmp_path):
     # from a folder inside the zoo, paths as reached from there; files named one by one
     r = logos("check", cwd=tmp_path / "programs")
     assert r.stdout.splitlines()[0] == "defaults.yaml:1: `dtypes`: `f64` is not a dtype; did you mean `float64`?"
-    r = logos("check", "programs/op.logos", "programs/good.logos", ".github/workflows/ci.yaml", cwd=tmp_path)
+    write(tmp_path, {"programs/gone.yaml": "steps: 2\n"})
+    r = logos("check", "programs/op.logos", "programs/good.logos", ".github/workflows/ci.yaml",
+              "programs/gone.yaml", cwd=tmp_path)
     assert r.stdout.splitlines() == [EXPECTED[0], EXPECTED[-1]]
+    assert "warning: programs/gone.yaml: a config with no program beside it (no gone.logos): ignored" in r.stderr
     write(tmp_path, {"programs/defaults.yaml": "", "programs/op.logos": GOOD, "programs/name.logos": GOOD,
                      "programs/name.yaml": "steps: 2\n"})
     r = logos("check", cwd=tmp_path)

@@ -77,6 +77,9 @@ def test_logos_run_names_the_program_and_dtypes_as_users_spell_them(tmp_path):
     r = logos("run", str(prog), "--weights", str(w), "--out", str(tmp_path / "o.f64"))
     assert r.returncode == 1 and "expected 16 bytes of float64, the file has 24" in r.stderr
     assert "f8" not in r.stderr
+    r = logos("run", str(prog), "--stage", f"yy={tmp_path / 's.f64'}", "--out", str(tmp_path / "o.f64"))
+    assert r.returncode == 2 and r.stderr.strip().endswith("has no stage `yy` (a stage is the name an "
+                                                           "op's `Let` binds); did you mean `y`?")
 
 
 def _zoo_with_linked_weights(tmp_path):

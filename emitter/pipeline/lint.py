@@ -81,6 +81,9 @@ def _targets(paths):
             folders.setdefault(folder, set()).update(_programs_in(folder))
         elif base.endswith(".yaml") and os.path.isfile(os.path.join(folder, stem + ".logos")):
             folders.setdefault(folder, set()).add(stem)
+        elif base.endswith(".yaml") and in_zoo:
+            print(f"warning: {path}: a config with no program beside it (no {stem}.logos): ignored",
+                  file=sys.stderr)
     return folders, loose
 
 
