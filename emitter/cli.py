@@ -19,6 +19,8 @@ COMMANDS = {
     "emit": ("emitter.cli", "write a program's bundle (model.py, manifest.json, compile.py)"),
     "run": ("emitter.cli", "run a program on the VM and write its output as raw float64"),
     "lock": ("emitter.verify.lock", "check a bundle's module against the VM, op by op and step by step"),
+    "check": ("emitter.pipeline.lint", "read and check programs and configs (no emit, no torch): "
+                                       "every error of every file, exit 1 on any"),
     "results": ("emitter.pipeline.results", "the latest lock verdict per program, or one program's history"),
     **{f"import-{name}": entry for name, entry in IMPORTERS.items()},
     "doit": ("emitter.zoo", "the zoo's doit tasks in this folder: `logos doit [doit's arguments]`"),
@@ -68,8 +70,9 @@ def _stage_requests(program, requests):
         if not eq or not path:
             return None, f"--stage `{request}`: expected NAME=PATH"
         if name not in named:
+            from .language.hints import did_you_mean
             return None, (f"--stage `{request}`: {program.path} has no stage `{name}` (a stage is "
-                          "the name an op's `Let` binds)")
+                          "the name an op's `Let` binds)" + did_you_mean(name, named))
         out.append((named[name], path))
     return out, None
 
@@ -98,7 +101,10 @@ def run_main(args):
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    leaves = vm.load_leaves(program, args.weights)
+    try:
+        leaves = vm.load_leaves(program, args.weights)
+    except ProgramError as e:   # (no --weights: the error is the program's, named by its path)
+        raise e.at(args.program) from None
     for f in leaves.unmatched:
         print(f"{args.weights}: `{f}` matches no leaf of the program (ignored)", file=sys.stderr)
     current = dict(leaves.values)

@@ -1,20 +1,21 @@
 """`logos doit [doit's own arguments]`: the zoo's doit tasks (`emitter.tasks`, the same creators a
-dodo.py gets from `from emitter.tasks import *`) in the current folder, a folder with programs/
-(and weights/, programs/defaults.yaml when present) and no dodo.py of its own; `build/` is made
-there. `logos doit list`, `-n 4`, `clean`, `info NAME` behave as doit's."""
+dodo.py gets from `from emitter.tasks import *`) in the zoo this folder is in: the nearest folder
+upward with programs/ (and weights/, programs/defaults.yaml when present) and no dodo.py of its
+own; `build/` is made there. `logos doit list`, `-n 4`, `clean`, `info NAME` behave as doit's."""
 
 import os
 import sys
 
 
 def main(argv):
+    from .pipeline.zoo_cli import BIN_NAME, enter_zoo, tabcompletion
+    if enter_zoo() is None:
+        print(f"logos doit: no programs/ folder in {os.getcwd()} or any folder above it: a zoo is "
+              "programs/NAME.logos (with weights/NAME/ and programs/NAME.yaml where needed)", file=sys.stderr)
+        return 2
     if os.path.isfile("dodo.py"):
         print("logos doit: this folder has a dodo.py of its own: run `doit` (a dodo.py gets the zoo's "
               "tasks with `from emitter.tasks import *`)", file=sys.stderr)
-        return 2
-    if not os.path.isdir("programs"):
-        print(f"logos doit: no programs/ folder in {os.getcwd()}: a zoo is programs/NAME.logos "
-              "(with weights/NAME/ and programs/NAME.yaml where needed)", file=sys.stderr)
         return 2
     from doit.cmd_base import NamespaceTaskLoader
     from doit.doit_cmd import DoitMain
@@ -27,4 +28,11 @@ def main(argv):
             from . import tasks
             self.namespace = {k: getattr(tasks, k) for k in tasks.__all__}
 
-    return DoitMain(ZooLoader()).run(argv)
+    class ZooMain(DoitMain):
+        pass
+    ZooMain.BIN_NAME = BIN_NAME      # doit's help and errors name `logos doit CMD`, as typed
+
+    if argv[:1] == ["tabcompletion"]:
+        from .cli import COMMANDS
+        return tabcompletion(ZooMain(ZooLoader()).run, argv, sorted(COMMANDS))
+    return ZooMain(ZooLoader()).run(argv)

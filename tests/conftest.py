@@ -46,3 +46,19 @@ def run_cli(*args, **kw):
     import subprocess
     return subprocess.run([sys.executable, "-m", "emitter", *args], capture_output=True, text=True,
                           cwd=kw.get("cwd", ROOT), env={**os.environ, "PYTHONPATH": ROOT})
+
+
+def logos(*args, cwd=ROOT, env=None):
+    """`python -m emitter ARGS` as a user runs it (this checkout's package), with `env` added."""
+    import subprocess
+    return subprocess.run([sys.executable, "-m", "emitter", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+
+
+def write_tree(base, files):
+    """Write {relative path: text} under `base` (folders made); returns `base`."""
+    for rel, text in files.items():
+        p = base / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return base

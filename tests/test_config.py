@@ -35,7 +35,12 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
     ("steps: '2'\n", "programs/p.yaml:1", "`steps`: must be a positive integer"),
     ("steps: true\n", "programs/p.yaml:1", "`steps`: must be a positive integer"),
     ("lock: yes please\n", "programs/p.yaml:1", "`lock`: must be true or false"),
-    ("dtypes: [float16]\n", "programs/p.yaml:1", "`float16` is not one of"),
+    ("dtypes: [float16]\n", "programs/p.yaml:1", "`float16` is not a dtype; did you mean `bfloat16`?"),
+    ("dtypes: [float6]\n", "programs/p.yaml:1", "`float6` is not a dtype; did you mean `float64`?"),
+    ("stpes: 2\n", "programs/p.yaml:1", "`stpes`: unknown key; did you mean `steps`?"),
+    ("roots: [/mnt]\n", "programs/p.yaml:1", "`roots` is zoo-wide: it goes in programs/defaults.yaml"),
+    ("limits: {secnds: 5}\n", "programs/p.yaml:1", "`limits.secnds`: `secnds` is not a limit; did you mean `seconds`?"),
+    ("weights: weights/nothere\n", "programs/p.yaml:1", "`weights`: `weights/nothere` is not a directory"),
     ("tolerances:\n  float32: {abs: -1}\n", "programs/p.yaml:2", "`tolerances.float32`"),
     ("weights: ../outside\n", "programs/p.yaml:1", "`weights`: `../outside` leaves the repository"),
     ("weights: /etc\n", "programs/p.yaml:1", "leaves the repository"),
@@ -43,7 +48,8 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
      "`derive.checkpoint`: `../../x.gguf` leaves the repository"),
     ("derive: {importer: 'bad name', checkpoint: x}\n", "programs/p.yaml:1", "`derive.importer`"),
     ("derive:\n  importer: ggfu\n  checkpoint: x\n", "programs/p.yaml:2",
-     "`derive.importer`: `ggfu` is not an importer (known: gemma3, gguf, qwen35, safetensors)"),
+     "`derive.importer`: `ggfu` is not an importer (known: gemma3, gguf, qwen35, safetensors); did "
+     "you mean `gguf`?"),
     ("derive:\n  importer: gemma3\n  checkpoint: [package:yaml/__init__.py]\n", "programs/p.yaml:3",
      "a checkpoint in chunks is a list of `package:MODULE/path` parts, in order, with `sha256:`"),
     ("derive:\n  importer: gemma3\n  checkpoint: [package:yaml/__init__.py, x.bin]\n  sha256: "
@@ -90,6 +96,7 @@ def test_names_and_orphans(tmp_path):
 
 def test_defaults_and_overrides(tmp_path):
     os.makedirs(tmp_path / "weights" / "p")
+    os.makedirs(tmp_path / "data" / "q")
     got = zoo(tmp_path, {"programs/defaults.yaml": "steps: 3\ntolerances: {float32: {abs: 0.5}}\n",
                          "programs/p.logos": SRC, "programs/q.logos": SRC,
                          "programs/q.yaml": "dtypes: float32\nsteps: 1\nweights: data/q\n"})

@@ -138,4 +138,4 @@ def test_limits_are_per_program_and_can_be_raised(tmp_path):
     rows = {(r["name"], r["check"]): r for r in json.loads((z / "build/report.json").read_text())["results"]}
     assert rows[("roomy", "float64")]["verdict"] == "pass"
     assert "its tensors take 0.1 GiB in float64, over the limit of 0.0 GiB" in rows[("tight", "float64")]["reason"]
-    assert "`limits.tensr_bytes`: unknown limit" in rows[("bad", "float64")]["reason"]
+    assert "`limits.tensr_bytes`: `tensr_bytes` is not a limit; did you mean `tensor_bytes`?" in rows[("bad", "float64")]["reason"]

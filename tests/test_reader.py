@@ -87,7 +87,7 @@ Let gd be gated delta of q over q and v with gate v beta hb decay hb state S nor
     ("Let a be a 0 by 3 tensor of Real.", 1, "the row count must be a positive integer literal (at most 15 digits), got `0`"),
     ("Let a be a two by 3 tensor of Real.", 1, "got `two`"),
     ("Let a be a 2 by 3 matrix of Real.", 1, "expected `Let V be a R by C tensor of Real.`"),
-    ("Compute everything.", 1, "not a tensor sentence; the forms are:"),
+    ("Compute everything.", 1, "not a tensor sentence: a sentence starts with `Let`, `Set` or `Show`"),
     (DECLS + "Let y be rmsnorm a.", 4, "expected `Let OUT be rmsnorm of X [plus R] [with weight W] [across H heads] [with epsilon EPS].`"),
     (DECLS + "Let y be rope of a with cos r.", 4, "expected `Let OUT be rope of Q with cos RC and sin RS"),
     (DECLS + "Let y be attention of a over b and b with 2 heads.", 4, "attention of Q over K and V with H heads KV groups"),

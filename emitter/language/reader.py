@@ -1,9 +1,11 @@
 """The reader: LOGOS tensor sugar to the Program IR, refusing every ill-formed or ill-shaped line."""
 
+import difflib
 import math
 import re
 
 from .errors import ProgramError, excerpt
+from .hints import did_you_mean, nearest, ranked
 from .names import layer_of, unsafe_name
 from ..ops import OPS, SET_ROW, Args, ShapeError
 from .patterns import key_of, match, parse_pattern
@@ -31,8 +33,54 @@ def _form(op):
     return f"Set {op.pattern}." if op is SET_ROW else f"Let OUT be {op.pattern}."
 
 
-def _known():
-    return "; ".join([DECL_FORM, FILL_FORM, _form(SET_ROW), "Show …"] + [_form(op) for op, _ in _PATTERNS])
+_FORMS = [DECL_FORM, FILL_FORM, _form(SET_ROW)] + [_form(op) for op, _ in _PATTERNS]
+_OP_WORDS = {}   # an op's naming word (`matmul`, `rmsnorm`, `row`) -> its ops
+for _op, _items, (_pos, _word) in _KEYS:
+    _OP_WORDS.setdefault(_word, []).append(_op)
+MAX_HINT = 240   # an unknown sentence's message (its path aside): the nearest forms, never all
+
+
+def _hint(line, head, forms, close=""):
+    """`` `sentence`: HEAD `form`; …CLOSE``: as many of `forms` (at most three) as keep the message
+    under MAX_HINT characters, the sentence quoted shorter where it is long."""
+    quoted = excerpt(line.text, 60)
+    text = lambda shown: f"`{quoted}`: {head}" + "; ".join(f"`{f}`" for f in shown) + close  # noqa: E731
+    shown = []
+    for form in forms[:3]:
+        if len(text(shown + [form])) > MAX_HINT:
+            break
+        shown.append(form)
+    return ProgramError(text(shown), line.number)
+
+
+def _unknown_let(line, rest):
+    """An op sentence whose op the reader does not know: the nearest op word of the sentence's
+    words (a misspelt `matmull`), else the forms most like it."""
+    best = None
+    for word in rest[:max(pos for _, _, (pos, _) in _KEYS) + 1]:   # where an op's word stands
+        near = nearest(word, _OP_WORDS, 0.7)
+        if near and word != near:
+            score = difflib.SequenceMatcher(None, word, near).ratio()
+            if best is None or score > best[0]:
+                best = (score, word, near)
+    if best:
+        _, word, near = best
+        return _hint(line, f"`{excerpt(word, 40)}` is no op; did you mean `{near}`, as in ",
+                     [_form(op) for op in _OP_WORDS[near]], "?")
+    bodies = {"a R by C tensor of Real": DECL_FORM, **{op.pattern: _form(op) for op, _ in _PATTERNS}}
+    return _hint(line, "no op the reader knows; the nearest forms: ",
+                 [bodies[b] for b in ranked(" ".join(rest), list(bodies))])
+
+
+def _unknown_start(line, words):
+    """A sentence that starts with no known word: `Let`, `Set` or `Show`, the nearest named."""
+    if words[0] == "Let":
+        return line.error("expected `Let NAME be …`: a declaration (`" + DECL_FORM + "`) or an op")
+    near = nearest(words[0], ("Let", "Set", "Show"), 0.5)
+    head = "not a tensor sentence: a sentence starts with `Let`, `Set` or `Show`"
+    return ProgramError(f"`{excerpt(line.text, 60)}`: {head}"
+                        + (f"; did you mean `{near}`?" if near else " (every form: docs/SUGAR.md)"),
+                        line.number)
 
 
 class _Line:
@@ -104,12 +152,13 @@ def _read_let(line, words):
         if not (len(rest) == 7 and rest[2] == "by" and rest[4] == "tensor" and rest[5] == "of"):
             raise line.expected(DECL_FORM, "or `… of Int.`")
         if rest[6] not in ("Real", "Int"):
-            raise line.error(f"a tensor is of Real or Int, not `{rest[6]}`")
+            raise line.error(f"a tensor is of Real or Int, not `{excerpt(rest[6], 40)}`"
+                             + did_you_mean(rest[6], ("Real", "Int")))
         rows, cols = _count(line, rest[1], "the row count"), _count(line, rest[3], "the column count")
         if rows * cols > MAX_ELEMENTS:
             raise line.error(f"{rows} by {cols} is more than {MAX_ELEMENTS} elements")
         return Decl(out, rows, cols, rest[6] == "Real", line.number)
-    raise line.error(f"not a tensor sentence; the forms are: {_known()}")
+    raise _unknown_let(line, rest)
 
 
 def _read_set(line, words):
@@ -146,7 +195,7 @@ def _read_sentence(text, number):
         return _read_set(line, words)
     if words[0] == "Let" and len(words) >= 4 and words[2] == "be":
         return _read_let(line, words)
-    raise line.error(f"not a tensor sentence; the forms are: {_known()}")
+    raise _unknown_start(line, words)
 
 
 def read_tensor_sentences(source):
@@ -155,7 +204,9 @@ def read_tensor_sentences(source):
     Lines end with LF, CRLF or a bare CR, as editors count them (and the line numbers of errors
     with them); a UTF-8 byte-order mark at the start is not text."""
     out = []
-    for number, text in enumerate(_LINE_BREAK.split(source.removeprefix("\ufeff")), start=1):
+    source = source.removeprefix("\ufeff")
+    lines = source.split("\n") if "\r" not in source else _LINE_BREAK.split(source)
+    for number, text in enumerate(lines, start=1):
         if len(text) > MAX_LINE:
             raise ProgramError(f"`{excerpt(text)}`: a line of {len(text)} characters; a line holds at "
                                f"most {MAX_LINE}", number)
@@ -190,7 +241,7 @@ class _Checker:
                                    f"{self.bound_at[s.var]} computes; only a declared tensor is filled",
                                    s.line)
             raise ProgramError(f"`Set item … of {s.var}` fills `{s.var}`, which is not declared on an "
-                               "earlier line", s.line)
+                               "earlier line" + did_you_mean(s.var, self.decls), s.line)
         if s.var in self.read_at:
             raise ProgramError(f"`{s.var}` is filled after the op on line {self.read_at[s.var]} read it; "
                                "fills come before the first read", s.line)
@@ -215,7 +266,8 @@ class _Checker:
         inputs = s.op.tensor_inputs(s.bound)
         for name in inputs:
             if name not in self.bound_at:
-                raise err(f"`{s.op.name}` reads `{name}`, which is not bound on an earlier line")
+                raise err(f"`{s.op.name}` reads `{name}`, which is not bound on an earlier line"
+                          + did_you_mean(name, self.bound_at))
         try:
             shape = s.op.shape(Args(s.bound, self.shapes))
         except ShapeError as e:

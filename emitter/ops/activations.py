@@ -2,11 +2,11 @@
 softmax, swiglu. Both GELUs are here because models are trained with one or the other, and they
 differ by up to about 1e-3."""
 
+import functools
 import math
 
-import numpy as np
 
-from .base import Op, np_sigmoid, np_silu, np_softmax, same, shape_of_x
+from .base import Op, np_sigmoid, np_silu, np_softmax, same, shape_of_x, np
 
 
 def sigmoid_vm(a):
@@ -36,13 +36,15 @@ def gelu_call(a):
     return f"gelu_tanh({a.name('X')})"
 
 
-_erf = np.frompyfunc(math.erf, 1, 1)  # NumPy has no erf; the C library's, element by element
+@functools.cache
+def _erf():
+    return np.frompyfunc(math.erf, 1, 1)  # NumPy has no erf; the C library's, element by element
 
 
 def exact_gelu_vm(a):
     """The erf GELU: x/2 · (1 + erf(x / sqrt(2)))."""
     x = a["X"]
-    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)).astype(np.float64))
+    return 0.5 * x * (1.0 + _erf()(x / math.sqrt(2.0)).astype(np.float64))
 
 
 def exact_gelu_call(a):

@@ -2,9 +2,8 @@
 
 import math
 
-import numpy as np
 
-from .base import Op, ShapeError, divides, np_softmax, row_vector, same
+from .base import Op, ShapeError, divides, np_softmax, row_vector, same, np
 
 
 def attention_dims(a):

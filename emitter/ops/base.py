@@ -17,8 +17,18 @@ import mmap
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import numpy as np
 
+
+class _Numpy:
+    """numpy, imported on first use: reading and checking a program (`logos check`, a pre-commit
+    hook) needs the op table's patterns and shape rules, not NumPy (half of such a run's time)."""
+
+    def __getattr__(self, name):
+        import numpy
+        return getattr(numpy, name)
+
+
+np = _Numpy()   # every op module's `np`
 EPS = 1e-6
 FP32, BF16 = "fp32", "bf16"   # the precisions a bfloat16 module computes and holds values in
 WIDEN_BYTES = 1 << 23   # a float32 parameter is widened to float64 at most this many bytes at a time

@@ -1,8 +1,7 @@
 """Linear algebra and elementwise arithmetic: matmul, plus, hadamard, transpose."""
 
-import numpy as np
 
-from .base import FP32, Op, ShapeError, fmt, widened_product
+from .base import FP32, Op, ShapeError, fmt, widened_product, np
 
 
 def matmul_shape(a):

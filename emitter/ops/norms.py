@@ -3,9 +3,8 @@
 rmsnorm and layernorm take their epsilon from the sentence (`with epsilon 1e-5`; EPS, 1e-6, where it
 is left out), since models differ there and the difference shows in their outputs; l2norm's is EPS."""
 
-import numpy as np
 
-from .base import EPS, Op, ShapeError, divides, holds, same
+from .base import EPS, Op, ShapeError, divides, holds, same, np
 
 
 def norm_view(a):

@@ -3,9 +3,8 @@ inputs), decay (the Gated DeltaNet forget gate) and gated delta (the delta-rule 
 
 import math
 
-import numpy as np
 
-from .base import EPS, Op, ShapeError, fmt, holds, divides, np_silu, row_vector, same
+from .base import EPS, Op, ShapeError, fmt, holds, divides, np_silu, row_vector, same, np
 
 
 def conv_shape(a):

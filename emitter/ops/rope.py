@@ -1,8 +1,7 @@
 """Rotary position embedding: NEOX pairs (i, i + half) per head; a partial rotary passes the rest."""
 
-import numpy as np
 
-from .base import Op, ShapeError, divides, row_vector, same
+from .base import Op, ShapeError, divides, row_vector, same, np
 
 
 def rope_dims(a):

@@ -3,9 +3,8 @@
 
 import math
 
-import numpy as np
 
-from .base import FP32, Op, ShapeError, fmt
+from .base import FP32, Op, ShapeError, fmt, np
 
 
 def row_number(value, rows, what):

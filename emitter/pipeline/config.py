@@ -1,9 +1,11 @@
 """Program build configs: discovery of `programs/NAME.logos` + `NAME.yaml`, defaults, validation.
 
 A config is data a stranger may have written, so it is read with `yaml.safe_load` and every key is
-checked before any task uses it: an unknown key, a wrong type, a name that is not a plain file name
-or a path that leaves the repository is a `ConfigError` naming the file, line and key. Discovery
-never raises for one program's config: the error is kept on that program, so only its tasks fail.
+checked before any task uses it (`config_keys.py`): an unknown key, a wrong type, a name that is not
+a plain file name or a path that leaves the repository (and every shared root `roots:` or
+LOGOS_ROOTS names) is a `ConfigError` naming the file, line and key; all of one file's refusals are
+reported together. Discovery never raises for one program's config: the error is kept on that
+program, so only its tasks fail.
 """
 
 import hashlib
@@ -12,11 +14,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..importers import IMPORTERS, chunked_spec, chunks, resolve_package_file
 from ..language.errors import excerpt
-from ..verify.tolerances import DEFAULT_TOLERANCES, DTYPES
+from ..language.hints import did_you_mean
+from ..verify.tolerances import DEFAULT_TOLERANCES
+from .config_keys import (Problems, check_common, check_derive, check_precision, check_weights,
+                          env_roots, leaves_message, _is_num)
 from .paths import Tree, inside
-from .yamlfile import ConfigError, ParseCache, load_yaml
+from .yamlfile import ConfigError, ConfigErrors, ParseCache, load_yaml
 
 DEFAULTS_FILE = "defaults.yaml"
 def _memory_bytes():
@@ -44,7 +48,7 @@ PROGRAM_KEYS = ("weights", "lock", "dtypes", "steps", "tolerances", "derive", "a
                 "limits", "precision", "bf16")
 BF16_KEYS = ("excess", "excess_other", "deviation", "z", "cosine", "margin_noise")
 LEAF_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-DEFAULT_KEYS = ("lock", "dtypes", "steps", "tolerances", "limits")
+DEFAULT_KEYS = ("lock", "dtypes", "steps", "tolerances", "limits", "roots")
 DERIVE_KEYS = ("importer", "checkpoint", "sha256")
 # A program name becomes a task name (`emit:NAME`), a directory under build/ and a JUnit class name.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
@@ -55,7 +59,6 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 # (doit refuses only `=`; `:` opens a sub-task), a shell word (not at its start) and a JUnit class
 # name (a `.` would split it into a package); names keep the `invalid-` start that tools look for.
 SLUG_PREFIX = "invalid-name~"
-IMPORTER_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
 
 
 @dataclass
@@ -89,95 +92,29 @@ class ProgramConfig:
         return t.get("abs"), t.get("rel")
 
 
-def _chunks(spec, cfg_rel, lines):
-    """Whether `spec` is a chunked checkpoint (each part installed), or the config error why not."""
-    try:
-        found = chunks(spec)
-        for part in found[0] if found else ():
-            resolve_package_file(part[len("package:"):])
-    except ValueError as e:
-        raise _err(cfg_rel, lines, "derive.checkpoint", str(e)) from None
-    return found is not None
-
-
-def _err(path, lines, key, message):
-    return ConfigError(f"`{key}`: {message}", lines.get(key), path)
-
-
-def _is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _check_common(data, path, lines, allowed):
-    for key in data:
-        if key not in allowed:
-            raise _err(path, lines, key, f"unknown key (known: {', '.join(allowed)})")
-    out = {}
-    if "lock" in data:
-        if not isinstance(data["lock"], bool):
-            raise _err(path, lines, "lock", f"must be true or false, got {data['lock']!r}")
-        out["lock"] = data["lock"]
-    if "dtypes" in data:
-        d = data["dtypes"]
-        if isinstance(d, str):
-            d = [d]
-        if not isinstance(d, list) or not d or not all(isinstance(x, str) for x in d):
-            raise _err(path, lines, "dtypes", f"must be a non-empty list of {', '.join(DTYPES)}")
-        for x in d:
-            if x not in DTYPES:
-                raise _err(path, lines, "dtypes", f"`{x}` is not one of {', '.join(DTYPES)}")
-        if len(set(d)) != len(d):
-            raise _err(path, lines, "dtypes", "lists a dtype twice")
-        out["dtypes"] = list(d)
-    if "limits" in data:
-        lim = data["limits"]
-        if not isinstance(lim, dict):
-            raise _err(path, lines, "limits", f"must map a limit ({', '.join(LIMITS)}) to a number")
-        for k, v in lim.items():
-            if k not in LIMITS:
-                raise _err(path, lines, f"limits.{k}", f"unknown limit (known: {', '.join(LIMITS)})")
-            if not _is_int(v) or not 1 <= v <= 1 << 62:
-                raise _err(path, lines, f"limits.{k}", f"must be a positive integer, got {excerpt(repr(v), 40)}")
-        out["limits"] = dict(lim)
-    if "steps" in data:
-        if not _is_int(data["steps"]) or data["steps"] < 1:
-            raise _err(path, lines, "steps", f"must be a positive integer, got {excerpt(repr(data['steps']), 40)}")
-        out["steps"] = data["steps"]
-    if "tolerances" in data:
-        t = data["tolerances"]
-        if not isinstance(t, dict):
-            raise _err(path, lines, "tolerances", "must map a dtype to {abs: A, rel: R}")
-        tol = {}
-        for dt, v in t.items():
-            key = f"tolerances.{dt}"
-            if dt not in DTYPES:
-                raise _err(path, lines, key, f"`{dt}` is not one of {', '.join(DTYPES)}")
-            if not isinstance(v, dict):
-                raise _err(path, lines, key, "must be {abs: A, rel: R}")
-            for k, x in v.items():
-                if k not in ("abs", "rel"):
-                    raise _err(path, lines, key, f"unknown key `{k}` (known: abs, rel)")
-                if not _is_num(x) or not x >= 0 or x == float("inf"):
-                    raise _err(path, lines, key, f"`{k}` must be a finite number >= 0, got {x!r}")
-            tol[dt] = {k: float(x) for k, x in v.items()}
-        out["tolerances"] = tol
-    return out
+def _finish(p, value=None):
+    """`value`, or every refusal `p` kept (in file order) as one ConfigError."""
+    if not p.errors:
+        return value
+    if len(p.errors) == 1:
+        raise p.errors[0]
+    raise ConfigErrors(sorted(p.errors, key=lambda e: (e.path != p.path, e.line or 0)))
 
 
 def load_defaults(root, programs_dir="programs", cache=None):
-    """The zoo-wide defaults: the built-in ones updated by `programs/defaults.yaml` if present."""
-    merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in BUILTIN.items()}
+    """The zoo-wide defaults: the built-in ones updated by `programs/defaults.yaml` if present;
+    `roots` are the folders it and LOGOS_ROOTS name."""
+    merged = load_defaults_builtin(root)
     path = os.path.join(programs_dir, DEFAULTS_FILE)
     if not os.path.isfile(os.path.join(root, path)):
         return merged
     data, lines = load_yaml(os.path.join(root, path), path, cache)
-    given = _check_common(data, path, lines, DEFAULT_KEYS)
+    p = Problems(path, lines)
+    given = check_common(p, data, DEFAULT_KEYS, LIMITS, root)
+    _finish(p)
     tol = given.pop("tolerances", {})
     merged["limits"] = {**merged["limits"], **given.pop("limits", {})}
+    merged["roots"] = tuple(dict.fromkeys(given.pop("roots", ()) + merged["roots"]))
     merged.update(given)
     merged["tolerances"] = {**merged["tolerances"], **{k: {**merged["tolerances"].get(k, {}), **v}
                                                        for k, v in tol.items()}}
@@ -185,9 +122,10 @@ def load_defaults(root, programs_dir="programs", cache=None):
 
 
 def load_program(root, name, defaults, programs_dir="programs", tree=None, cache=None):
-    """One program's config, validated (raises ConfigError); `tree` as for `inside`, `cache` a
-    ParseCache or None."""
+    """One program's config, validated (raises ConfigError, every refusal of the file in one);
+    `tree` as for `inside`, `cache` a ParseCache or None."""
     tree = tree or Tree(root)
+    roots = defaults.get("roots", ())
     source = f"{programs_dir}/{name}.logos"
     cfg_rel = f"{programs_dir}/{name}.yaml"
     cfg_path = os.path.join(root, cfg_rel)
@@ -195,12 +133,14 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
     if not NAME_RE.fullmatch(name):
         raise ConfigError(f"`{excerpt(name, 60)}` is not a plain program name (letters, digits, _ "
                           "and -, at most 128)", None, excerpt(cfg_rel if has_cfg else source, 200))
-    if inside(root, source, tree) != source:
-        raise ConfigError(f"`{source}` leaves the repository (a link?)", None, source)
-    if has_cfg and inside(root, cfg_rel, tree) is None:
-        raise ConfigError(f"`{cfg_rel}` is a link that leaves the repository", None, cfg_rel)
+    if inside(root, source, tree, roots) is None:
+        raise ConfigError(f"{leaves_message(source, roots)} (a link?)", None, source)
+    if has_cfg and inside(root, cfg_rel, tree, roots) is None:
+        raise ConfigError(f"`{cfg_rel}` is a link that {leaves_message(cfg_rel, roots).split(' ', 1)[1]}",
+                          None, cfg_rel)
     data, lines = load_yaml(cfg_path, cfg_rel, cache) if has_cfg else ({}, {})
-    given = _check_common(data, cfg_rel, lines, PROGRAM_KEYS)
+    p = Problems(cfg_rel, lines)
+    given = check_common(p, data, PROGRAM_KEYS, LIMITS, root)
     pc = ProgramConfig(name=name, source=source, config=cfg_rel if has_cfg else None,
                        weights=None, weights_required=False, lock=defaults["lock"],
                        dtypes=list(defaults["dtypes"]), steps=defaults["steps"],
@@ -210,16 +150,12 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
         if k in given:
             setattr(pc, k, given[k])
     if pc.steps > pc.limits["steps"]:
-        raise _err(cfg_rel, lines, "steps", f"{pc.steps} steps is over the limit of "
-                   f"{pc.limits['steps']} (raise `limits: {{steps: N}}` if this program needs more)")
+        p.add("steps", f"{pc.steps} steps is over the limit of {pc.limits['steps']} (raise "
+              "`limits: {steps: N}` if this program needs more)")
     for dt, v in given.get("tolerances", {}).items():
         pc.tolerances[dt] = {**pc.tolerances.get(dt, {}), **v}
     if "precision" in data:
-        from ..ops.precision import check_policy   # (the op table loads numpy: only when asked)
-        problems = check_policy(data["precision"])
-        if problems:
-            raise _err(cfg_rel, lines, "precision", "; ".join(problems))
-        pc.precision = {k: tuple(v) for k, v in data["precision"].items()}
+        pc.precision = p.check(check_precision, p, data["precision"])
     elif "bfloat16" in pc.dtypes:
         pc.precision = {}
     if "bf16" in data:
@@ -227,74 +163,36 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
         if not isinstance(b, dict) or any(k not in BF16_KEYS for k in b) or not all(
                 _is_num(v) or (k == "excess" and isinstance(v, dict) and all(_is_num(x) for x in v.values()))
                 for k, v in b.items()):
-            raise _err(cfg_rel, lines, "bf16", f"must map some of {', '.join(BF16_KEYS)} to numbers "
-                       "(`excess` to {op: number})")
-        pc.bf16 = dict(b)
+            stray = [k for k in (b if isinstance(b, dict) else ()) if k not in BF16_KEYS]
+            p.add("bf16", f"must map some of {', '.join(BF16_KEYS)} to numbers (`excess` to {{op: number}})"
+                  + (did_you_mean(stray[0], BF16_KEYS) if stray else ""))
+        else:
+            pc.bf16 = dict(b)
     if "allow_nonfinite" in data:
         names = data["allow_nonfinite"]
         if not isinstance(names, list) or not all(isinstance(n, str) and LEAF_RE.fullmatch(n)
                                                   for n in names):
-            raise _err(cfg_rel, lines, "allow_nonfinite",
-                       f"must be a list of leaf names whose files may hold NaN or Inf, got {names!r}")
-        pc.allow_nonfinite = sorted(set(names))
-    if "derive" in data:
-        d = data["derive"]
-        if not isinstance(d, dict):
-            raise _err(cfg_rel, lines, "derive", "must be {importer: NAME, checkpoint: PATH}")
-        for k in d:
-            if k not in DERIVE_KEYS:
-                raise _err(cfg_rel, lines, f"derive.{k}", f"unknown key (known: {', '.join(DERIVE_KEYS)})")
-        imp, ck = d.get("importer"), d.get("checkpoint")
-        if not isinstance(imp, str) or not IMPORTER_RE.fullmatch(imp):
-            raise _err(cfg_rel, lines, "derive.importer" if "importer" in d else "derive",
-                       f"must name an importer (`python -m emitter import-NAME`), got {imp!r}")
-        known = sorted(IMPORTERS)
-        if imp not in known:
-            raise _err(cfg_rel, lines, "derive.importer",
-                       f"`{imp}` is not an importer (known: {', '.join(known)})")
-        if isinstance(ck, list) or "sha256" in d:     # chunks, joined by the importer
-            sha = d.get("sha256")
-            if not (isinstance(ck, list) and ck and all(isinstance(p, str) for p in ck)
-                    and isinstance(sha, str)):
-                raise _err(cfg_rel, lines, "derive.checkpoint" if "checkpoint" in d else "derive",
-                           "a checkpoint in chunks is a list of `package:MODULE/path` parts, in "
-                           "order, with `sha256:` the joined file's")
-            ck = chunked_spec(ck, sha)
-        if not isinstance(ck, str) or not ck:
-            raise _err(cfg_rel, lines, "derive.checkpoint" if "checkpoint" in d else "derive",
-                       "must be `package:MODULE/path` or a repository path")
-        if _chunks(ck, cfg_rel, lines):
-            resolved = ck       # the importer joins the parts: it is handed the spec
-        elif ck.startswith("package:"):
-            try:
-                resolved = resolve_package_file(ck[len("package:"):])
-            except ValueError as e:
-                raise _err(cfg_rel, lines, "derive.checkpoint", str(e)) from None
+            p.add("allow_nonfinite", "must be a list of leaf names whose files may hold NaN or Inf, "
+                  f"got {excerpt(repr(names), 60)}")
         else:
-            resolved = inside(root, ck, tree)
-            if resolved is None:
-                raise _err(cfg_rel, lines, "derive.checkpoint", f"`{ck}` leaves the repository")
-            if not os.path.isfile(os.path.join(root, resolved)):
-                raise _err(cfg_rel, lines, "derive.checkpoint", f"`{ck}` is not a file")
+            pc.allow_nonfinite = sorted(set(names))
+    if "derive" in data:
+        got = p.check(check_derive, p, data["derive"], DERIVE_KEYS, root, tree, roots)
         if "weights" in data:
-            raise _err(cfg_rel, lines, "weights", "a derived program's weights are build/weights/NAME")
-        pc.derive = Derive(imp, ck, resolved)
+            p.add("weights", "a derived program's weights are build/weights/NAME")
+        if got:
+            pc.derive = Derive(*got)
         pc.weights, pc.weights_required = f"build/weights/{name}", True
     elif "weights" in data:
-        w = data["weights"]
-        if not isinstance(w, str) or not w:
-            raise _err(cfg_rel, lines, "weights", f"must be a directory path, got {w!r}")
-        rel = inside(root, w, tree)
-        if rel is None or rel == "." or rel == "build" or rel.startswith("build/"):
-            raise _err(cfg_rel, lines, "weights", f"`{w}` leaves the repository (or is build/)")
-        pc.weights, pc.weights_required = rel, True
+        pc.weights = p.check(check_weights, p, data["weights"], root, tree, roots)
+        pc.weights_required = True
     else:
         default = f"weights/{name}"
         pc.weights = default if tree.is_dir("weights", name) else None
-        if pc.weights and inside(root, default, tree) != default:
-            raise ConfigError(f"`{default}` leaves the repository (a link?)", None, cfg_rel if has_cfg
-                              else source)
-    return pc
+        if pc.weights and inside(root, default, tree, roots) is None:
+            p.errors.append(ConfigError(f"{leaves_message(default, roots)} (a link?)", None,
+                                        cfg_rel if has_cfg else source))
+    return _finish(p, pc)
 
 
 def slug(name):
@@ -327,7 +225,7 @@ def discover(root, programs_dir="programs", cache_file=None, warnings=None):
         defaults = load_defaults(root, programs_dir, cache)
         default_error = None
     except ConfigError as e:
-        defaults, default_error = load_defaults_builtin(), str(e)
+        defaults, default_error = load_defaults_builtin(root), str(e)
     out = []
     for name in sorted(names):
         source = f"{programs_dir}/{name}.logos"
@@ -350,5 +248,7 @@ def discover(root, programs_dir="programs", cache_file=None, warnings=None):
     return out
 
 
-def load_defaults_builtin():
-    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in BUILTIN.items()}
+def load_defaults_builtin(root="."):
+    """The built-in defaults, with the roots LOGOS_ROOTS names."""
+    return {**{k: (dict(v) if isinstance(v, dict) else v) for k, v in BUILTIN.items()},
+            "roots": env_roots(root)}

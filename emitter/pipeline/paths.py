@@ -1,5 +1,6 @@
-"""Where a path from a program or a config lands: inside the repository (links followed) or not.
-A Tree keeps what one discovery has listed and resolved, so a zoo of thousands costs lookups."""
+"""Where a path from a program or a config lands: inside the repository (links followed), inside a
+shared root the zoo names (`roots:`, LOGOS_ROOTS), or neither. A Tree keeps what one discovery has
+listed and resolved, so a zoo of thousands costs lookups."""
 
 import os
 
@@ -36,12 +37,20 @@ class Tree:
         return e is not None and e.is_dir()
 
 
-def inside(root, rel, tree=None):
-    """The repo-relative normal form of `rel`, or None if it leaves `root` (symlinks followed).
+def _under(full, roots):
+    return any(full == r or full.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def inside(root, rel, tree=None, roots=()):
+    """The repo-relative normal form of `rel` (symlinks followed); else, where it lands inside one
+    of `roots` (resolved folders outside the repository), its absolute resolved path; else None.
 
     `tree` (a Tree of `root`) caches what earlier calls of one discovery resolved."""
-    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
+    if not isinstance(rel, str) or not rel or "\0" in rel:
         return None
+    if rel.startswith("/"):
+        full = os.path.realpath(rel)
+        return full if roots and _under(full, roots) else None
     tree = tree or Tree(root)
     root_real = tree.real(root)
     parts = rel.split("/")
@@ -61,6 +70,20 @@ def inside(root, rel, tree=None):
     if full == root_real:
         return "."
     prefix = root_real.rstrip("/") + "/"
-    return full[len(prefix):] if full.startswith(prefix) else None
+    if full.startswith(prefix):
+        return full[len(prefix):]
+    return full if roots and _under(full, roots) else None
 
 
+
+
+def find_zoo_root(start):
+    """The nearest folder from `start` upward that holds programs/ (a zoo's root), or None."""
+    here = os.path.abspath(start)
+    while True:
+        if os.path.isdir(os.path.join(here, "programs")):
+            return here
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up

@@ -18,6 +18,26 @@ MAX_NODES = 100_000          # values after aliases are expanded (a YAML "billio
 class ConfigError(ProgramError):
     """A refused config: `PATH:LINE: `key`: message`."""
 
+    @property
+    def errors(self):
+        """Each refusal this one stands for (itself; a ConfigErrors holds several)."""
+        return [self]
+
+
+class ConfigErrors(ConfigError):
+    """Every refusal of one config, one `PATH:LINE: `key`: message` per line."""
+
+    def __init__(self, errors):
+        self._errors = list(errors)
+        super().__init__("\n".join(str(e) for e in self._errors), None, self._errors[0].path)
+
+    @property
+    def errors(self):
+        return list(self._errors)
+
+    def __str__(self):
+        return self.message
+
 
 def _check_graph(node, shown):
     """Refuse a composed YAML document that nests too deep or expands (aliases followed) into too

@@ -37,7 +37,7 @@ def _read_leaf(program, name, path, dtype, nonfinite_ok=False):
     size = os.path.getsize(path)
     if size != d.rows * d.cols * itemsize:
         raise ProgramError(f"`{name}` is {d.rows} by {d.cols}: expected {d.rows * d.cols * itemsize} "
-                           f"bytes of {dtype[1:]}, the file has {size}", path=path)
+                           f"bytes of {np.dtype(dtype).name}, the file has {size}", path=path)
     # mapped, not read, and checked a block at a time with its pages released after: what the VM
     # holds of a 1 GB checkpoint is the map, not the memory (`release`)
     value = np.memmap(path, dtype=dtype, mode="r", shape=(d.rows, d.cols))

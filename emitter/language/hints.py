@@ -1,0 +1,38 @@
+"""The nearest known word for an unknown one ("did you mean `matmul`?"): a refusal of a misspelt op,
+name, key or dtype offers the closest known spelling instead of listing every one."""
+
+import difflib
+
+from .errors import excerpt
+
+
+def nearest(word, known, cutoff=0.6):
+    """The known word closest to `word` (the one that differs only in case first, else difflib's
+    ratio at least `cutoff`), or None."""
+    known = [str(k) for k in known]
+    same = [k for k in known if k.lower() == str(word).lower()]
+    if same:
+        return same[0]
+    found = difflib.get_close_matches(str(word), known, n=1, cutoff=cutoff)
+    return found[0] if found else None
+
+
+def did_you_mean(word, known, cutoff=0.6):
+    """`; did you mean `X`?` for the nearest known word, or "" when none is near."""
+    near = nearest(word, known, cutoff)
+    return f"; did you mean `{near}`?" if near else ""
+
+
+def unknown(what, word, known, listed=True):
+    """`` `word` is not WHAT`` with the nearest known word, else (when `listed`) the known ones."""
+    near = nearest(word, known)
+    head = f"`{excerpt(word, 60)}` is not {what}"
+    if near:
+        return f"{head}; did you mean `{near}`?"
+    return f"{head} (known: {', '.join(map(str, known))})" if listed else head
+
+
+def ranked(text, forms, n=3):
+    """The `n` forms most like `text` (difflib's ratio), best first, ties in the given order."""
+    score = lambda f: difflib.SequenceMatcher(None, text, f, autojunk=False).ratio()  # noqa: E731
+    return sorted(forms, key=score, reverse=True)[:n]

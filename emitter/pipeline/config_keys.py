@@ -1,0 +1,227 @@
+"""One validator per config key, and the collector that keeps every refusal of one config.
+
+A config is checked key by key and each refusal is kept (`Problems`), so a user who fixes a config
+sees all of its errors in one run, each at its YAML file:line, not one per run. A misspelt key,
+dtype, limit or importer is answered with the nearest known one.
+"""
+
+import os
+import re
+
+from ..importers import IMPORTERS, chunked_spec, chunks, resolve_package_file
+from ..language.errors import excerpt
+from ..language.hints import did_you_mean, unknown
+from ..verify.tolerances import DTYPES
+from .paths import inside
+from .yamlfile import ConfigError
+
+ROOTS_ENV = "LOGOS_ROOTS"
+IMPORTER_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
+
+
+class Problems:
+    """The refusals of one config file, in file order: `add` keeps one, `check` runs a validator
+    and keeps its refusal instead of stopping at it."""
+
+    def __init__(self, path, lines):
+        self.path, self.lines, self.errors = path, lines, []
+
+    def error(self, key, message):
+        return ConfigError(f"`{key}`: {message}", self.lines.get(key), self.path)
+
+    def add(self, key, message):
+        self.errors.append(self.error(key, message))
+
+    def check(self, fn, *args):
+        """`fn(*args)`, or None with its ConfigError kept."""
+        try:
+            return fn(*args)
+        except ConfigError as e:
+            self.errors.append(e)
+            return None
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_lock(p, v):
+    if not isinstance(v, bool):
+        raise p.error("lock", f"must be true or false, got {excerpt(repr(v), 40)}")
+    return v
+
+
+def check_dtypes(p, d):
+    d = [d] if isinstance(d, str) else d
+    if not isinstance(d, list) or not d or not all(isinstance(x, str) for x in d):
+        raise p.error("dtypes", f"must be a non-empty list of {', '.join(DTYPES)}")
+    for x in d:
+        if x not in DTYPES:
+            raise p.error("dtypes", unknown("a dtype", x, DTYPES))
+    if len(set(d)) != len(d):
+        raise p.error("dtypes", "lists a dtype twice")
+    return list(d)
+
+
+def check_limits(p, lim, known):
+    if not isinstance(lim, dict):
+        raise p.error("limits", f"must map a limit ({', '.join(known)}) to a number")
+    out = {}
+    for k, v in lim.items():
+        if k not in known:
+            p.add(f"limits.{k}", unknown("a limit", k, known))
+        elif not _is_int(v) or not 1 <= v <= 1 << 62:
+            p.add(f"limits.{k}", f"must be a positive integer, got {excerpt(repr(v), 40)}")
+        else:
+            out[k] = v
+    return out
+
+
+def check_steps(p, v):
+    if not _is_int(v) or v < 1:
+        raise p.error("steps", f"must be a positive integer, got {excerpt(repr(v), 40)}")
+    return v
+
+
+def check_tolerances(p, t):
+    if not isinstance(t, dict):
+        raise p.error("tolerances", "must map a dtype to {abs: A, rel: R}")
+    tol = {}
+    for dt, v in t.items():
+        key = f"tolerances.{dt}"
+        if dt not in DTYPES:
+            p.add(key, unknown("a dtype", dt, DTYPES))
+        elif not isinstance(v, dict):
+            p.add(key, "must be {abs: A, rel: R}")
+        else:
+            for k, x in v.items():
+                if k not in ("abs", "rel"):
+                    p.add(key, f"unknown key `{excerpt(k, 40)}` (known: abs, rel)"
+                          + did_you_mean(k, ("abs", "rel")))
+                elif not _is_num(x) or not x >= 0 or x == float("inf"):
+                    p.add(key, f"`{k}` must be a finite number >= 0, got {excerpt(repr(x), 40)}")
+            tol[dt] = {k: float(x) for k, x in v.items() if k in ("abs", "rel") and _is_num(x)}
+    return tol
+
+
+def check_roots(p, v, root):
+    """`roots:` (programs/defaults.yaml): the folders outside the repository that weights and
+    checkpoints may come from, each resolved (a relative one from the repository's root)."""
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(x, str) and x and "\0" not in x for x in v):
+        raise p.error("roots", "must be a list of folders (absolute, or relative to the repository)")
+    return tuple(os.path.realpath(os.path.join(root, x)) for x in v)
+
+
+def env_roots(root="."):
+    """The roots LOGOS_ROOTS names (os.pathsep between folders), each resolved."""
+    return tuple(os.path.realpath(os.path.join(root, x))
+                 for x in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if x and "\0" not in x)
+
+
+def leaves_message(path, roots):
+    """Why a path is refused: it leaves the repository, and every named root when there are any."""
+    if roots:
+        return (f"`{excerpt(path, 120)}` leaves the repository and every named root "
+                f"({', '.join(excerpt(r, 200) for r in roots)})")
+    return (f"`{excerpt(path, 120)}` leaves the repository (a shared folder outside it may be named "
+            f"in programs/defaults.yaml `roots:` or {ROOTS_ENV})")
+
+
+def check_common(p, data, allowed, limits, root):
+    """The keys a program's config and defaults.yaml share: {key: checked value}, each refusal
+    kept in `p`."""
+    for key in data:
+        if key not in allowed:
+            extra = (" (`roots` is zoo-wide: it goes in programs/defaults.yaml)" if key == "roots"
+                     else "")
+            p.add(key, f"unknown key{extra}" + (did_you_mean(key, allowed) or
+                                               f" (known: {', '.join(allowed)})"))
+    checks = {"lock": check_lock, "dtypes": check_dtypes, "steps": check_steps,
+              "tolerances": check_tolerances,
+              "limits": lambda p, v: check_limits(p, v, limits),
+              "roots": lambda p, v: check_roots(p, v, root)}
+    out = {}
+    for key, fn in checks.items():
+        if key in data and key in allowed:
+            got = p.check(fn, p, data[key])
+            if got is not None:
+                out[key] = got
+    return out
+
+
+def check_precision(p, policy):
+    from ..ops import BY_NAME                  # (the op table loads numpy: only when asked)
+    from ..ops.precision import check_policy
+    problems = check_policy(policy)
+    if isinstance(policy, dict):
+        names = list(BY_NAME) + ["logits"]
+        problems = [m + (did_you_mean(m.split("`")[1], names) if m.endswith("is not an op") else "")
+                    for m in problems]
+    if problems:
+        raise p.error("precision", "; ".join(problems))
+    return {k: tuple(v) for k, v in policy.items()}
+
+
+def check_derive(p, d, keys, root, tree, roots):
+    """(importer, checkpoint as written, resolved checkpoint) of `derive:`."""
+    if not isinstance(d, dict):
+        raise p.error("derive", "must be {importer: NAME, checkpoint: PATH}")
+    for k in d:
+        if k not in keys:
+            p.add(f"derive.{k}", f"unknown key (known: {', '.join(keys)})" + did_you_mean(k, keys))
+    imp, ck = d.get("importer"), d.get("checkpoint")
+    known = sorted(IMPORTERS)
+    if not isinstance(imp, str) or not IMPORTER_RE.fullmatch(imp):
+        raise p.error("derive.importer" if "importer" in d else "derive",
+                      f"must name an importer (`python -m emitter import-NAME`), got {excerpt(repr(imp), 40)}")
+    if imp not in known:
+        raise p.error("derive.importer", f"`{excerpt(imp, 40)}` is not an importer (known: "
+                      f"{', '.join(known)})" + did_you_mean(imp, known))
+    if isinstance(ck, list) or "sha256" in d:     # chunks, joined by the importer
+        sha = d.get("sha256")
+        if not (isinstance(ck, list) and ck and all(isinstance(x, str) for x in ck)
+                and isinstance(sha, str)):
+            raise p.error("derive.checkpoint" if "checkpoint" in d else "derive",
+                          "a checkpoint in chunks is a list of `package:MODULE/path` parts, in "
+                          "order, with `sha256:` the joined file's")
+        ck = chunked_spec(ck, sha)
+    if not isinstance(ck, str) or not ck:
+        raise p.error("derive.checkpoint" if "checkpoint" in d else "derive",
+                      "must be `package:MODULE/path` or a repository path")
+    try:
+        found = chunks(ck)
+        for part in found[0] if found else ():
+            resolve_package_file(part[len("package:"):])
+        if found is not None:
+            return imp, ck, ck            # the importer joins the parts: it is handed the spec
+        if ck.startswith("package:"):
+            return imp, ck, resolve_package_file(ck[len("package:"):])
+    except ValueError as e:
+        raise p.error("derive.checkpoint", str(e)) from None
+    resolved = inside(root, ck, tree, roots)
+    if resolved is None:
+        raise p.error("derive.checkpoint", leaves_message(ck, roots))
+    if not os.path.isfile(os.path.join(root, resolved)):
+        raise p.error("derive.checkpoint", f"`{excerpt(ck, 120)}` is not a file")
+    return imp, ck, resolved
+
+
+def check_weights(p, w, root, tree, roots):
+    """The weights folder a config names, as `inside` gives it; it must exist."""
+    if not isinstance(w, str) or not w:
+        raise p.error("weights", f"must be a directory path, got {excerpt(repr(w), 40)}")
+    rel = inside(root, w, tree, roots)
+    if rel is None:
+        raise p.error("weights", leaves_message(w, roots))
+    if rel == "." or rel == "build" or rel.startswith("build/"):
+        raise p.error("weights", f"`{excerpt(w, 120)}` is the repository or under build/ "
+                      "(derived weights are made there by `derive:`)")
+    if not os.path.isdir(os.path.join(root, rel)):
+        raise p.error("weights", f"`{excerpt(w, 120)}` is not a directory")
+    return rel

@@ -1,0 +1,147 @@
+"""`logos check [PATHS…]`: read and check programs and their configs, as a pre-commit hook or a CI
+step runs it: nothing emitted, nothing written, torch never imported.
+
+Every error of every file is printed in one run (`PATH:LINE: message`, paths as the user reaches
+them from here), and the exit status is 1 when there is any. Under GitHub Actions each error is
+also a `::error file=…,line=…::` annotation. With no PATHS it checks the zoo this folder is in
+(the nearest folder upward holding programs/). A YAML file that is not a zoo's config (no program
+beside it, not programs/defaults.yaml) is not read: a hook is handed every YAML of a repository.
+"""
+
+import os
+import sys
+import time
+
+from ..language.errors import ProgramError
+from .config import DEFAULTS_FILE, load_defaults, load_defaults_builtin, load_program
+from .paths import find_zoo_root
+from .yamlfile import ConfigError
+
+
+def add_arguments(p):
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="programs (.logos), configs (.yaml) or folders (a zoo, or its programs/); "
+                        "default: the programs/ of the zoo this folder is in")
+
+
+def _annotation(path, line, message):
+    """A GitHub Actions workflow command: its data and properties escaped as the runner reads them."""
+    esc = lambda s, extra="": "".join({"%": "%25", "\r": "%0D", "\n": "%0A", ":": "%3A", ",": "%2C"}  # noqa: E731
+                                      .get(c, c) if c in "%\r\n" + extra else c for c in s)
+    where = f"file={esc(path, ':,')}" + (f",line={line}" if line else "")
+    return f"::error {where}::{esc(message)}"
+
+
+class Report:
+    """The errors found, printed as they come (and as annotations under GitHub Actions)."""
+
+    def __init__(self):
+        self.count, self.seen = 0, set()
+        self.github = os.environ.get("GITHUB_ACTIONS") == "true"
+
+    def error(self, e, base=None):
+        """Print each refusal `e` stands for once, its path as reached from here."""
+        for one in getattr(e, "errors", [e]):
+            path = one.path or "?"
+            if base is not None and one.path and not os.path.isabs(one.path):
+                path = os.path.relpath(os.path.join(base, one.path))
+            key = (path, one.line, one.message)
+            if key in self.seen:
+                continue
+            self.seen.add(key)
+            self.count += 1
+            print(f"{path}:{one.line}: {one.message}" if one.line else f"{path}: {one.message}")
+            if self.github:
+                print(_annotation(path, one.line, one.message))
+
+
+def _programs_in(folder):
+    return {f[:-6] for f in os.listdir(folder) if f.endswith(".logos")}
+
+
+def _targets(paths):
+    """({programs folder: {program names}}, [loose programs]): a folder, or a zoo's
+    defaults.yaml (which every program of it depends on), stands for every program in it."""
+    folders, loose = {}, []
+    for path in paths:
+        if os.path.isdir(path):
+            folder = os.path.join(path, "programs") if os.path.isdir(os.path.join(path, "programs")) else path
+            folders.setdefault(os.path.normpath(folder), set()).update(_programs_in(folder))
+            continue
+        folder, base = os.path.split(os.path.normpath(path))
+        folder = folder or "."
+        in_zoo = os.path.basename(os.path.abspath(folder)) == "programs"
+        stem = base.rsplit(".", 1)[0]
+        if base.endswith(".logos"):
+            if in_zoo:
+                folders.setdefault(folder, set()).add(stem)
+            else:
+                loose.append(path)
+        elif base == DEFAULTS_FILE and in_zoo:
+            folders.setdefault(folder, set()).update(_programs_in(folder))
+        elif base.endswith(".yaml") and os.path.isfile(os.path.join(folder, stem + ".logos")):
+            folders.setdefault(folder, set()).add(stem)
+        elif base.endswith(".yaml") and in_zoo:
+            print(f"warning: {path}: a config with no program beside it (no {stem}.logos): ignored",
+                  file=sys.stderr)
+    return folders, loose
+
+
+def _read(report, path, limit=None):
+    """Read one program: its refusal reported, else the Program."""
+    from ..language.reader import read_file
+    try:
+        return read_file(path, limit) if limit else read_file(path)
+    except ProgramError as e:
+        report.error(e)
+    except OSError as e:
+        report.error(ProgramError(f"cannot read the program: {e.strerror or e}", path=path))
+
+
+def check(paths):
+    """(programs read, errors) of checking `paths`; the errors are printed."""
+    folders, loose = _targets(paths)
+    report, read = Report(), 0
+    for folder, names in sorted(folders.items()):
+        root, programs_dir = os.path.split(os.path.abspath(folder))
+        try:
+            defaults = load_defaults(root, programs_dir)
+        except ConfigError as e:
+            defaults = load_defaults_builtin(root)
+            report.error(e, root)
+        for name in sorted(names):
+            try:
+                pc = load_program(root, name, defaults, programs_dir)
+            except ConfigError as e:
+                report.error(e, root)
+                pc = None
+            read += 1
+            program = _read(report, os.path.relpath(os.path.join(folder, f"{name}.logos")),
+                            pc.limits["program_bytes"] if pc else None)
+            if program is not None and pc is not None and program.tensor_bytes > pc.limits["tensor_bytes"]:
+                report.error(ProgramError(f"its tensors take {program.tensor_bytes} bytes in float64, "
+                                          f"over limits.tensor_bytes ({pc.limits['tensor_bytes']})",
+                                          path=program.path))
+    for path in loose:
+        read += 1
+        _read(report, path)
+    return read, report.count
+
+
+def main(args):
+    start = time.perf_counter()
+    paths = args.paths
+    if not paths:
+        root = find_zoo_root(os.getcwd())
+        if root is None:
+            print(f"logos check: no zoo here: no programs/ folder in {os.getcwd()} or any folder above "
+                  "it (or name the files to check)", file=sys.stderr)
+            return 2
+        paths = [os.path.relpath(os.path.join(root, "programs"))]
+    missing = [p for p in paths if not os.path.exists(p)]
+    for p in missing:
+        print(f"{p}: no such file or folder", file=sys.stderr)
+    read, errors = check([p for p in paths if p not in missing])
+    seconds = time.perf_counter() - start
+    print(f"logos check: {read} program(s), {errors} error(s) ({seconds * 1000:.0f} ms)", file=sys.stderr)
+    return 1 if errors or missing else 0
