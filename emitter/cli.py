@@ -152,3 +152,15 @@ def main(argv=None):
     except ProgramError as e:
         print(e, file=sys.stderr)
         return 1
+    except OSError as e:   # a full disk, a file that went: one line, no traceback
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"logos {args.command}: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        if not args.command.startswith("import-") or os.environ.get("LOGOS_DEBUG"):
+            raise
+        # an importer that meets a checkpoint it does not understand (a damaged file, a config
+        # lacking a key): one line naming it; LOGOS_DEBUG=1 shows the traceback
+        print(f"logos {args.command}: {getattr(args, 'checkpoint', '')}: cannot be imported: "
+              f"{type(e).__name__}: {str(e)[:300]} (LOGOS_DEBUG=1 shows where)", file=sys.stderr)
+        return 1

@@ -15,8 +15,8 @@ README, "Beyond one machine").
 Each task is current when the key it recorded is the key of its inputs now (`pipeline.keys`): that
 is every task's `uptodate`, and on a plain run the creators hand doit only what is not current
 (`pipeline.handing`), so a no-op is a stat per input file. A dodo's own tasks run beside them on a
-plain `doit` (DOIT_CONFIG names no default tasks); one that names the zoo's weights, emit or lock
-tasks as a dependency, or writes a file they read, has every task handed (doit then orders them).
+plain `doit`; one that names the zoo's weights, emit or lock tasks as a dependency, or writes a
+file they read, has every task handed (doit then orders them).
 """
 
 from .pipeline.progress import ProgressReporter
@@ -26,6 +26,7 @@ __all__ = ["DOIT_CONFIG", "task_weights", "task_emit", "task_lock", "task_report
            "task_cachelookup", "task_cache"]
 
 BUILD = "build"
+DEFAULT_TASKS = ["report", "cache"]
 
 
 
@@ -41,8 +42,10 @@ def _config():
         "check_file_uptodate": ZooChecker,   # the one fingerprint rule; it begins the run
         "continue": True,          # one program's failure never stops the others
         "reporter": ProgressReporter,
-        # no default_tasks: a plain `doit` runs every task, a dodo's own included (the report
-        # covers every check; `cache` publishes with cache=URL, else it does nothing)
+        # the report covers every check; `cache` publishes with cache=URL (else it does nothing);
+        # a dodo's own tasks join this list when the run starts (`pipeline.run.Run`), so a plain
+        # `doit` runs them too, with no marker (derived weights a cache makes needless do not run)
+        "default_tasks": DEFAULT_TASKS,
     }
     executor, workers = get_var("executor") or "inline", get_var("workers")
     if executor != "inline":
@@ -58,7 +61,8 @@ OWN_CONFIG = ("dep_file", "backend", "check_file_uptodate", "reporter")
 def run():
     """This process's run (set up by the first creator doit calls)."""
     from .pipeline.run import start
-    return start(BUILD, DOIT_CONFIG, OWN_CONFIG, {globals()[n] for n in __all__ if n.startswith("task_")})
+    return start(BUILD, DOIT_CONFIG, OWN_CONFIG, {globals()[n] for n in __all__ if n.startswith("task_")},
+                 DEFAULT_TASKS)
 
 
 def task_weights():

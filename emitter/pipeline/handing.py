@@ -53,30 +53,43 @@ def plain(args):
     return not (isinstance(tool, dict) and "doit" in tool)
 
 
-def dodo_ok(ours, config, own_keys, inputs):
-    """Whether the dodo doit loaded (if any) lets a plain run hand doit fewer tasks: each task of
-    its own names none of the zoo's tasks but those always handed (`report`, `cache`) as a
-    dependency and writes none of the zoo's `inputs` (files, or folders ending in os.sep: doit
-    must then order the two), and the settings that decide what is current (`own_keys`) are
-    `config`'s. (A creator only describes its tasks; one that raises is left for doit to say.)"""
+def own_tasks(ours):
+    """[(basename, [task dicts])] of the dodo's own task creators (a creator only describes its
+    tasks: called here as doit calls it), or None when one cannot be read so (it raises, or is a
+    `create_doit_tasks` object)."""
     mod = sys.modules.get("dodo")
     if mod is None or not os.path.samefile(os.path.dirname(os.path.abspath(mod.__file__)), os.getcwd()):
-        return True   # `logos doit`: the zoo's tasks alone
-    ns = vars(mod)
-    made = []
-    for key, ref in list(ns.items()):
+        return []   # `logos doit`: the zoo's tasks alone
+    out = []
+    for key, ref in list(vars(mod).items()):
         if key.startswith("task_") and callable(ref) and not isinstance(ref, type) and ref not in ours:
             try:
                 got = ref()
-                made += [got] if isinstance(got, dict) else list(got or ())
+                made = [got] if isinstance(got, dict) else list(got or ())
             except Exception:
-                return False
+                return None
+            if not all(isinstance(t, dict) for t in made):
+                return None
+            base = next((t["basename"] for t in made if "basename" in t), key[len("task_"):])
+            out.append((base, made))
         elif hasattr(ref, "create_doit_tasks"):
-            return False
+            return None
+    return out
+
+
+def dodo_ok(own, config, own_keys, inputs):
+    """Whether the dodo doit loaded (if any) lets a plain run hand doit fewer tasks: each task of
+    its own (`own`, from `own_tasks`) names none of the zoo's tasks but those always handed
+    (`report`, `cache`) as a dependency and writes none of the zoo's `inputs` (files, or folders
+    ending in os.sep: doit must then order the two), and the settings that decide what is current
+    (`own_keys`) are `config`'s."""
+    mod = sys.modules.get("dodo")
+    if mod is None or not os.path.samefile(os.path.dirname(os.path.abspath(mod.__file__)), os.getcwd()):
+        return True   # `logos doit`: the zoo's tasks alone
+    if own is None:
+        return False
     targets = set()
-    for t in made:
-        if not isinstance(t, dict):
-            return False
+    for t in (t for _, made in own for t in made):
         named = [str(d).split(":")[0] for k in ("task_dep", "setup", "calc_dep") for d in t.get(k, ())]
         if any(n in ZOO_TASKS for n in named):
             return False
@@ -84,5 +97,5 @@ def dodo_ok(ours, config, own_keys, inputs):
     dirs = tuple(i for i in inputs if i.endswith(os.sep))
     if targets & set(inputs) or any(f.startswith(dirs) for f in targets):
         return False
-    cfg = ns.get("DOIT_CONFIG")
+    cfg = vars(mod).get("DOIT_CONFIG")
     return isinstance(cfg, dict) and all(cfg.get(k) == config[k] for k in own_keys)

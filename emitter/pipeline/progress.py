@@ -196,7 +196,7 @@ class ProgressReporter(ConsoleReporter):
         from doit.exceptions import UnmetDependency
         if _counted(task) and not isinstance(fail, (ChecksFailed, UnmetDependency)) and fail.report:
             self.write(f"FAILED {task.name}: {_message(fail)}\n")
-            if any(a.out or a.err for a in task.actions):
+            if any((a.out or "").strip() for a in task.actions):   # (doit's block shows it)
                 self.failures.append({"task": task, "exception": fail})
         self._tick()
 

@@ -98,10 +98,15 @@ def current():
     return _CURRENT[0] if _CURRENT else None
 
 
-def start(build, config, own_config, ours):
-    """The process's Run, made on first use (see `Run`)."""
+def start(build, config, own_config, ours, default_tasks):
+    """The process's Run, made on first use (see `Run`); a dodo's own tasks join `default_tasks`
+    (doit selected that very list before it loaded the tasks), unless the dodo chose its own."""
     if not _CURRENT:
         _CURRENT.append(Run(build, config, own_config, ours))
+        mod = sys.modules.get("dodo")
+        cfg = getattr(mod, "DOIT_CONFIG", None) if mod is not None else None
+        if isinstance(cfg, dict) and cfg.get("default_tasks") is default_tasks:
+            default_tasks.extend(b for b, made in _CURRENT[0].own or () if made and b not in default_tasks)
     return _CURRENT[0]
 
 
@@ -122,7 +127,8 @@ class Run:
         self.handed = None   # None: every task; else the names of those handed beside the report
         self.report_now = None   # the report's key as the pre-check read it, when nothing is handed
         args = handing.doit_args()
-        if handing.plain(args) and handing.dodo_ok(ours, config, own_config, self._inputs()):
+        self.own = handing.own_tasks(ours)   # the dodo's own tasks, as their creators make them
+        if handing.plain(args) and handing.dodo_ok(self.own, config, own_config, self._inputs()):
             self.handed = self._not_current()
         locks = [e for e in self.entries if e.locked and self._hands(f"lock:{e.name}")]
         if self.settings["kind"] != "inline" and locks and handing.is_run(args):
