@@ -48,7 +48,7 @@ def _sha(path):
 
 def weights_digest(weights_dir, sources):
     """One sha256 over the leaf files the run read (name and content), or None for none."""
-    files = sorted(f for f in sources.values() if f != "declared")
+    files = sorted({f for f in sources.values() if f != "declared"})   # a .safetensors: once
     if not files:
         return None
     h = hashlib.sha256()
