@@ -93,7 +93,7 @@ def plant(zoo, outside):
     # weights
     program("w_dir", GOOD, expect="`w.f64` is not a regular file")
     os.makedirs(os.path.join(w, "w_dir", "w.f64"))
-    program("w_size", GOOD, expect="expected 128 bytes of f8, the file has 24")
+    program("w_size", GOOD, expect="expected 128 bytes of float64, the file has 24")
     _write(os.path.join(w, "w_size", "w.f64"), np.zeros(3).tobytes())
     program("w_nan", GOOD, expect="holds a non-finite value")
     _write(os.path.join(w, "w_nan", "w.f64"), np.full(16, np.nan).tobytes())
