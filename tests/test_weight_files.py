@@ -94,6 +94,8 @@ def test_npy_and_safetensors_folders_run_lock_and_load_by_hand(affine, tmp_path,
     r = json.loads((tmp_path / "r.json").read_text())
     assert p.returncode == 0 and r["verdict"] == "pass" and r["load"]["pass"], p.stderr
     assert r["unmatched_weights"] == [] and r["hashes"]["weights"]
+    manifest = json.loads((affine / "bundle" / "manifest.json").read_text())
+    assert "<var>.npy" in manifest["weight_files"] and manifest["tensors"][0]["file"] == "X.f64"
 
 
 # 2. a bad file is one line naming it (and the tensor), from the VM and from model.py alike
@@ -232,3 +234,23 @@ def test_a_bundle_emitted_and_locked_by_hand_runs_compile_py_test(affine, tmp_pa
     (tmp_path / "w2" / "W.npy").write_bytes(b"junk")
     line = _one_line(compile_py())
     assert line.startswith("compile.py: ") and "W.npy: not a .npy file" in line
+
+
+# 8. `run --state-out` into the weights folder itself: a .npy state is replaced by its .f64, a
+#    tensor of a .safetensors file cannot be, and is refused
+
+def test_state_out_in_place_replaces_a_npy_state_and_refuses_a_safetensors_one(tmp_path):
+    prog = tmp_path / "s.logos"
+    prog.write_text("Let T be a 2 by 3 tensor of Real.\nLet r be a 1 by 3 tensor of Real.\n"
+                    "Set item 1 of r to 1.\nLet q be row 1 of T.\nLet s be q plus r.\nSet row 1 of T to s.\n"
+                    "Let y be row 1 of T.\n")
+    w = _folder(tmp_path, "w", {"T.npy": np.zeros((2, 3))})
+    run = ("run", str(prog), "--weights", w, "--out", str(tmp_path / "o"), "--state-out", w)
+    assert run_cli(*run).returncode == 0
+    assert sorted(os.listdir(w)) == ["T.f64"]
+    assert run_cli(*run).returncode == 0           # resumed from T.f64: row 1 is now 2, 0, 0
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "o", dtype="<f8"), [2.0, 0, 0])
+    s = _folder(tmp_path, "s", {"m.safetensors": {"T": np.zeros((2, 3))}})
+    p = run_cli("run", str(prog), "--weights", s, "--out", str(tmp_path / "o"), "--state-out", s)
+    assert p.returncode == 1 and "the state `T` is a tensor of `m.safetensors`" in p.stderr, p.stderr
+    assert sorted(os.listdir(s)) == ["m.safetensors"]
