@@ -48,7 +48,8 @@ def _positive(text):
 
 def add_run_arguments(p):
     p.add_argument("program", help="PROGRAM.logos")
-    p.add_argument("--weights", help="directory of <var>.f64 / <var>.f32 files")
+    p.add_argument("--weights", help="directory of the leaves' files: <var>.f64 / .f32 / .npy, or "
+                   ".safetensors files of tensors named by variable")
     p.add_argument("--steps", type=_positive, default=1,
                    help="steps to run, each from the states the last one wrote (default 1)")
     p.add_argument("--out", required=True, help="the output as raw little-endian float64")
@@ -84,6 +85,11 @@ def _write_state_dir(program, leaves, states, directory, weights):
     import numpy as np
     from .importers.leaves import write_leaf
     in_place = weights is not None and os.path.isdir(directory) and os.path.samefile(directory, weights)
+    shared = [s for s in states if in_place and leaves.sources[s].endswith(".safetensors")]
+    if shared:   # one tensor of a .safetensors file cannot be replaced, and a .f64 beside it clashes
+        raise ProgramError(f"the state `{shared[0]}` is a tensor of `{leaves.sources[shared[0]]}`, "
+                           "which --state-out cannot rewrite in place: give --state-out another "
+                           "folder", path=directory)
     for name in program.leaves:
         if name in states:
             write_leaf(directory, name, states[name], "<f8")
@@ -105,8 +111,9 @@ def run_main(args):
         leaves = vm.load_leaves(program, args.weights)
     except ProgramError as e:   # (no --weights: the error is the program's, named by its path)
         raise e.at(args.program) from None
-    for f in leaves.unmatched:
-        print(f"{args.weights}: `{f}` matches no leaf of the program (ignored)", file=sys.stderr)
+    from .verify.verdict import unmatched
+    for line in unmatched(args.weights, leaves.unmatched):
+        print(line, file=sys.stderr)
     current = dict(leaves.values)
     for i in range(args.steps):
         trace = vm.step(program, current, keep_stages=bool(stages) and i == args.steps - 1)

@@ -190,7 +190,7 @@ def test_ops_that_only_move_values_take_them_uncast_where_that_changes_nothing(t
     write_bundle(emit_program(program, policy), str(tmp_path / "b"))
     model_py = (tmp_path / "b" / "model.py").read_text()
     assert "embT = self.tap(3, self.cast(3, emb, moved=True).transpose(0, 1))" in model_py
-    assert "row_of(self.cast(0, emb, moved=True), tok)" in model_py
+    assert 'row_of(self.cast(0, emb, moved=True), tok, "tok")' in model_py
     assert "self.matmul(self.cast(4, x), self.cast(4, embT, widened=True))" in model_py  # computes
     mod = load_model(str(tmp_path / "b"))
     rng = np.random.default_rng(3)

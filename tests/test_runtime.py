@@ -19,6 +19,8 @@ from emitter.sambaflow.runtime_source import source as runtime_source
 from emitter.verify import vm
 
 IDS = [c[0] for c in ALL_CASES]
+# the weights folder's reader (emitter/sambaflow/weight_files.py) every model.py carries
+READER = {"WeightsError", "npy_place", "safetensors_places", "file_place", "weight_places", "weight_array"}
 
 
 @pytest.mark.parametrize("case", ALL_CASES, ids=IDS)
@@ -47,13 +49,16 @@ def test_model_py_functions_are_the_librarys_verbatim_and_only_those_used(all_op
     bundle = emit_bundle(text, tmp_path)
     with open(os.path.join(bundle, "model.py")) as f:
         model = _top_level(f.read())
-    lib = runtime_source("runtime").defs
+    runtime_lib, reader = runtime_source("runtime"), runtime_source("weight_files", constants=True)
+    lib = {**runtime_lib.defs, **reader.defs}
     program = read_program(text)
     for name, code in model.items():
         if name != "LogosModule":
             assert code == lib[name], name            # docstring included
-    called = {n for st in program.stages for n in runtime_source("runtime").called(stage_call(program, st))}
-    assert set(model) - {"LogosModule", "ProgramModule", "load_weights", "main"} == called
+    called = {n for st in program.stages for n in runtime_lib.called(stage_call(program, st))}
+    fixed = {"LogosModule", "ProgramModule", "load_weights", "main"}
+    assert set(model) - fixed - set(reader.defs) == set(runtime_lib.closure(called)) and "row_index" in model
+    assert set(model) & set(reader.defs) == READER
     with open(os.path.join(bundle, "compile.py")) as f:
         assert _top_level(f.read()) == runtime_source("app").defs
 
@@ -62,14 +67,14 @@ def test_a_two_matmul_program_carries_no_other_helper(tmp_path):
     bundle = emit_bundle("Let x be a 1 by 2 tensor of Real.\nLet w be a 2 by 2 tensor of Real.\n"
                          "Let h be x matmul w.\nLet y be h matmul w.\n", tmp_path)
     with open(os.path.join(bundle, "model.py")) as f:
-        assert set(_top_level(f.read())) == {"ProgramModule", "LogosModule", "load_weights", "main"}
+        assert set(_top_level(f.read())) == {"ProgramModule", "LogosModule", "load_weights", "main"} | READER
 
 
 def test_runtime_constants_and_reserved_names():
     """model.py's own names can never be a tensor's (compile.py never names a tensor)."""
     assert runtime.EPS == EPS
-    for module in ("runtime",):
-        src = runtime_source(module)
+    for module in ("runtime", "weight_files"):
+        src = runtime_source(module, constants=module == "weight_files")
         assert set(src.defs) <= RESERVED, set(src.defs) - RESERVED
         imported = {a.asname or a.name.split(".")[0] for line in src.imports
                     for a in ast.parse(line).body[0].names}

@@ -74,7 +74,7 @@ def test_weights_files_f64_f32_and_unmatched(tmp_path):
     ({"x.f32": ([1, 2, 3, 4], "<f4")}, "expected 12 bytes of float32, the file has 16"),
     ({"x.f64": ([1, np.nan, 3], "<f8")}, "non-finite value (nan) at flat index 1"),
     ({"x.f32": ([1, np.inf, 3], "<f4")}, "non-finite value (inf)"),
-    ({"x.f64": ([1, 2, 3], "<f8"), "x.f32": ([1, 2, 3], "<f4")}, "both `x.f64` and `x.f32` exist"),
+    ({"x.f64": ([1, 2, 3], "<f8"), "x.f32": ([1, 2, 3], "<f4")}, "both `x.f32` and `x.f64` hold `x`; keep one"),
 ])
 def test_bad_weights(tmp_path, files, needle):
     p = read_program(RING)

@@ -20,7 +20,7 @@ import numpy as np
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
-from .leaves import write_leaf
+from .leaves import unfilled, write_leaf
 from .qwen35_program import (DEFAULT_CTX, MASK, TINY_CONFIG, ConfigError, Dims,  # noqa: F401
                              dims_of, generate_program, text_config)
 
@@ -159,6 +159,10 @@ def import_checkpoint(checkpoint, program, out_dir, token=0, position=0, dtype="
             raise ProgramError(f"`{name}` is {d.rows} by {d.cols} in the program but the checkpoint "
                                f"gives {v.shape[0]} by {v.shape[1]}", d.line, program.path)
         leaves[name] = v
+    problem = unfilled(program, set(leaves), checkpoint, layout=" (this importer knows the "
+                       "layout of the program generate_program writes from its config.json)")
+    if problem:
+        raise problem
     np_dtype = "<f4" if dtype == "f32" else "<f8"
     written = [write_leaf(out_dir, name, v, np_dtype) for name, v in leaves.items()]
     return {"written": sorted(written), "declared": declared}

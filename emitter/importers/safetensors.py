@@ -33,7 +33,7 @@ import numpy as np
 
 from ..files import write_atomic
 from ..language.errors import ProgramError
-from .leaves import write_leaf
+from .leaves import unfilled, write_leaf
 from .packages import resolve_checkpoint
 
 # ── the program ───────────────────────────────────────────────────────────────────────────────────
@@ -202,7 +202,8 @@ def import_checkpoint(checkpoint, program, out_dir, names=None):
 
     Returns {"written": {var: checkpoint name}, "declared": [leaves left to their declared value],
     "unused": [checkpoint tensors no leaf took]}. A shape that disagrees with the declaration is a
-    ProgramError naming the variable, the tensor and both shapes; nothing is written then."""
+    ProgramError naming the variable, the tensor and both shapes; so is a checkpoint that fills no
+    leaf, or leaves one the program reads unfilled (`leaves.unfilled`); nothing is written then."""
     import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy before safetensors reads one)
     from safetensors import safe_open
 
@@ -238,6 +239,11 @@ def import_checkpoint(checkpoint, program, out_dir, names=None):
             plan.append((var, ck, value, dtype))
         used = {ck for _, ck, _, _ in plan}
         unused = sorted(keys - used)
+    problem = unfilled(program, {var for var, _, _, _ in plan}, checkpoint, unused,
+                       " (this importer knows the BERT layout: `embeddings.word_embeddings.weight`, "
+                       "`encoder.layer.N.attention.self.query.weight`, ...)")
+    if problem:
+        raise problem
     for var, _, value, dtype in plan:
         write_leaf(out_dir, var, value, dtype)
     return {"written": {var: ck for var, ck, _, _ in plan}, "declared": declared, "unused": unused}

@@ -8,7 +8,8 @@ import re
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Names model.py and compile.py use themselves: imports, module-level names, forward's locals, and
-# every top-level name of emitter/sambaflow/runtime.py and app.py (a test keeps this list complete).
+# every top-level name of emitter/sambaflow/runtime.py, weight_files.py and app.py (a test keeps
+# this list complete).
 EMITTED = frozenset({
     "argparse", "json", "math", "mmap", "os", "sys", "np", "torch", "nn", "F",
     "self", "inputs", "args", "LEAVES", "FILLS", "INPUTS", "STATES", "REQUIRED", "OUTPUT", "PROGRAM",
@@ -17,7 +18,9 @@ EMITTED = frozenset({
     "value", "shape", "role", "kind", "dtype", "path", "model", "out", "samba", "utils",
     "parse_app_args", "get_pefmeta",
     "rmsnorm", "l2norm", "layernorm", "rope", "attention", "full_attention", "gelu_tanh",
-    "softmax_rows", "swiglu", "causal_conv", "decay", "gated_delta", "row_of", "set_row",
+    "softmax_rows", "swiglu", "causal_conv", "decay", "gated_delta", "row_of", "set_row", "row_index",
+    "WeightsError", "npy_place", "safetensors_places", "file_place", "weight_places", "weight_array",
+    "claimed_files", "LEAF_SUFFIXES", "TENSOR_FILES", "DTYPE_NAMES", "SAFETENSORS_DTYPES", "HEADER_LIMIT",
 })
 
 RESERVED = frozenset(set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | EMITTED)

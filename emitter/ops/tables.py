@@ -47,7 +47,7 @@ def row_call(a):
     tok = a.bound["TOK"]
     if isinstance(tok, int):
         return f"{a.name('TABLE')}[{tok}:{tok + 1}]"
-    return f"row_of({a.name('TABLE')}, {tok})"
+    return f"row_of({a.name('TABLE')}, {tok}, \"{tok}\")"   # the name, for model.py's message
 
 
 def set_row_shape(a):
@@ -65,7 +65,9 @@ def set_row_vm(a):
 
 
 def set_row_call(a):
-    return f"set_row({a.name('TABLE')}, {a.bound['P']}, {a.name('ROW')})"
+    pos = a.bound["P"]
+    named = "" if isinstance(pos, int) else f', "{pos}"'   # a tensor's name, for model.py's message
+    return f"set_row({a.name('TABLE')}, {pos}, {a.name('ROW')}{named})"
 
 
 def argmax_shape(a):

@@ -22,8 +22,9 @@ bundle = None  # compile.py: the bundle's model.py module
 
 def add_args(parser):
     """The app's own arguments beside SambaFlow's."""
-    parser.add_argument("--weights", default=None, help="directory of <var>.f64 / <var>.f32 files "
-                        "(default: the one the lock used, recorded in golden/golden.json)")
+    parser.add_argument("--weights", default=None, help="directory of the leaves' files (<var>.f64, "
+                        ".f32, .npy, or .safetensors files; default: the one the lock used, recorded "
+                        "in golden/golden.json)")
 
 
 def golden_record(weights=None):
@@ -40,8 +41,20 @@ def golden_record(weights=None):
 
 
 def build(weights, dtype):
-    """The module as model.py --weights builds it."""
-    return bundle.LogosModule(bundle.load_weights(weights, dtype) if weights else {}, dtype)
+    """The module as model.py --weights builds it; a bad weights file is one line naming it."""
+    try:
+        return bundle.LogosModule(bundle.load_weights(weights, dtype) if weights else {}, dtype)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"compile.py: {e}") from None
+
+
+def forward(model):
+    """One step of the module; a bad input it meets (a row index out of its table) is one line."""
+    try:
+        with torch.no_grad():
+            return model()
+    except ValueError as e:
+        raise SystemExit(f"compile.py: {e}") from None
 
 
 def ratio(got, want, tol):
@@ -58,6 +71,8 @@ def cpu_test(args):
     """Each step's output against the golden one and the summarised stages against theirs, within
     the recorded tolerance of args.dtype; prints the worst and exits 0 or 1."""
     record, here, weights = golden_record(args.weights)
+    if args.dtype is None:   # float32 where the lock recorded it, else what it recorded
+        args.dtype = next((d for d in ("float32", "float64") if d in record["tolerances"]), "float32")
     tol = record["tolerances"].get(args.dtype)
     if tol is None:
         raise SystemExit(f"the lock recorded no tolerance for {args.dtype} "
@@ -68,8 +83,7 @@ def cpu_test(args):
     worst = (0.0, "nothing")
     for step in range(1, record["steps"] + 1):
         seen.clear()
-        with torch.no_grad():
-            out = model()
+        out = forward(model)
         want = np.fromfile(os.path.join(here, record["outputs"][step - 1]), dtype="<f8")
         r = ratio(out.double().reshape(-1).numpy(), want, tol)
         worst = max(worst, (r, f"the output `{record['output']}` at step {step}"))
@@ -88,16 +102,15 @@ def cpu_test(args):
 def cpu_measure(args):
     """The module's forward on CPU, off the RDU: median milliseconds per step."""
     record, _, weights = golden_record(args.weights) if args.weights is None else (None, None, args.weights)
-    model = build(weights, getattr(torch, args.dtype))
+    model = build(weights, getattr(torch, args.dtype or "float32"))
     times = []
-    with torch.no_grad():
-        model()                                      # warm-up
-        for _ in range(args.iterations):
-            start = time.perf_counter()
-            model()
-            times.append(time.perf_counter() - start)
+    forward(model)                                   # warm-up
+    for _ in range(args.iterations):
+        start = time.perf_counter()
+        forward(model)
+        times.append(time.perf_counter() - start)
     times.sort()
-    print(json.dumps({"program": bundle.PROGRAM, "dtype": args.dtype, "device": "cpu",
+    print(json.dumps({"program": bundle.PROGRAM, "dtype": args.dtype or "float32", "device": "cpu",
                       "iterations": args.iterations, "threads": torch.get_num_threads(),
                       "median_ms": round(1000 * times[len(times) // 2], 3),
                       "min_ms": round(1000 * times[0], 3)}))
@@ -109,7 +122,8 @@ def cpu_main(argv):
     ap = argparse.ArgumentParser(prog="compile.py", description="the bundle on CPU (no SambaFlow here)")
     ap.add_argument("command", choices=["test", "measure-performance"])
     add_args(ap)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--dtype", default=None, choices=["float32", "float64"],
+                    help="default float32 (test: float64 where the lock recorded no float32 tolerance)")
     ap.add_argument("--iterations", type=int, default=20, help="measure-performance: timed steps")
     args = ap.parse_args(argv)
     return cpu_test(args) if args.command == "test" else cpu_measure(args)

@@ -32,6 +32,9 @@ def render_manifest(p: Program, name, calls, precisions=None):
         "states": list(p.states),
         "output": p.output,
         "output_shape": list(p.shapes[p.output]),
+        # where a weights folder may hold a leaf (emitter/sambaflow/weight_files.py); `file` below
+        # is its raw float64 spelling, the one the importers and `run --state-out` write
+        "weight_files": ["<var>.f64", "<var>.f32", "<var>.npy", "*.safetensors (a tensor named <var>)"],
         "tensors": tensors,
         "ops": ops,
     }

@@ -2,7 +2,7 @@
 
 The emitter copies from this file, verbatim and without importing it (emission never imports
 torch), the functions a program's calls name, `ProgramModule`, `load_weights` and `main` into each
-bundle's model.py; the tests import it and check each function against the VM. The module-level
+bundle's model.py, with the weights folder's reader they use (weight_files.py); the tests import it and check each function against the VM. The module-level
 names below are what model.py defines for its own program.
 """
 
@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .weight_files import WeightsError, weight_array, weight_places  # copied into model.py
 
 EPS = 1e-6
 PROGRAM = None
@@ -119,13 +121,25 @@ def gated_delta(q, k, v, z, beta, alpha, s, gn, hv, hk, d):
     return out.reshape(1, hv * d), S.reshape(s.shape)
 
 
-def row_of(table, tok):
-    """Row tok (a 1 by 1 tensor holding a row number) of table, as 1 by C."""
+def row_index(index, rows, name):
+    """A row index's value checked as the VM checks it: a whole number in 0..rows-1, else a
+    ValueError naming the index tensor (index_select would truncate 1.5 and fail on 12 with no
+    name). Only where the value can be read: not while torch.fx, jit or export trace the module."""
+    if type(index) is torch.Tensor and not torch.jit.is_tracing() and not torch.compiler.is_compiling():
+        v = float(index.reshape(-1)[0])
+        if not (math.isfinite(v) and v == int(v) and 0 <= v < rows):
+            raise ValueError(f"the row index `{name}` is {v!r}, not a row number in 0..{rows - 1}")
+
+
+def row_of(table, tok, name="tok"):
+    """Row tok (a 1 by 1 tensor holding a row number; `name`, the tensor's) of table, as 1 by C."""
+    row_index(tok, table.shape[0], name)
     return table.index_select(0, tok.reshape(1).long())
 
 
-def set_row(table, pos, row):
-    """The table with row pos (an int, or a 1 by 1 tensor) replaced by row, out of place."""
+def set_row(table, pos, row, name="pos"):
+    """The table with row pos (an int, or a 1 by 1 tensor named `name`) replaced by row, out of place."""
+    row_index(pos, table.shape[0], name)
     index = torch.tensor([pos]) if isinstance(pos, int) else pos.reshape(1).long()
     return table.index_copy(0, index, row.reshape(1, -1))
 
@@ -208,57 +222,68 @@ class ProgramModule(nn.Module):
 
 
 def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
-    """Every leaf's `<name>.f64` or `<name>.f32` file in `directory`, as a tensor of `dtype` (a
-    copy-on-write map of the file when it is of `dtype`: no copy in memory). A leaf in REQUIRED
-    with no file, a file of the wrong size, one that is not a regular file, and NaN or Inf (outside
-    `allow_nonfinite`) are errors naming the file."""
+    """Every leaf's values in `directory` (`<name>.f64`, `.f32` or `.npy`, or a tensor of a
+    `.safetensors` file: weight_places), as a tensor of `dtype` (a copy-on-write map of the file
+    when it is of `dtype`: no copy in memory). A leaf in REQUIRED that no file holds, a file of
+    another shape, size or dtype, a leaf in two files, NaN or Inf (outside `allow_nonfinite`) and
+    a non-integer in an Int leaf are WeightsErrors naming the file."""
+    if not os.path.isdir(directory):
+        raise WeightsError(directory, "the weights directory does not exist")
+    places, _ = weight_places(directory, LEAVES)
     weights = {}
     for name, (shape, role, kind) in LEAVES.items():
-        found = [ext for ext in (".f64", ".f32") if os.path.lexists(os.path.join(directory, name + ext))]
-        if len(found) > 1:
-            raise ValueError(f"{directory}: both {name}.f64 and {name}.f32 exist; keep one")
-        if not found:
+        if name not in places:
             if name in REQUIRED:
-                raise ValueError(f"{directory}: no {name}.f64 or {name}.f32 for the {role} `{name}`, "
-                                 "which has no declared value")
+                raise WeightsError(directory, f"no file holds the {role} `{name}` ({name}.f64, "
+                                   f".f32, .npy or a tensor of a .safetensors file), which has no "
+                                   "declared value")
             continue
-        path = os.path.join(directory, name + found[0])
-        if not os.path.isfile(path):
-            raise ValueError(f"{path}: not a regular file")
-        data = np.fromfile(path, dtype="<f8" if found[0] == ".f64" else "<f4") \
-            if os.path.getsize(path) == 0 else \
-            np.memmap(path, dtype="<f8" if found[0] == ".f64" else "<f4", mode="c")   # pages shared
-        if data.size != shape[0] * shape[1]:
-            raise ValueError(f"{path}: {data.nbytes} bytes, expected "
-                             f"{shape[0] * shape[1] * data.itemsize} for {shape[0]} by {shape[1]}")
+        data = weight_array(directory, places[name], name, shape[0], shape[1], mode="c")
+        path = os.path.join(directory, places[name][0])
+        what = f"`{name}`" + (f" (tensor `{places[name][1]}`)" if places[name][1] else "")
         flat, block = data.reshape(-1), 1 << 22   # checked in blocks: no whole-table temporary
-        for i in range(0, flat.size, block) if name not in allow_nonfinite else ():
-            finite = bool(np.isfinite(flat[i:i + block]).all())
+        skip = name in allow_nonfinite and kind != "int"
+        base = data.offset % mmap.ALLOCATIONGRANULARITY if isinstance(data, np.memmap) else 0
+        for i in range(0, flat.size, block) if not skip else ():
+            part = flat[i:i + block]
+            finite = name in allow_nonfinite or bool(np.isfinite(part).all())
+            whole = kind != "int" or bool(np.array_equal(part, np.round(part)))
             if isinstance(data, np.memmap):   # the pages read come back when the forward reads them
-                data._mmap.madvise(mmap.MADV_DONTNEED, i * data.itemsize,
-                                   min(block, flat.size - i) * data.itemsize)
+                start = base + i * data.itemsize
+                start -= start % mmap.PAGESIZE
+                data._mmap.madvise(mmap.MADV_DONTNEED, start, base + (i + part.size) * data.itemsize - start)
             if not finite:
-                raise ValueError(f"{path}: holds a non-finite value")
+                raise WeightsError(path, f"{what} holds a non-finite value")
+            if not whole:
+                raise WeightsError(path, f"{what} is an Int tensor (a row index, a token) but holds "
+                                         "a non-integer")
         held = torch.float32 if dtype == torch.bfloat16 and kind == "int" else dtype   # ids exact
         weights[name] = torch.from_numpy(data).reshape(shape).to(held)
     return weights
 
 
 def main(argv=None):
-    """`python model.py --weights DIR --dtype float64 --steps N --out FILE`: run the program."""
+    """`python model.py --weights DIR --dtype float64 --steps N --out FILE`: run the program. A bad
+    input (a weights file, a row index, the output's path) is one line naming it, exit 1."""
     ap = argparse.ArgumentParser(description=f"run the LOGOS tensor program {PROGRAM} in torch")
-    ap.add_argument("--weights", help="directory of <var>.f64 / <var>.f32 files (else declared values)")
+    ap.add_argument("--weights", help="directory of the leaves' files: <var>.f64 / .f32 / .npy, "
+                    "or .safetensors files of tensors named by variable (else declared values)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--steps", type=int, default=1, help="run forward this many times, states carried")
     ap.add_argument("--out", help="write the output as raw little-endian values of --dtype")
     args = ap.parse_args(argv)
+    if args.steps < 1:
+        ap.error(f"--steps must be at least 1, got {args.steps}")
     dtype = getattr(torch, args.dtype)
-    model = LogosModule(load_weights(args.weights, dtype) if args.weights else {}, dtype)
-    with torch.no_grad():
-        for _ in range(args.steps):
-            out = model()
-    if args.out:
-        out.reshape(-1).numpy().astype("<f8" if args.dtype == "float64" else "<f4").tofile(args.out)
+    try:
+        model = LogosModule(load_weights(args.weights, dtype) if args.weights else {}, dtype)
+        with torch.no_grad():
+            for _ in range(args.steps):
+                out = model()
+        if args.out:
+            out.reshape(-1).numpy().astype("<f8" if args.dtype == "float64" else "<f4").tofile(args.out)
+    except (ValueError, OSError) as e:   # the input's fault: said in one line, no traceback
+        raise SystemExit(f"model.py: {e}") from None
     print(json.dumps({"program": PROGRAM, "output": OUTPUT, "shape": list(out.shape),
                       "dtype": args.dtype, "steps": args.steps}))
 

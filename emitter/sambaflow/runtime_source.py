@@ -1,6 +1,8 @@
-"""The source text of `runtime.py` and `app.py`, read as text (never imported: emission does not
-import torch): their import lines and each top-level function or class, verbatim, with the other
-definitions it needs."""
+"""The source text of `runtime.py`, `weight_files.py` and `app.py`, read as text (never imported:
+emission does not import torch): their import lines and each top-level function or class (and,
+asked, constant), verbatim, with the other definitions it needs. A relative import is how the real
+module reaches what the emitter copies beside it (runtime.py's weight_files functions): it is
+not one of the import lines."""
 
 import ast
 import functools
@@ -27,14 +29,19 @@ class Source:
                 todo.extend(self.needs[name])
         return [n for n in self.defs if n in seen]
 
+    def used_by(self, text):
+        """The definitions named in `text` (another module's function, say)."""
+        return sorted({n.id for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Name)} & set(self.defs))
+
     def called(self, expression):
         """The definitions a rendered call expression names."""
         return [n for n in _CALLED.findall(expression) if n in self.defs]
 
 
 @functools.lru_cache(maxsize=None)
-def source(module):
-    """The Source of `emitter/sambaflow/<module>.py`."""
+def source(module, constants=False):
+    """The Source of `emitter/sambaflow/<module>.py`; with `constants`, its top-level assignments
+    to one name are definitions too (runtime.py's are emitted per program instead)."""
     text = resources.files(__package__).joinpath(f"{module}.py").read_text(encoding="utf-8")
     tree = ast.parse(text)
     lines = text.encode("utf-8").splitlines(keepends=True)
@@ -48,10 +55,15 @@ def source(module):
     imports, defs, nodes = [], {}, {}
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            imports.append(segment(node))
+            if not getattr(node, "level", 0):
+                imports.append(segment(node))
         elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             defs[node.name] = segment(node)
             nodes[node.name] = node
+        elif constants and isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+                isinstance(node.targets[0], ast.Name):
+            defs[node.targets[0].id] = segment(node)
+            nodes[node.targets[0].id] = node
     needs = {name: sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & set(defs) - {name})
              for name, node in nodes.items()}
     return Source(tuple(imports), defs, needs)

@@ -55,3 +55,33 @@ class Golden:
                 "tolerances": self.tolerances, "output": self.program.output,
                 "outputs": [f"output.{s}.f64" for s in range(1, steps + 1)], "stages": self.stages}
         return {**self.outputs, "golden.json": (json.dumps(body, indent=1) + "\n").encode("utf-8")}
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def merged(bundle_dir, files, defaults=None):
+    """`files` (golden/'s, from a lock) with the tolerances of the golden.json already in the
+    bundle kept where it records the same run (the same weights, steps and outputs, byte for
+    byte): a bundle locked by hand at float64, then at float32, tests at both. Then `defaults`
+    ({dtype: tolerance}) for the dtypes neither records. The new lock's tolerances win."""
+    new = json.loads(files["golden.json"])
+    tolerances = {**(defaults or {}), **_same_run(bundle_dir, new, files), **new["tolerances"]}
+    if tolerances == new["tolerances"]:
+        return files
+    new["tolerances"] = tolerances
+    return {**files, "golden.json": (json.dumps(new, indent=1) + "\n").encode("utf-8")}
+
+
+def _same_run(bundle_dir, new, files):
+    """The tolerances of the bundle's golden.json where it records the run `new` describes, else {}."""
+    try:
+        with open(os.path.join(bundle_dir, "golden", "golden.json"), encoding="utf-8") as f:
+            old = json.load(f)
+        same = all(old.get(k) == new[k] for k in ("weights", "steps", "outputs", "stages")) and all(
+            _read(os.path.join(bundle_dir, "golden", n)) == files[n] for n in new["outputs"])
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+    return old["tolerances"] if same and isinstance(old.get("tolerances"), dict) else {}

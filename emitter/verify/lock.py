@@ -48,7 +48,7 @@ def _sha(path):
 
 def weights_digest(weights_dir, sources):
     """One sha256 over the leaf files the run read (name and content), or None for none."""
-    files = sorted(f for f in sources.values() if f != "declared")
+    files = sorted({f for f in sources.values() if f != "declared"})   # a .safetensors: once
     if not files:
         return None
     h = hashlib.sha256()
@@ -352,7 +352,8 @@ EXIT = {"pass": 0, "fail": 1, "error": 2}
 def add_arguments(p):
     p.add_argument("bundle", help="bundle directory (model.py, manifest.json, compile.py)")
     p.add_argument("--program", required=True, help="PROGRAM.logos the bundle was emitted from")
-    p.add_argument("--weights", help="directory of <var>.f64 / <var>.f32 files")
+    p.add_argument("--weights", help="directory of the leaves' files: <var>.f64 / .f32 / .npy, or "
+                   ".safetensors files of tensors named by variable")
     p.add_argument("--dtype", default="float64", choices=sorted(TOLERANCES))
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--atol", type=float, help="absolute tolerance (default by dtype)")
@@ -363,6 +364,11 @@ def add_arguments(p):
                    help=f"torch's and the BLAS's threads (default {DEFAULT_THREADS}: see "
                         "emitter/verify/threads.py)")
     p.add_argument("-o", "--out", required=True, help="RESULT.json")
+
+
+# the dtypes `compile.py test` runs on CPU: a lock by hand records each one's default tolerance
+# beside the one it applied, so that the bundle tests itself at either after any lock
+TESTED = ("float32", "float64")
 
 
 def main(args):
@@ -376,9 +382,12 @@ def main(args):
                         golden={args.dtype: tolerance(args.dtype, args.atol, args.rtol)})
     r["execution"] = {"executor": "logos lock", "pid": os.getpid(), **threads}
     write_result(r, args.out)
+    for line in verdict.unmatched(args.weights, r.get("unmatched_weights") or ()):
+        print(line, file=sys.stderr)
     if golden:   # beside the bundle's files, for `python compile.py test`
+        from .golden import merged
         try:
-            write_golden(args.bundle, golden)
+            write_golden(args.bundle, merged(args.bundle, golden, {d: tolerance(d) for d in TESTED}))
         except OSError as e:
             print(f"{args.bundle}: golden/ not written: {e}", file=sys.stderr)
     print(f"{r['name']} [{r['steps']} step(s)] {verdict.line(r)}",

@@ -71,3 +71,10 @@ def describe(r, limit=240):
 def line(r):
     """`[dtype] VERDICT: why` for one result."""
     return f"[{r.get('dtype')}] {str(r.get('verdict')).upper()}: {describe(r, 300)}"
+
+
+def unmatched(weights, names):
+    """The terminal's warning lines for the files of the weights folder `weights` that no leaf of
+    the program claims (`names`, a result's `unmatched_weights`): a stray `b1_old.f64` is likely a
+    leaf renamed, or a file meant for another program."""
+    return [f"warning: {weights}: `{short(n, 120)}` matches no leaf of the program (ignored)" for n in names]

@@ -1,6 +1,7 @@
 """The VM: a NumPy float64 interpreter of the Program IR, the program's meaning. It never imports torch.
 
-Leaf values come from `<name>.f64` / `<name>.f32` files in the program's weights directory, else the
+Leaf values come from the program's weights directory (`<name>.f64`, `.f32` or `.npy`, or a tensor
+of a `.safetensors` file: emitter.sambaflow.weight_files, the reader model.py copies), else the
 declared value (zeros with their fills) where the program has one: a leaf it reads with neither is
 an error. A `.f32` leaf is held as a read-only map of its file and widened to float64
 where an op reads it (exact), a block at a time for a big matmul parameter; after each op the pages
@@ -17,8 +18,8 @@ import numpy as np
 
 from ..language.errors import ProgramError
 from ..ops import ShapeError, release
+from ..sambaflow.weight_files import WeightsError, weight_array, weight_places
 
-_EXTS = ((".f64", "<f8"), (".f32", "<f4"))
 BLOCK = 1 << 22   # values checked at a time
 
 
@@ -31,25 +32,29 @@ def declared_value(program, name):
     return value
 
 
-def _read_leaf(program, name, path, dtype, nonfinite_ok=False):
+def _read_leaf(program, name, directory, place, nonfinite_ok=False):
+    """The leaf's values at `place` (emitter.sambaflow.weight_files: the reader model.py copies),
+    a read-only map checked a block at a time for non-finite values and, for an Int leaf,
+    non-integers, its pages released after: what the VM holds of a 1 GB checkpoint is the map,
+    not the memory (`release`)."""
     d = program.decls[name]
-    itemsize = np.dtype(dtype).itemsize
-    size = os.path.getsize(path)
-    if size != d.rows * d.cols * itemsize:
-        raise ProgramError(f"`{name}` is {d.rows} by {d.cols}: expected {d.rows * d.cols * itemsize} "
-                           f"bytes of {np.dtype(dtype).name}, the file has {size}", path=path)
-    # mapped, not read, and checked a block at a time with its pages released after: what the VM
-    # holds of a 1 GB checkpoint is the map, not the memory (`release`)
-    value = np.memmap(path, dtype=dtype, mode="r", shape=(d.rows, d.cols))
+    try:
+        value = weight_array(directory, place, name, d.rows, d.cols, "r")
+    except WeightsError as e:
+        raise ProgramError(e.message, path=e.path) from None
+    path = os.path.join(directory, place[0])
+    what = f"`{name}` (tensor `{place[1]}`)" if place[1] else f"`{name}`"
     flat = value.reshape(-1)
     for start in range(0, flat.size, BLOCK):
         block = flat[start:start + BLOCK]
         if not nonfinite_ok and not np.isfinite(block).all():
             bad = start + int(np.flatnonzero(~np.isfinite(block))[0])
-            raise ProgramError(f"`{name}` holds a non-finite value ({flat[bad]}) at flat index {bad}",
+            raise ProgramError(f"{what} holds a non-finite value ({flat[bad]}) at flat index {bad}",
                                path=path)
         if not d.real and not np.array_equal(block, np.round(block)):
-            raise ProgramError(f"`{name}` is an Int tensor but the file holds non-integers", path=path)
+            bad = start + int(np.flatnonzero(block != np.round(block))[0])
+            raise ProgramError(f"{what} is an Int tensor but the file holds non-integers "
+                               f"({flat[bad]} at flat index {bad})", path=path)
         release(value)
     return value
 
@@ -62,26 +67,24 @@ class Leaves:
     unmatched: list = field(default_factory=list)
 
 
-def leaf_file(name, weights_dir):
-    """(file name, numpy dtype) of the leaf's file in `weights_dir`, or None when it has none. Both
-    extensions at once, a link leaving the directory, or something other than a regular file in a
-    leaf's place is a ProgramError naming it."""
+def leaf_places(program, weights_dir):
+    """({leaf: place}, the names of the files they are in) in `weights_dir` (weight_files'
+    reading, the one model.py copies); a file that links outside the directory is a ProgramError
+    naming it, as is anything weight_places refuses."""
     if weights_dir is None:
-        return None
-    found = [(name + ext, dt) for ext, dt in _EXTS if os.path.lexists(os.path.join(weights_dir, name + ext))]
-    if len(found) > 1:
-        raise ProgramError(f"both `{found[0][0]}` and `{found[1][0]}` exist for `{name}`; keep one",
-                           path=str(weights_dir))
-    if not found:
-        return None
-    fname = found[0][0]
-    path = os.path.join(weights_dir, fname)
-    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(weights_dir):
-        raise ProgramError(f"`{fname}` links outside the weights directory; copy the file in",
-                           path=str(weights_dir))
-    if not os.path.isfile(path):
-        raise ProgramError(f"`{fname}` is not a regular file (the leaf `{name}`)", path=str(weights_dir))
-    return found[0]
+        return {}, set()
+    try:
+        places, claimed = weight_places(weights_dir, program.leaves)
+    except WeightsError as e:
+        raise ProgramError(e.message, path=e.path) from None
+    except OSError as e:
+        raise ProgramError(f"cannot be read: {e.strerror}", path=str(weights_dir)) from None
+    for fname in sorted(claimed):
+        path = os.path.join(weights_dir, fname)
+        if os.path.dirname(os.path.realpath(path)) != os.path.realpath(weights_dir):
+            raise ProgramError(f"`{fname}` links outside the weights directory; copy the file in",
+                               path=str(weights_dir))
+    return places, claimed
 
 
 def load_leaves(program, weights_dir=None, ignore=(), allow_nonfinite=()):
@@ -89,22 +92,21 @@ def load_leaves(program, weights_dir=None, ignore=(), allow_nonfinite=()):
     how a caller feeds a token or resumes a decode), else its declared value. A leaf in
     `program.required` (read, not a state, not filled) with no file is a ProgramError naming the
     leaf and the directory. `ignore` names files that belong to the directory without being leaves
-    (its manifest); `allow_nonfinite` names leaves whose files may hold NaN or Inf."""
+    (its manifest); `allow_nonfinite` names leaves whose files may hold NaN or Inf. `sources` names
+    each leaf's file (a .safetensors file may be the source of several)."""
     if weights_dir is not None and not os.path.isdir(weights_dir):
         raise ProgramError("the weights directory does not exist", path=str(weights_dir))
-    values, sources, claimed = {}, {}, set()
+    places, claimed = leaf_places(program, weights_dir)
+    values, sources = {}, {}
     required = set(program.required)
     for name in program.leaves:
-        found = leaf_file(name, weights_dir)
-        if found:
-            fname, dtype = found
-            claimed.add(fname)
-            values[name] = _read_leaf(program, name, os.path.join(weights_dir, fname), dtype,
-                                      name in allow_nonfinite)
-            sources[name] = fname
+        place = places.get(name)
+        if place:
+            values[name] = _read_leaf(program, name, weights_dir, place, name in allow_nonfinite)
+            sources[name] = place[0]
         elif name in required:
-            where = f"there is no `{name}.f64` or `{name}.f32` in the weights directory" \
-                if weights_dir else "no weights directory was given"
+            where = f"no file in the weights directory holds it ({name}.f64, .f32, .npy or a " \
+                    "tensor of a .safetensors file)" if weights_dir else "no weights directory was given"
             raise ProgramError(f"the {program.roles[name]} `{name}` (line {program.decls[name].line}) "
                                f"is read but has no declared value (no `Set item` fills it), and {where}",
                                path=None if weights_dir is None else str(weights_dir))
