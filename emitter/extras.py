@@ -1,4 +1,4 @@
-"""The optional features' packages: Dask (`executor=dask:…`), fsspec and s3fs (`cache=URL`),
+"""The optional features' packages: Dask (`executor=dask:…`), s3fs (`cache=s3://…`),
 gguf, safetensors and ml-dtypes (the checkpoint importers) come with the package's extras, not
 with a plain `pip install`. A feature asked for without its extra is one line that names it."""
 

@@ -19,6 +19,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from conftest import ROOT
+from test_extras import EXTRA_MODULES, blocking
 
 PY = sys.executable
 DIST = "logos-sambaflow-emitter"
@@ -92,7 +93,7 @@ def test_the_metadata_asks_for_ranges_with_the_optional_packages_behind_extras(w
     reqs = [Requirement(line.split(": ", 1)[1]) for line in meta.splitlines()
             if line.startswith("Requires-Dist: ")]
     plain = {r.name: r for r in reqs if r.marker is None}
-    assert set(plain) == {"numpy", "pyyaml", "doit", "torch", "tqdm", "threadpoolctl"}
+    assert set(plain) == {"numpy", "pyyaml", "doit", "torch", "tqdm", "threadpoolctl", "fsspec"}
     assert not [r for r in reqs if any(s.operator in ("==", "===") for s in r.specifier)]
     assert Version("2.13.0") in plain["torch"].specifier and Version("2.14.1") in plain["torch"].specifier
     extra = {}
@@ -182,6 +183,10 @@ def test_the_installed_wheel_runs_logos_doit_on_a_sample_zoo(wheel, tmp_path):
     done = subprocess.run([logos, "--help"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0 and "doit" in done.stdout and "emit" in done.stdout, done.stderr
 
+    # the sample zoo runs on a plain install: none of the extras' packages importable
+    env.update(blocking(tmp_path, EXTRA_MODULES))
+    for module in EXTRA_MODULES:
+        assert subprocess.run([str(py), "-c", f"import {module}"], env=env, capture_output=True).returncode
     zoo = tmp_path / "zoo"
     (zoo / "programs").mkdir(parents=True)
     for f in ("norms.logos", "norms.yaml"):

@@ -81,8 +81,7 @@ class VerdictCache:
     """Signed JSON entries under `url`, one per key (`<url>/<key[:2]>/<key>.json`)."""
 
     def __init__(self, url, secret, say=None):
-        require("fsspec", "cache", f"cache={url}", CacheError)
-        if url.partition("://")[0] in ("s3", "s3a"):   # (the [cache] extra's one filesystem)
+        if url.partition("://")[0] in ("s3", "s3a"):   # (fsspec is always there: build/store/)
             require("s3fs", "cache", f"cache={url}", CacheError)
         try:
             import fsspec
