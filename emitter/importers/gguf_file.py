@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from ..extras import require
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..language.names import gguf_name
@@ -45,6 +46,7 @@ def import_record(checkpoint, path, meta, program):
 
 
 def open_gguf(path):
+    require("gguf", "import", "reading a GGUF checkpoint", lambda m: ProgramError(m, path=str(path)))
     from gguf import GGUFReader
     try:
         return GGUFReader(path)

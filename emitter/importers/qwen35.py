@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 
+from ..extras import require
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
@@ -52,6 +53,8 @@ def read_config(checkpoint):
 
 
 def _read_tensors(checkpoint):
+    require("safetensors", "import", "reading a safetensors checkpoint",
+            lambda m: ProgramError(m, path=str(checkpoint)))
     from safetensors import safe_open
     tensors = {}
     for path in checkpoint_files(checkpoint)[1]:

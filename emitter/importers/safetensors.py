@@ -31,6 +31,7 @@ import sys
 
 import numpy as np
 
+from ..extras import require
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from .leaves import unfilled, write_leaf
@@ -204,6 +205,10 @@ def import_checkpoint(checkpoint, program, out_dir, names=None):
     "unused": [checkpoint tensors no leaf took]}. A shape that disagrees with the declaration is a
     ProgramError naming the variable, the tensor and both shapes; so is a checkpoint that fills no
     leaf, or leaves one the program reads unfilled (`leaves.unfilled`); nothing is written then."""
+    def missing(message):
+        return ProgramError(message, path=str(checkpoint))
+    require("safetensors", "import", "reading a safetensors checkpoint", missing)
+    require("ml_dtypes", "import", "reading a safetensors checkpoint", missing)
     import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy before safetensors reads one)
     from safetensors import safe_open
 

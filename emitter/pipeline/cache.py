@@ -23,6 +23,7 @@ import sys
 import threading
 import uuid
 
+from ..extras import require
 from ..files import read_json, write_atomic
 from .digests import canonical
 from .keys import check_key, check_parts, current_keys
@@ -80,6 +81,8 @@ class VerdictCache:
     """Signed JSON entries under `url`, one per key (`<url>/<key[:2]>/<key>.json`)."""
 
     def __init__(self, url, secret, say=None):
+        if url.partition("://")[0] in ("s3", "s3a"):   # (fsspec is always there: build/store/)
+            require("s3fs", "cache", f"cache={url}", CacheError)
         try:
             import fsspec
             self.fs, self.root = fsspec.core.url_to_fs(url)

@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 
+from ..extras import require
 from .check_worker import POOL_VARS, run_check
 from .executors import Executor, ExecutorError, cost
 
@@ -82,7 +83,9 @@ class Dask(Executor):
 
     @classmethod
     def probe(cls, ex, timeout=CONNECT_S):
-        """For a tcp scheduler: can anything be reached at its address (a plain socket, no Dask)?"""
+        """Distributed is installed (the [dask] extra) and, for a tcp scheduler, something can be
+        reached at its address (a plain socket, no Dask)."""
+        require("distributed", "dask", f"executor={ex['spec']}", ExecutorError)
         if ex["kind"] != "tcp":
             return
         host, _, port = ex["address"][len("tcp://"):].rpartition(":")
@@ -134,6 +137,7 @@ class Dask(Executor):
             self.client()
 
     def _connect(self):
+        require("distributed", "dask", f"executor={self.kind}", ExecutorError)
         if self.ex["kind"] == "local":
             from .dask_local import start_cluster
             self._cluster = start_cluster(self.ex["workers"], POOL_VARS)
