@@ -5,6 +5,7 @@ current verdicts: a report of 1,000 programs without 1,000 locks."""
 
 import json
 import os
+import re
 
 import numpy as np
 
@@ -13,6 +14,7 @@ from emitter.pipeline.checks import Check, Entry
 from emitter.pipeline.config import ProgramConfig
 from emitter.pipeline.report import build_rows
 
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]   # Chromium's, in tests
 DTYPES = ("float64", "float32", "bfloat16")
 TOLERANCES = {"float64": (1e-9, 1e-9), "float32": (1e-4, 1e-3), "bfloat16": (1e-2, 2e-2)}
 SCALE = {"float64": 1e-15, "float32": 1e-6, "bfloat16": 1e-2}   # a stage's error, roughly
@@ -67,3 +69,8 @@ def synthetic_rows(directory, programs, dtypes=DTYPES, stages=40, seed=0):
                 json.dump(_result(name, c.dtype, now[c.dtype], rng, stages), f)
         entries.append(entry)
     return build_rows(entries, os.path.join(directory, ".report-cache.json"), 1)
+
+
+def pdf_pages(path):
+    """The pages of a PDF Chromium printed (`path`: a pathlib.Path): how long the laid-out page is."""
+    return len(re.findall(rb"/Type\s*/Page[^s]", path.read_bytes()))
