@@ -97,6 +97,7 @@ def test_report_html_has_a_header_contents_anchors_and_folds_what_passed(zoo):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page, re.I)   # nothing to fetch
     assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in page
     assert "commit" not in page                                          # the zoo is no git checkout
+    assert "1 is at the bound" in page and "† Not judged" not in page   # no bf16 check here
     assert f"<code>{environment.digest(environment.fingerprint())[:12]}</code>" in page
     assert f"on <code>{socket.gethostname()}</code>" in page
     assert "<tr><td>float32</td><td>1</td><td>1</td><td>1</td>" in page  # pass, fail, error
@@ -144,6 +145,7 @@ def test_chromium_renders_1000_passing_programs_as_a_short_page(tmp_path):
     text = page.read_text()
     assert text.count("<details ") == 1000 and "<nav>" not in text and "Passed: 1000 programs" in text
     assert text.count("× excess bound</span>") == 1000 and page.stat().st_size < 1_500_000
+    assert text.count("† Not judged") == 1                               # said once, not per program
     dom = subprocess.run([CHROMIUM, *FLAGS, "--dump-dom", page.as_uri()], capture_output=True, text=True,
                          timeout=300)
     assert dom.returncode == 0 and dom.stdout.count("<details ") == 1000, dom.stderr[-2000:]

@@ -35,7 +35,8 @@ details{border-bottom:1px solid #eee}summary{cursor:pointer;white-space:nowrap;o
 text-overflow:ellipsis;padding:1px 0}summary b{display:inline-block;min-width:14em}
 summary span{margin-right:1.2em;font-size:13px}details>div{margin:.3em 0 .6em 1.2em}
 svg{max-width:100%;height:auto}nav li{margin:.1em 0}"""
-_NOTE_BF16 = ("A figure N× a bound is that share of it: 1 is at the bound, above it fails. † Not judged: under the bf16 gate each op is judged against its rounding floor by its "
+_NOTE = "A figure N× a bound is that share of it: 1 is at the bound, above it fails."
+_NOTE_BF16 = ("† Not judged: under the bf16 gate each op is judged against its rounding floor by its "
               "own bounds (the one it came nearest is named) and the output by its cosine (a token by "
               "the logits' noise); max abs and guarded rel are shown for reference only.")
 
@@ -163,7 +164,8 @@ def _header(rows, programs, header):
     out.append('</table></div><p class="meta">Every pass or fail on this page is current: recorded under '
                "the key of its inputs as they are now. A verdict whose inputs moved since is shown as "
                "an error that says what moved.</p>")
-    out.append(f'<p class="meta">{_NOTE_BF16}</p></header>')
+    gated = any(r.get("bf16") for r in rows)
+    out.append(f'<p class="meta">{_NOTE}{" " + _NOTE_BF16 if gated else ""}</p></header>')
     return out
 
 
