@@ -87,3 +87,89 @@ def test_a_bf16_verdict_names_the_bound_its_worst_op_is_nearest_and_the_worst_de
     assert "stage 3 `h = rmsnorm` (line 9) at 2.5× its deviation bound" in text
     assert "worst deviation 1.25 (bound 0.5) at `h`" in text and "1 op(s) failing" in text
     assert "its tolerance" in describe({**r, "worst": {**r["worst"], "by": None}, "bf16": None}, 1000)
+
+
+# a bf16 row as the lock writes smollm2's: the gate's furthest op at 0.25 of its excess bound, the
+# token agreeing, its logits' guarded rel 10.8 (far past the flat tolerance, which decides nothing)
+GATED = {"name": "m", "source": "programs/m.logos", "check": "bfloat16", "verdict": "pass", "reason": None,
+         "first_divergence": None, "result": None, "tolerance": {"abs": 0.01, "rel": 0.02},
+         "worst": {"stage": 264, "out": "u11", "op": "matmul", "line": 1797, "ratio": 1.0017 / 4.0, "by": "excess"},
+         "output": {"integer": True, "integer_mismatches": 0, "pass": True, "max_abs": 0.0,
+                    "feeding": {"out": "logits", "max_abs": 0.158, "guarded_rel": 10.8, "cosine": 0.99999}},
+         "bf16": {"bounds": {"cosine": 0.999, "deviation": 0.5, "z": 6.0},
+                  "worst_excess": {"excess": 1.0017, "limit": 4.0, "out": "u11", "op": "matmul"},
+                  "worst_deviation": {"deviation": 0.0109, "out": "d29"}, "worst_z": {"z": 1.0012},
+                  "min_cosine": {"cosine": 0.99997}, "ops_failing": 0}}
+
+
+def test_the_bound_that_decides_a_bf16_check_is_named_with_its_figure():
+    from emitter.verify.verdict import decided, decisive
+    assert decided(decisive(GATED)) == ("0.25× its excess bound at stage 264 `u11 = matmul` (line 1797): "
+                                        "excess 1, bound 4; output token agrees")
+    dev = {**GATED, "verdict": "fail", "worst": {**GATED["worst"], "ratio": 1.25 / 0.5, "by": "deviation"},
+           "bf16": {**GATED["bf16"], "worst_deviation": {"deviation": 1.25}, "ops_failing": 2}}
+    assert decided(decisive(dev)) == ("decided by its deviation bound: 2.5× at stage 264 `u11 = matmul` "
+                                      "(line 1797): deviation 1.25, bound 0.5; output token agrees")
+    assert decided(decisive(dev), compact=True) == "2.5× deviation bound"
+    cos = {**GATED, "verdict": "fail", "output": {"integer": False, "pass": False, "cosine": 0.99}}
+    assert decided(decisive(cos)) == "decided by its output's cosine: 1−cos 0.01 (bound 0.001)"
+    flat = {**GATED, "check": "float32", "bf16": None, "verdict": "fail",
+            "worst": {"stage": 2, "out": "h", "op": "plus", "line": 4, "ratio": 3.0}}
+    assert decided(decisive(flat)) == ("decided by its tolerance: 3× at stage 2 `h = plus` (line 4): abs 0.01, "
+                                       "rel 0.02; output token agrees")
+    assert decisive(ROW) is None and decisive({**GATED, "worst": None, "output": None}) is None
+
+
+def test_a_bf16_row_in_the_page_marks_the_flat_figures_as_not_judged():
+    from emitter.pipeline.report_html import _table
+    row = _table([GATED], "p-m")
+    assert "<td>0.25× its excess bound at stage 264 <code>u11 = matmul</code> (line 1797)" in row
+    assert '<td class="info">10.8†</td>' in row and '<td class="info">0.158†</td>' in row
+
+
+def test_junit_line_comes_from_the_op_or_the_reason():
+    from emitter.pipeline.report import junit_line
+    err = {**ROW, "reason": "emit:x failed in this run: programs/x.logos:7: `Let y be q of x.`: unknown"}
+    assert junit_line(err) == 7
+    assert junit_line({**ROW, "reason": "the bundle's PRECISION says stage 3 `h = plus` (line 9) runs in"}) == 9
+    assert junit_line({**ROW, "reason": "build/results/x/float64.json: refused: not current"}) is None
+    assert junit_line({**GATED, "first_divergence": {"line": 12}}) == 12 and junit_line(GATED) == 1797
+    root = ET.fromstring(render_junit([{**err, "source": "programs/x.logos"}]))
+    assert root.find("testsuite/testcase").get("line") == "7"
+
+
+def test_the_header_names_the_commit_of_a_git_zoo_and_a_reproducible_time(tmp_path, monkeypatch):
+    import datetime
+    import subprocess
+    from emitter.pipeline.report import context
+    from emitter.pipeline.report_html import render
+    assert context(str(tmp_path))["commit"] is None                  # not a git checkout
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "a.logos").write_text("Let x be a 1 by 1 tensor of Real.\n")
+    subprocess.run([*git, "add", "a.logos"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    c = context(str(tmp_path))
+    assert c["commit"] == head and not c["dirty"]
+    assert c["time"] == datetime.datetime.fromtimestamp(1700000000, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    assert f"commit <code>{head[:12]}</code> · 2023-11-14T22:13:20 UTC" in render([GATED], None, c)
+    (tmp_path / "a.logos").write_text("changed\n")
+    assert context(str(tmp_path))["dirty"]
+    junit = ET.fromstring(render_junit([GATED], c))
+    assert {p.get("name"): p.get("value") for p in junit.iter("property")}["commit"] == head
+
+
+def test_plot_legend_sits_below_the_frame_and_bf16_is_drawn_last():
+    import re
+    from emitter.pipeline import plot_svg as P
+    from emitter.pipeline.report_html import DTYPE_COLOURS, LABELS
+    series = {LABELS["bfloat16"]: [(0, 0.5), (1, 0.9)], "float64": [(0, 0.5), (1, 0.9)], "float32": [(0, 0.5)]}
+    svg = P.log_plot("p", series, "stage", "ratio", colours=DTYPE_COLOURS)
+    strokes = re.findall(r'<polyline [^>]*stroke="([^"]+)"', svg)
+    assert strokes == [DTYPE_COLOURS["float64"], DTYPE_COLOURS["float32"], DTYPE_COLOURS[LABELS["bfloat16"]]]
+    assert svg.index('stroke-dasharray="5 3"/>') < svg.index("<polyline")   # the tolerance under the data
+    frame_bottom = P.HEIGHT - P.BOTTOM
+    legend = re.findall(r'<text x="[\d.]+" y="([\d.]+)">(float64|float32|bfloat16[^<]*|tolerance)</text>', svg)
+    assert len(legend) == 4 and all(float(y) > frame_bottom + 20 for y, _ in legend)

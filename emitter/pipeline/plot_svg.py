@@ -5,8 +5,8 @@ come from the cache). The same series give the same bytes."""
 import html
 import math
 
-WIDTH, HEIGHT = 576, 188
-LEFT, RIGHT, TOP, BOTTOM = 58, 8, 22, 34          # the frame's margins
+WIDTH, HEIGHT = 576, 200
+LEFT, RIGHT, TOP, BOTTOM = 58, 8, 22, 46          # the frame's margins (the legend's row below)
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 FLOOR, CEILING = 1e-12, 1e12   # a zero ratio is drawn at FLOOR (log scale), an infinite one at CEILING
 
@@ -27,10 +27,13 @@ def _num(v):
 
 def log_plot(title, series, xlabel, ylabel, mark=1.0, colours=None):
     """`series`: {label: [(x, y)]}, y drawn on a log axis (within FLOOR..CEILING; NaN left out), with a
-    dashed red line at y = `mark` labelled "tolerance"; `colours` ({label: colour}) keeps a label's colour from plot to plot.
+    dashed red line at y = `mark` labelled "tolerance", drawn under the data; `colours` ({label:
+    colour}) keeps a label's colour from plot to plot and its order is the drawing order (the last
+    on top; other labels before them, sorted). The legend is a row below the frame, off the data.
     Returns the <svg> element."""
+    rank = {k: i for i, k in enumerate(colours or {})}
     points = {k: [(float(x), min(max(float(y), FLOOR), CEILING)) for x, y in v if not math.isnan(y)]
-              for k, v in sorted(series.items())}
+              for k, v in sorted(series.items(), key=lambda kv: (rank.get(kv[0], -1), kv[0]))}
     points = {k: v for k, v in points.items() if v}
     xs = [x for v in points.values() for x, _ in v] or [0.0]
     logs = [math.log10(y) for v in points.values() for _, y in v] + [math.log10(mark)]
@@ -66,7 +69,7 @@ def log_plot(title, series, xlabel, ylabel, mark=1.0, colours=None):
                    f'{_num(x)}</text>')
         x += step
     out.append(f'<rect x="{LEFT}" y="{TOP}" width="{w}" height="{h}" fill="none" stroke="#444"/>')
-    out.append(f'<text x="{LEFT + w / 2:.1f}" y="{HEIGHT - 4}" text-anchor="middle">'
+    out.append(f'<text x="{LEFT + w / 2:.1f}" y="{TOP + h + 26}" text-anchor="middle">'
                f'{html.escape(xlabel)}</text>')
     out.append(f'<text transform="translate(11 {TOP + h / 2:.1f}) rotate(-90)" '
                f'text-anchor="middle">{html.escape(ylabel)}</text>')
@@ -77,17 +80,16 @@ def log_plot(title, series, xlabel, ylabel, mark=1.0, colours=None):
     for i, (label, v) in enumerate(points.items()):
         colour = (colours or {}).get(label) or COLOURS[i % len(COLOURS)]
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in v)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1"/>')
+        out.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
         if len(v) < 60:
             out.extend(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="1.6" fill="{colour}"/>'
                        for x, y in v)
         legend.append((label, colour, ""))
     legend.append(("tolerance", "#b00020", ' stroke-dasharray="5 3"'))
-    out.append(f'<rect x="{LEFT + 3}" y="{TOP + 3}" width="{30 + 6 * max(len(t) for t, _, _ in legend)}" '
-               f'height="{12 * len(legend) + 4}" fill="white" fill-opacity="0.8" stroke="#ccc"/>')
-    for i, (label, colour, dash) in enumerate(legend):
-        y = TOP + 10 + 12 * i
-        out.append(f'<line x1="{LEFT + 6}" y1="{y - 3}" x2="{LEFT + 22}" y2="{y - 3}" '
-                   f'stroke="{colour}"{dash}/><text x="{LEFT + 26}" y="{y}">{html.escape(label)}</text>')
+    x = LEFT
+    for label, colour, dash in legend:    # one row under the axis label, left to right
+        out.append(f'<line x1="{x}" y1="{HEIGHT - 7}" x2="{x + 16}" y2="{HEIGHT - 7}" stroke="{colour}" '
+                   f'stroke-width="1.5"{dash}/><text x="{x + 20}" y="{HEIGHT - 4}">{html.escape(label)}</text>')
+        x += 30 + 6 * len(label)
     out.append("</svg>")
     return "\n".join(out)

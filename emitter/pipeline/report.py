@@ -1,23 +1,32 @@
-"""The zoo's report: build/report.json, build/junit.xml (one testcase per program and dtype) and
-build/summary.md (a CI job summary). Failures come first, each with its first diverging op.
+"""The zoo's report: build/report.json, build/junit.xml (one testcase per program and dtype, with the
+program's file and line for GitHub's JUnit actions and GitLab), build/junit-jenkins.xml (the same
+without them: the Jenkins xunit plugin's junit-10 schema has no file or line on a testcase and
+skips a file that has them, as pytest's xunit2 family does), build/summary.md (a CI job summary)
+and build/report.html. Failures come first, each with its first diverging op.
 
-The output is a function of the status and result files only (no clock, no host), so an unchanged
-zoo gives byte-identical reports.
+The rows are a function of the status and result files only; the headers add the commit, the
+time (SOURCE_DATE_EPOCH, where set, makes it reproducible), the host and the environment.
 """
 
+import datetime
 import os
+import re
+import socket
+import subprocess
 import xml.etree.ElementTree as ET
 
 from ..files import StampedCache, json_lines, read_json, write_files
-from ..verify.verdict import describe, number, one_minus_cos, short
+from ..verify.verdict import decided, decisive, describe, number, one_minus_cos, short
 from ..fingerprint import sha256_or_none, sha256_text
 from .keys import check_key, moved
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
-REPORT_FILES = ("report.json", "junit.xml", "summary.md", "report.html")   # (formats' order)
+REPORT_FILES = ("report.json", "junit.xml", "junit-jenkins.xml", "summary.md", "report.html")   # (formats' order)
 STALE = "stale"   # build/stale/: the last complete report while a run is under way
 _OUTPUT = ("max_abs", "max_rel", "guarded_rel", "nmse", "cosine", "argmax_agree", "integer",
-           "integer_mismatches", "feeding", "pass")
+           "integer_mismatches", "feeding", "pass", "worst_ratio")
+_GATE = ("bounds", "worst_excess", "worst_deviation", "worst_z", "min_cosine", "ops_failing",
+         "argmax_flips", "argmax_excused")   # the bf16 gate's summary, all the report shows
 _HASHES = ("source", "bundle", "weights", "config", "code", "environment")
 # a program's own tasks: one of them failing in this run makes every check of it an error
 PROGRAM_TASKS = ("weights", "emit", "lock")
@@ -32,8 +41,7 @@ def _slim(r):
             "output": {k: out.get(k) for k in _OUTPUT if k in out} if out else None,
             "hashes": {k: (r.get("hashes") or {}).get(k) for k in _HASHES},
             "driver_environment": (r.get("execution") or {}).get("driver_environment"),
-            "bf16": {k: (r.get("bf16") or {}).get(k) for k in ("worst_excess", "worst_z", "min_cosine",
-                                                               "ops_failing")} if r.get("bf16") else None,
+            "bf16": {k: r["bf16"].get(k) for k in _GATE} if isinstance(r.get("bf16"), dict) else None,
             "seconds": (r.get("timings") or {}).get("total_s"),
             "steps": r.get("steps"), "tolerance": r.get("tolerance"), "program": r.get("program"),
             "key": r.get("key"), "inputs": r.get("inputs"),
@@ -110,7 +118,7 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
     keeps slim copies of the files read between runs, each under its content's fingerprint;
     `key_rows`, if given, gets each program's `keys.report_row` from the same reads."""
     from .keys import current_parts, report_row
-    cache = StampedCache(cache_path, 5)   # v5: rows carry their key and its record
+    cache = StampedCache(cache_path, 6)   # v6: rows keep the bf16 gate's bounds
     failures = dict(failures or {})
     rows = []
     for e in entries:
@@ -154,27 +162,76 @@ def render_json(rows):
     return json_lines(body)   # a row per line: a diff of two reports reads row by row
 
 
-def render_junit(rows):
+def _git(root, *args):
+    try:
+        p = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def context(root="."):
+    """What the headers say beyond the rows: the zoo's commit (None outside a git checkout) and
+    whether tracked files differ from it, the time (UTC; SOURCE_DATE_EPOCH where set), the host
+    and the environment's fingerprint and digest (the one the run's keys use)."""
+    from ..verify import environment
+    commit = _git(root, "rev-parse", "--verify", "-q", "HEAD")
+    dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no")) if commit else False
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+    when = (datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch.isdigit()
+            else datetime.datetime.now(datetime.timezone.utc))
+    fp = environment.fingerprint()
+    return {"commit": commit, "dirty": dirty, "time": when.strftime("%Y-%m-%dT%H:%M:%S"),
+            "hostname": socket.gethostname(), "environment": fp, "environment_digest": environment.digest(fp)}
+
+
+def junit_line(r):
+    """The program line a failing or erroring check points at, where one is known: its first
+    diverging op's, its furthest op's, else the `file:line:` (or `(line N)`) its reason names."""
+    for s in (r.get("first_divergence"), r.get("worst")):
+        if s and isinstance(s.get("line"), int):
+            return s["line"]
+    reason = str(r.get("reason") or "")
+    m = (r.get("source") and re.search(re.escape(r["source"]) + r":(\d+):", reason)) or \
+        re.search(r"\(line (\d+)", reason)
+    return int(m.group(1)) if m else None
+
+
+def render_junit(rows, header=None, locate=True):
+    """junit.xml: `locate` puts each testcase's `file` (and, on a failure or an error, `line`) on
+    it, as GitHub's JUnit actions and GitLab read them; without (junit-jenkins.xml) it passes the
+    Jenkins xunit plugin's junit-10 schema, the place in each message. `header`: `context()`'s."""
+    header = header or context()
     c = counts(rows)
     total = sum(r.get("seconds") or 0 for r in rows)
-    suite = ET.Element("testsuite", name="logos-lock", tests=str(len(rows)),
-                       failures=str(c["fail"]), errors=str(c["error"]), skipped="0", time=f"{total:.3f}")
+    suite = ET.Element("testsuite", name="logos-lock", tests=str(len(rows)), failures=str(c["fail"]),
+                       errors=str(c["error"]), skipped="0", time=f"{total:.3f}",
+                       timestamp=header["time"], hostname=header["hostname"])
+    props = ET.SubElement(suite, "properties")
+    env = header["environment"]
+    for name, value in (("commit", header["commit"]), ("environment", header["environment_digest"]),
+                        ("python", env.get("python")), ("torch", env.get("torch")), ("numpy", env.get("numpy"))):
+        if value:
+            ET.SubElement(props, "property", name=name, value=str(value))
     for r in rows:
         case = ET.SubElement(suite, "testcase", classname=short(r["name"]), name=r["check"],
                              time=f"{r.get('seconds') or 0:.3f}")
-        if r["source"]:
+        line = junit_line(r) if r["verdict"] != "pass" else None
+        if r["source"] and locate:
             case.set("file", r["source"])
-        line = (r.get("first_divergence") or {}).get("line")
-        if isinstance(line, int):
-            case.set("line", str(line))
+            if line is not None:
+                case.set("line", str(line))
+        text = describe(r)
+        if not locate and r["source"] and r["verdict"] != "pass" and not text.startswith(r["source"]):
+            text = f"{r['source']}{':' + str(line) if line else ''}: {text}"
         if r["verdict"] == "fail":
-            ET.SubElement(case, "failure", message=describe(r), type="lock-fail").text = describe(r)
+            ET.SubElement(case, "failure", message=text, type="lock-fail").text = text
         elif r["verdict"] != "pass":
-            ET.SubElement(case, "error", message=describe(r), type="lock-error").text = describe(r)
+            ET.SubElement(case, "error", message=text, type="lock-error").text = text
         if r.get("environment_note"):
             ET.SubElement(case, "system-out").text = r["environment_note"]
     root = ET.Element("testsuites", name="logos", tests=str(len(rows)), failures=str(c["fail"]),
-                      errors=str(c["error"]))
+                      errors=str(c["error"]), time=f"{total:.3f}")
     root.append(suite)
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
@@ -197,7 +254,7 @@ def render_summary(rows):
                 for r in bad]
         out.append("")
     out += ["### All checks", "",
-            "| program | check | verdict | worst stage | × tolerance | output | max abs | guarded rel | 1−cos |",
+            "| program | check | verdict | worst stage | × its bound (bf16: the gate's) | output | max abs | guarded rel | 1−cos |",
             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| `{_md(short(r['name']))}` | {r['check']} | {r['verdict']}"
@@ -230,23 +287,27 @@ def _figures(r):
         what += f"; `{_md(shown.get('out'))}`:" if shown else ""
     else:
         what = "tensor" if o else ""
-    return (f"{stage} | {number(w.get('ratio'))} | {what} | {number(shown.get('max_abs'))} | "
+    return (f"{stage} | {_md(decided(decisive(r), compact=True))} | {what} | {number(shown.get('max_abs'))} | "
             f"{number(shown.get('guarded_rel'))} | {number(one_minus_cos(shown) if shown else None)} |")
 
 
 def formats():
-    """The report's files, each with its renderer (rows, plots cache) -> text: a new format is
+    """The report's files, each with its renderer (rows, plots cache, header) -> text: a new format is
     one entry here (its code is the report's: digests.CODE["report"])."""
     from .report_html import render
-    return {"report.json": lambda rows, _: render_json(rows), "junit.xml": lambda rows, _: render_junit(rows),
-            "summary.md": lambda rows, _: render_summary(rows), "report.html": render}
+    return {"report.json": lambda rows, _, h=None: render_json(rows),
+            "junit.xml": lambda rows, _, h=None: render_junit(rows, h),
+            "junit-jenkins.xml": lambda rows, _, h=None: render_junit(rows, h, locate=False),
+            "summary.md": lambda rows, _, h=None: render_summary(rows),
+            "report.html": lambda rows, cache, h=None: render(rows, cache, h)}
 
 
 def write_reports(rows, out_dir, plots_cache=None, key=None):
-    """All four files, each whole (staged, then renamed together), then the report's status: the
+    """All the files (REPORT_FILES), each whole (staged, then renamed together), then the report's status: the
     key it was made under (None: never current) and each file's sha256."""
     os.makedirs(out_dir, exist_ok=True)
-    files = {f: render(rows, plots_cache) for f, render in formats().items()}
+    header = context(os.path.dirname(os.path.abspath(out_dir)))
+    files = {f: render(rows, plots_cache, header) for f, render in formats().items()}
     write_files(out_dir, files)
     drop_aside(out_dir)
     write_files(os.path.join(out_dir, "status"), {"report.json": json_lines(

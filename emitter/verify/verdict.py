@@ -78,3 +78,74 @@ def unmatched(weights, names):
     the program claims (`names`, a result's `unmatched_weights`): a stray `b1_old.f64` is likely a
     leaf renamed, or a file meant for another program."""
     return [f"warning: {weights}: `{short(n, 120)}` matches no leaf of the program (ignored)" for n in names]
+
+
+def _gate_figure(g, by):
+    """The bf16 gate's own figure for the bound `by` (the worst op's, beside that bound)."""
+    b = g.get("bounds") or {}
+    pick = {"excess": ("worst_excess", "excess", None), "deviation": ("worst_deviation", "deviation", "deviation"),
+            "z": ("worst_z", "z", "z"), "cosine": ("min_cosine", "cosine", "cosine")}.get(by)
+    if pick is None:
+        return None
+    s = g.get(pick[0]) or {}
+    limit = s.get("limit") if pick[2] is None else b.get(pick[2])
+    if by == "cosine":
+        return (f"1−cos {number(one_minus_cos(s))}, bound "
+                f"{number(None if limit is None else 1.0 - limit)}")
+    return f"{'|z|' if by == 'z' else by} {number(s.get(pick[1]))}, bound {number(limit)}"
+
+
+def decisive(r):
+    """Which bound decided a check's verdict, and its figure, or None (an error: its reason says).
+
+    {"bound": what was measured against, "ratio": the figure as a share of it (1: at it), "at":
+    the stage, "figure": the raw figure beside its bound, "output": how the output was judged,
+    "decides": whether this bound made the verdict fail}. Under the bf16 gate the flat tolerance
+    decides nothing: each op is judged against its own bounds (`worst.by`: the one it came nearest)
+    and the output by its cosine (a token: a flip only inside the logits' noise); the output's max
+    abs and guarded rel are shown, not judged."""
+    if r.get("verdict") not in ("pass", "fail"):
+        return None
+    w, o, g = r.get("worst") or {}, r.get("output") or {}, r.get("bf16")
+    if not w and not o:          # an emit-only check: nothing measured
+        return None
+    ratio, fail = w.get("ratio"), r["verdict"] == "fail"
+    out = None
+    if o.get("integer"):
+        out = "token agrees" if not o.get("integer_mismatches") and o.get("pass", True) else "token DIFFERS"
+    elif o and g:   # a cosine near 1 reads as 1 − cosine
+        bound = (g.get("bounds") or {}).get("cosine")
+        out = f"1−cos {number(one_minus_cos(o))} (bound {number(None if bound is None else 1.0 - bound)})"
+    if g:
+        by = w.get("by")
+        d = {"bound": f"{by} bound" if by else "gate's bounds", "figure": _gate_figure(g, by)}
+    else:
+        tol = r.get("tolerance") or {}
+        d = {"bound": "tolerance",
+             "figure": f"abs {number(tol.get('abs'))}, rel {number(tol.get('rel'))}" if tol else None}
+    d.update(ratio=ratio, at=where(w) if w else None, output=out, decides=fail)
+    within = ratio is not None and ratio <= 1
+    if fail and within and o.get("pass") is False:        # every op within: the output decided
+        what = "token" if o.get("integer") else "output's cosine" if g else "output"
+        d.update(bound=what, ratio=None if g or o.get("integer") else o.get("worst_ratio"),
+                 at=None, figure=out if g or o.get("integer") else None)
+    elif fail and within and r.get("first_divergence"):   # a state, past the stages' worst
+        d.update(ratio=None, at=where(r["first_divergence"]), figure=None)
+    return d
+
+
+def decided(d, compact=False):
+    """A `decisive` as words: `0.25× excess bound` (compact), else which bound, where and how far."""
+    if d is None:
+        return ""
+    ratio = f"{number(d['ratio'])}×" if d["ratio"] is not None else ""
+    if compact:
+        return f"{ratio} {d['bound']}".strip()
+    if d["decides"]:
+        text = f"decided by its {d['bound']}" + (f": {ratio}" if ratio else "")
+    else:
+        text = f"{ratio} its {d['bound']}" if ratio else f"within its {d['bound']}"
+    text += f" at {d['at']}" if d["at"] else ""
+    text += f": {d['figure']}" if d["figure"] else ""
+    return text + (f"; output {d['output']}" if d["output"] and d["bound"] not in ("token", "output's cosine")
+                   else "")
