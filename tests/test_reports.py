@@ -20,7 +20,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def zoo(tmp_path_factory):
     z = make_zoo(tmp_path_factory.mktemp("reports") / "zoo", {
         "good": (PROG_A, None), "tight": (PROG_A, "tolerances: {float32: {abs: 0, rel: 0}}\n"),
-        "refused": (PROG_B + "Let z be moe of y.\n", None)})
+        "refused": (PROG_B + "Let z be selective scan of y.\n", None)})
     for name in ("good", "tight"):
         _weights(z / "weights" / name / "w.f64", 0)
     rc, _, out = doit(z)

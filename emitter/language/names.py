@@ -18,6 +18,7 @@ EMITTED = frozenset({
     "parse_app_args", "get_pefmeta",
     "rmsnorm", "l2norm", "layernorm", "rope", "attention", "full_attention", "gelu_tanh",
     "softmax_rows", "swiglu", "causal_conv", "decay", "gated_delta", "row_of", "set_row",
+    "top_mask", "softmax_routing", "sigmoid_routing", "experts",
 })
 
 RESERVED = frozenset(set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | EMITTED)
