@@ -46,3 +46,12 @@ def run_cli(*args, **kw):
     import subprocess
     return subprocess.run([sys.executable, "-m", "emitter", *args], capture_output=True, text=True,
                           cwd=kw.get("cwd", ROOT), env={**os.environ, "PYTHONPATH": ROOT})
+
+
+def assert_same_files(made, committed):
+    """`made` holds the files of `committed`, byte for byte (a committed checkpoint is what its
+    maker makes)."""
+    assert sorted(os.listdir(made)) == sorted(os.listdir(committed))
+    for f in os.listdir(committed):
+        with open(os.path.join(committed, f), "rb") as a, open(os.path.join(made, f), "rb") as b:
+            assert a.read() == b.read(), f
