@@ -20,11 +20,6 @@ import numpy as np
 from .base import Op, ShapeError, fmt, np_sigmoid, np_silu, np_softmax
 
 
-def chosen(scores, k):
-    """The indices of the k largest of a 1-D array, ties to the lower index, in ascending order."""
-    return np.sort(np.argsort(-scores, kind="stable")[:k])
-
-
 def _routing_shape(a, groups=False):
     rows, n = a.shape("L")
     k = a.int("K")
@@ -46,19 +41,39 @@ def _routing_shape(a, groups=False):
     return rows, n
 
 
+def _top(scores, k):
+    """(mask of the k largest of each row, ties to the lower index; each row's margin: its k-th
+    largest minus its (k+1)-th, inf where nothing is left out)."""
+    order = np.argsort(-scores, axis=1, kind="stable")
+    mask = np.zeros(scores.shape, dtype=bool)
+    np.put_along_axis(mask, order[:, :k], True, axis=1)
+    if k >= scores.shape[1]:
+        return mask, np.full(scores.shape[0], np.inf)
+    ranked = np.take_along_axis(scores, order[:, k - 1:k + 1], axis=1)
+    with np.errstate(invalid="ignore"):
+        return mask, np.nan_to_num(ranked[:, 0] - ranked[:, 1], nan=np.inf)
+
+
 def softmax_routing_shape(a):
     return _routing_shape(a)
 
 
+def softmax_selection(a):
+    """(the chosen experts as a mask, each token's margin, the scores chosen by): the top K of
+    p = softmax(l), per row."""
+    p = np_softmax(a["L"], axis=1)
+    return _top(p, a.int("K")) + (p,)
+
+
+def softmax_weights(a, mask):
+    """The routing weights of the experts in `mask`: their p, divided by their sum if renormalised."""
+    w = np_softmax(a["L"], axis=1) * mask
+    return w / w.sum(axis=1, keepdims=True) if a.has("renormalised") else w
+
+
 def softmax_routing_vm(a):
     """Per row: p = softmax(l); the top K of p kept (divided by their sum if renormalised)."""
-    p = np_softmax(a["L"], axis=1)
-    out = np.zeros_like(p)
-    for t in range(p.shape[0]):
-        pick = chosen(p[t], a.int("K"))
-        w = p[t, pick]
-        out[t, pick] = w / w.sum() if a.has("renormalised") else w
-    return out
+    return softmax_weights(a, softmax_selection(a)[0])
 
 
 def softmax_routing_call(a):
@@ -69,29 +84,36 @@ def sigmoid_routing_shape(a):
     return _routing_shape(a, groups=True)
 
 
+def sigmoid_selection(a):
+    """(mask, margin, scores): c = sigmoid(l) + bias; the best G groups by the sum of each group's
+    two best c, then the top K of c within them. A token's margin is the smaller of the experts'
+    (K-th against (K+1)-th c among the kept groups) and the groups' (G-th against (G+1)-th)."""
+    c = np_sigmoid(a["L"]) + (a["B"] if a.has("B") else 0.0)
+    rows, n = c.shape
+    groups = a.int("N") if a.has("N") else 1
+    margin = np.full(rows, np.inf)
+    if groups > 1:
+        g = c.reshape(rows, groups, n // groups)
+        score = np.sort(g, axis=2)[:, :, -2:].sum(axis=2)
+        keep, margin = _top(score, a.int("G"))
+        c = np.where(np.repeat(keep, n // groups, axis=1), c, -np.inf)
+    mask, experts = _top(c, a.int("K"))
+    return mask, np.minimum(margin, experts), c
+
+
+def sigmoid_weights(a, mask):
+    """The routing weights of the experts in `mask`: their unbiased sigmoid(l), divided by their sum
+    if renormalised, times F."""
+    w = np_sigmoid(a["L"]) * mask
+    if a.has("renormalised"):
+        w = w / w.sum(axis=1, keepdims=True)
+    return w * a.real("F", 1.0)
+
+
 def sigmoid_routing_vm(a):
     """Per row: s = sigmoid(l), c = s + bias; the best G groups by the sum of each group's two
     best c; the top K of c within them; weights s there (/ their sum if renormalised) · F."""
-    s = np_sigmoid(a["L"])
-    c = s + (a["B"] if a.has("B") else 0.0)
-    rows, n = s.shape
-    ng = a.int("N") if a.has("N") else 1
-    size = n // ng
-    out = np.zeros_like(s)
-    for t in range(rows):
-        ct = c[t].copy()
-        if ng > 1:
-            score = np.array([np.sort(ct[g * size:(g + 1) * size])[-2:].sum() for g in range(ng)])
-            keep = np.zeros(n, dtype=bool)
-            for g in chosen(score, a.int("G")):
-                keep[g * size:(g + 1) * size] = True
-            ct[~keep] = -np.inf
-        pick = chosen(ct, a.int("K"))
-        w = s[t, pick]
-        if a.has("renormalised"):
-            w = w / w.sum()
-        out[t, pick] = w * a.real("F", 1.0)
-    return out
+    return sigmoid_weights(a, sigmoid_selection(a)[0])
 
 
 def sigmoid_routing_call(a):
@@ -99,6 +121,12 @@ def sigmoid_routing_call(a):
     groups = f"{a.int('G')}, {a.int('N')}" if a.has("N") else "1, 1"
     return (f"sigmoid_routing({a.name('L')}, {bias}, {a.int('K')}, {groups}, "
             f"{a.has('renormalised')}, {a.real('F', 1.0)!r})")
+
+
+# each router's (selection, weights given a selection): the lock's bf16 gate tells a routing flip
+# (another choice where the VM's margin is inside rounding) from a wrong router with these
+ROUTERS = {"softmax routing": (softmax_selection, softmax_weights),
+           "sigmoid routing": (sigmoid_selection, sigmoid_weights)}
 
 
 def experts_count(a):
