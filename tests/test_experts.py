@@ -182,3 +182,24 @@ def test_a_router_one_expert_short_fails_naming_the_token_and_both_sets(tmp_path
     assert describe(r, 1000).startswith(
         f"routing: stage 0 `r = softmax routing` (line 6, step 1) token 0: the VM chose experts "
         f"{f['vm']}, the module {f['module']}")
+
+
+@pytest.mark.parametrize("bug", sorted(__import__("bf16_bugs").MOE_BUGS))
+def test_each_planted_moe_bug_fails_the_bf16_lock_and_a_good_bundle_passes(bug, tmp_path):
+    """Every bug of tests/bf16_bugs.py's MOE_BUGS in the small program's bundle, on three inputs X:
+    the bf16 lock fails it each time, and passes the good bundle on the same inputs."""
+    import shutil
+    from bf16_bugs import MOE_BUGS
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    good = tmp_path / "good"
+    write_bundle(emit_program(read_file(SMALL), {}), str(good))
+    bad = tmp_path / "bad"
+    shutil.copytree(good, bad)
+    (bad / "model.py").write_text(MOE_BUGS[bug]((good / "model.py").read_text(), 1))
+    for seed in range(3):
+        w = tmp_path / f"w{seed}"
+        shutil.copytree(WEIGHTS, w)
+        np.random.default_rng(seed).standard_normal((4, 8)).astype("<f8").tofile(w / "X.f64")
+        assert lock_bundle(str(good), SMALL, str(w), "bfloat16", 1)["verdict"] == "pass", seed
+        r = lock_bundle(str(bad), SMALL, str(w), "bfloat16", 1)
+        assert r["verdict"] == "fail" and r["bf16"]["ops_failing"] >= 1, (bug, seed)

@@ -114,6 +114,8 @@ class Bf16(Flat):
                 "routing_flips": len(self.routing),
                 "routing_excused": sum(1 for f in self.routing if f["excused"]),
                 "routing_failed": next((f for f in self.routing if not f["excused"]), None),
+                "routing_margins": [{k: f[k] for k in ("step", "out", "token", "margin", "noise", "excused")}
+                                    for f in self.routing[:20]],
                 "ops_failing": sum(1 for s in seen if not s["pass"])}
 
 
