@@ -9,7 +9,9 @@ medians over the seeds, measured in the same run).
 
     python bench/bench_bf16.py [--seeds 3] [--first-seed 0] [--steps 3] [--programs smollm2,qwen38] [--bugs ...]
 
-(after `doit lock:smollm2 lock:qwen38`, which derive build/weights/). More than one step matters:
+(after `doit lock:smollm2 lock:qwen38 lock:qwen3next`, which derive build/weights/). The mixtures
+of experts (qwen3next, and moe: its input X drawn by the seed) also say how many routing flips the
+gate excused on the good bundles, at what margins against the router's noise. More than one step matters:
 the first step of a decode attends to one key, where softmax's precision and scale change nothing.
 """
 
@@ -32,17 +34,27 @@ from emitter.sambaflow.emit import emit_program, write_bundle  # noqa: E402
 from emitter.verify import bf16  # noqa: E402
 from emitter.verify.lock import lock_bundle  # noqa: E402
 
-PROGRAMS = {"smollm2": ("tok", 30, 49152), "qwen38": ("Tok", 4, 128)}
+# name: (the leaf the seed sets, layers, its range: a start token's vocabulary, or None for a real
+# input drawn N(0, 1)), and its weights' folder
+PROGRAMS = {"smollm2": ("tok", 30, 49152, "build/weights/smollm2"),
+            "qwen38": ("Tok", 4, 128, "build/weights/qwen38"),
+            "qwen3next": ("Tok", 4, 96, "build/weights/qwen3next"),
+            "moe": ("X", 2, None, "weights/moe")}
 
 
 def weights_from(src, dst, tok_name, token):
-    """A weights folder of hard links to `src`'s files (a symbolic link leaving the folder is
-    refused), the start token replaced."""
+    """A weights folder of links to `src`'s files (hard links; copies where `src` is on another
+    file system; a symbolic link leaving the folder is refused), the start token replaced (or the
+    input `tok_name`, when `token` is an array)."""
     os.makedirs(dst)
     for f in os.listdir(src):
         if not f.startswith(f"{tok_name}.") and not f.startswith("."):
-            os.link(os.path.join(src, f), os.path.join(dst, f))
-    np.array([[float(token)]]).astype("<f8").tofile(os.path.join(dst, f"{tok_name}.f64"))
+            try:
+                os.link(os.path.join(src, f), os.path.join(dst, f))
+            except OSError:
+                shutil.copy(os.path.join(src, f), os.path.join(dst, f))
+    value = np.array([[float(token)]]) if np.isscalar(token) else token
+    value.astype("<f8").tofile(os.path.join(dst, f"{tok_name}.f64"))
     return dst
 
 
@@ -91,16 +103,23 @@ def main(argv=None):
            "caught": {}, "false_alarms": {}, "seconds": {}}
     try:
         for name in args.programs.split(","):
-            tok_name, layers, vocab = PROGRAMS[name]
+            tok_name, layers, vocab, folder = PROGRAMS[name]
             path = os.path.join(ROOT, "programs", f"{name}.logos")
+            program = read_file(path)
             good = os.path.join(tmp, name, "good")
             write_bundle(emit_program(read_file(path), {}), good)
             text = open(os.path.join(good, "model.py")).read()
             alarms, times = 0, {"bfloat16": [], "float32": [], "bfloat16 cpu": [], "float32 cpu": []}
+            flips, excused, margins = 0, 0, []
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 rng = np.random.default_rng(seed)
-                token, layer = int(rng.integers(0, vocab)), int(rng.integers(0, layers))
-                w = weights_from(os.path.join(ROOT, "build", "weights", name),
+                if vocab is None:
+                    d = program.decls[tok_name]
+                    token = rng.standard_normal((d.rows, d.cols))
+                else:
+                    token = int(rng.integers(0, vocab))
+                layer = int(rng.integers(0, layers))
+                w = weights_from(os.path.join(ROOT, folder),
                                  os.path.join(tmp, name, f"w{seed}"), tok_name, token)
                 r, wall, cpu = timed_lock(good, path, w, "float32", args.steps)
                 times["float32"].append(wall)
@@ -110,6 +129,10 @@ def main(argv=None):
                 times["bfloat16"].append(wall)
                 times["bfloat16 cpu"].append(cpu)
                 alarms += r["verdict"] != "pass"
+                g = r.get("bf16") or {}
+                flips += g.get("routing_flips", 0)
+                excused += g.get("routing_excused", 0)
+                margins += [f"{f['margin']:.2g} (noise {f['noise']:.2g})" for f in g.get("routing_margins", [])]
                 if r["verdict"] != "pass":
                     print(f"false alarm: {name} seed {seed}: {r['verdict']} {r['reason']} "
                           f"{r['first_divergence']}", file=sys.stderr)
@@ -140,6 +163,9 @@ def main(argv=None):
                               f"values changed; float64 lock {'fails' if f64 else 'passes'} it): "
                               f"{r['verdict']} {r['reason']} {r.get('bf16')}", file=sys.stderr)
             out["false_alarms"][name] = f"{alarms}/{args.seeds}"
+            if any(st.op.name.endswith("routing") for st in program.stages):
+                out.setdefault("routing_flips", {})[name] = (
+                    f"{flips} on good bundles, {excused} excused" + (f", margins {margins}" if margins else ""))
             sec = {d: round(float(np.median(t)), 2) for d, t in times.items()}
             sec["ratio"] = round(sec["bfloat16"] / sec["float32"], 2)
             sec["cpu ratio"] = round(sec["bfloat16 cpu"] / sec["float32 cpu"], 2)

@@ -88,7 +88,49 @@ def norm_n_minus_1(text, layer):
     return _once(text, r"\(v \* v\)\.mean\(dim=1, keepdim=True\)", "(v * v).sum(dim=1, keepdim=True) / (nc - 1)")
 
 
+# ── routed experts: bugs of the routers and the experts (emitter/sambaflow/runtime.py's functions,
+# acting in every mixture; the shared expert's gate in one layer's) ─────────────────────────────
+
+def renorm_dropped(text, layer):
+    """Softmax routing's top-k weights left unrenormalised (norm_topk_prob ignored)."""
+    return _once(text, r"return w / w\.sum\(dim=1, keepdim=True\) if renormalised else w", "return w")
+
+
+def topk_short(text, layer):
+    """Both routers keep one expert fewer than K."""
+    return _all(text, r"top_mask\((p|c), k\)", r"top_mask(\1, k - 1)")
+
+
+def shared_gate_dropped(text, layer):
+    """A mixture's shared expert added without its sigmoid gate (in the seed's layer, or the
+    mixture after it)."""
+    found = re.findall(r"self\.cast\((\d+), (sd\d+)\) \* self\.cast\(\1, se\d+\)", text)
+    if not found:
+        raise ValueError("no shared expert gate")
+    i, sd = found[layer % len(found)]
+    return _once(text, rf"self\.cast\({i}, {sd}\) \* self\.cast\({i}, se\d+\)", f"self.cast({i}, {sd})")
+
+
+def neighbour_expert(text, layer):
+    """Each expert weighted by its neighbour's routing weight (its tables read one expert off)."""
+    return _once(text, r"\(h \* r\.repeat_interleave", "(h * r.roll(1, dims=1).repeat_interleave")
+
+
+def bias_in_weights(text, layer):
+    """DeepSeek-V3's correction bias leaking into the routing weights (c, not s, weighted)."""
+    return _once(text, r"w = s \* top_mask\(c, k\)", "w = c * top_mask(c, k)")
+
+
+def scaling_dropped(text, layer):
+    """DeepSeek-V3's routed scaling factor missing."""
+    return _once(text, r"return w \* factor", "return w")
+
+
+MOE_BUGS = {"renormalisation dropped": renorm_dropped, "top-k one short": topk_short,
+            "shared expert gate dropped": shared_gate_dropped, "neighbour's expert": neighbour_expert,
+            "bias in the weights": bias_in_weights, "routed scaling missing": scaling_dropped}
+
 BUGS = {"mlp gain 0.4%": mlp_gain, "norm eps x10": eps_tenfold, "softmax in bf16": softmax_bf16,
         "residual add in bf16": residual_bf16, "swiglu in bf16": swiglu_bf16,
         "logits in bf16": logits_bf16, "attention scale": attention_scale,
-        "rmsnorm over n-1": norm_n_minus_1}
+        "rmsnorm over n-1": norm_n_minus_1, **MOE_BUGS}

@@ -63,6 +63,22 @@ CASES = [
      lambda v: (lambda o, s: (o, {"st": s}))(*ref.gated_delta(
          v["q"], v["k"], v["v"], v["z"], v["b"], v["a"], v["st"], v["gn"], 4, 2))),
     ("swiglu", {"g": (2, 5), "u": (2, 5)}, "Let y be swiglu of g and u.", lambda v: ref.swiglu(v["g"], v["u"])),
+    ("hadamard row scale", {"a": (3, 4), "b": (3, 1)}, "Let y be a hadamard b.",
+     lambda v: v["a"] * v["b"]),
+    ("softmax routing", {"l": (4, 6)}, "Let y be softmax routing of l choosing 2.",
+     lambda v: ref.softmax_routing(v["l"], 2, False)),
+    ("softmax routing renormalised", {"l": (4, 8)},
+     "Let y be softmax routing of l choosing 3 renormalised.",
+     lambda v: ref.softmax_routing(v["l"], 3, True)),
+    ("sigmoid routing", {"l": (3, 6)}, "Let y be sigmoid routing of l choosing 2.",
+     lambda v: ref.sigmoid_routing(v["l"], None, 2)),
+    ("sigmoid routing groups", {"l": (5, 16), "bias": (1, 16)},
+     "Let y be sigmoid routing of l with bias bias choosing 3 in 2 of 4 groups renormalised "
+     "scaled by 2.5.",
+     lambda v: ref.sigmoid_routing(v["l"], v["bias"], 3, 2, 4, True, 2.5)),
+    ("experts", {"x": (3, 4), "r": (3, 4), "wg": (4, 12), "wu": (4, 12), "wd": (12, 4)},
+     "Let y be experts of x weighted by r with gate wg up wu down wd.",
+     lambda v: ref.experts(v["x"], v["r"], v["wg"], v["wu"], v["wd"])),
     ("argmax", {"x": (3, 5)}, "Let y be argmax of x.", lambda v: ref.argmax(v["x"])),
     ("embedding literal", {"t": (6, 4)}, "Let y be row 4 of t.", lambda v: ref.row(v["t"], 4)),
     ("embedding tensor", {"t": (6, 4), "tok": (1, 1)}, "Let y be row tok of t.",
@@ -92,6 +108,9 @@ def draw(case, seed=0):
             values[n] = np.array([[2.0]])
         elif n == "a" and case[0] == "gated delta":
             values[n] = rng.uniform(0.2, 0.95, (r, c))
+        elif n == "r":                     # routing weights: two experts per row, the rest 0
+            two = np.tile(np.arange(c) < 2, (r, 1))
+            values[n] = rng.uniform(0.1, 1.0, (r, c)) * rng.permuted(two, axis=1)
         elif case[0] == "exact gelu":       # out to the tails, where 1 + erf cancels
             values[n] = 4.0 * rng.standard_normal((r, c))
         else:

@@ -62,3 +62,12 @@ def write_tree(base, files):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
     return base
+
+
+def assert_same_files(made, committed):
+    """`made` holds the files of `committed`, byte for byte (a committed checkpoint is what its
+    maker makes)."""
+    assert sorted(os.listdir(made)) == sorted(os.listdir(committed))
+    for f in os.listdir(committed):
+        with open(os.path.join(committed, f), "rb") as a, open(os.path.join(made, f), "rb") as b:
+            assert a.read() == b.read(), f

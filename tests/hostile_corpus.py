@@ -75,7 +75,8 @@ def plant(zoo, outside):
     program("prog_nul", SIMPLE + "Let z be silu of y\x00.\n", expect="programs/prog_nul.logos:4:")
     program("prog_inject", SIMPLE + "Let __import__ be silu of y.\n", expect="programs/prog_inject.logos:4:")
     program("prog_inject2", SIMPLE + "Let a;import be silu of y.\n", expect="programs/prog_inject2.logos:4:")
-    program("prog_moe", SIMPLE + "Let z be moe of y.\n", expect="`moe` has no torch spelling")
+    program("prog_refused_op", SIMPLE + "Let z be selective scan of y.\n",
+            expect="`selective scan` has no torch spelling")
     program("prog_empty", "", expect="nothing to compute")
     program("prog_fill_huge", SIMPLE.replace("to 1.", "to 1" + "0" * 400 + "."), expect="programs/prog_fill_huge.logos:2")
     program("prog_index", SIMPLE + "Let z be row 99999999999999999999 of x.\n", expect="programs/prog_index.logos:4")

@@ -166,3 +166,64 @@ def set_row(table, pos, r):
     t = table.copy()
     t[int(pos)] = r.reshape(-1)
     return t
+
+
+# ── routed experts: written from the model code's description, with plain loops ─────────────────
+
+def _top(scores, k):
+    """Indices of the k best scores: repeatedly the first maximum among those left (ties to the lower
+    index), without a sort."""
+    left, picked = list(range(len(scores))), []
+    for _ in range(k):
+        best = left[0]
+        for e in left:
+            if scores[e] > scores[best]:
+                best = e
+        picked.append(best)
+        left.remove(best)
+    return picked
+
+
+def softmax_routing(logits, k, renormalised):
+    out = np.zeros_like(logits)
+    for t, row in enumerate(logits):
+        p = softmax_vec(row)
+        picked = _top(p, k)
+        total = sum(p[e] for e in picked)
+        for e in picked:
+            out[t, e] = p[e] / total if renormalised else p[e]
+    return out
+
+
+def sigmoid_routing(logits, bias, k, kept=1, groups=1, renormalised=False, factor=1.0):
+    out = np.zeros_like(logits)
+    n = logits.shape[1]
+    size = n // groups
+    for t, row in enumerate(logits):
+        s = [float(sigmoid(np.array(v))) for v in row]
+        c = [s[e] + (0.0 if bias is None else bias[0, e]) for e in range(n)]
+        if groups > 1:
+            score = []
+            for g in range(groups):
+                members = c[g * size:(g + 1) * size]
+                score.append(sum(members[i] for i in _top(members, 2)))
+            allowed = {g * size + i for g in _top(score, kept) for i in range(size)}
+            c = [c[e] if e in allowed else -math.inf for e in range(n)]
+        picked = _top(c, k)
+        total = sum(s[e] for e in picked)
+        for e in picked:
+            out[t, e] = (s[e] / total if renormalised else s[e]) * factor
+    return out
+
+
+def experts(x, r, wg, wu, wd):
+    n = r.shape[1]
+    f = wg.shape[1] // n
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for e in range(n):
+            if r[t, e] == 0.0:
+                continue
+            h = swiglu(x[t] @ wg[:, e * f:(e + 1) * f], x[t] @ wu[:, e * f:(e + 1) * f])
+            out[t] += r[t, e] * (h @ wd[e * f:(e + 1) * f])
+    return out

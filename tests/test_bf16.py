@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from bf16_bugs import BUGS
+from bf16_bugs import BUGS, MOE_BUGS
 from conftest import ROOT, run_cli
 from emitter.language.reader import read_file
 from emitter.ops import BY_NAME
@@ -71,7 +71,7 @@ def test_a_good_bundle_passes_from_any_token(qwen, token):
 # about 1e-5 relative, under a bf16 step, so it changes at most one bf16 value of a whole lock
 # (bench/bench_bf16.py counts where a bug moves any bf16 value at all; SmolLM2's first layer is
 # where this one shows, and is caught).
-CAUGHT = [b for b in BUGS if b != "norm eps x10"]
+CAUGHT = [b for b in BUGS if b != "norm eps x10" and b not in MOE_BUGS]   # MoE's: test_experts.py
 FLAT_PASSES = ["mlp gain 0.4%", "residual add in bf16"]
 
 

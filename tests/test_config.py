@@ -48,7 +48,7 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
      "`derive.checkpoint`: `../../x.gguf` leaves the repository"),
     ("derive: {importer: 'bad name', checkpoint: x}\n", "programs/p.yaml:1", "`derive.importer`"),
     ("derive:\n  importer: ggfu\n  checkpoint: x\n", "programs/p.yaml:2",
-     "`derive.importer`: `ggfu` is not an importer (known: gemma3, gguf, qwen35, safetensors); did "
+     "`derive.importer`: `ggfu` is not an importer (known: gemma3, gguf, qwen35, qwen3next, safetensors); did "
      "you mean `gguf`?"),
     ("derive:\n  importer: gemma3\n  checkpoint: [package:yaml/__init__.py]\n", "programs/p.yaml:3",
      "a checkpoint in chunks is a list of `package:MODULE/path` parts, in order, with `sha256:`"),

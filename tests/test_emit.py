@@ -146,12 +146,14 @@ def test_compile_py_without_sdk_says_so(all_ops, tmp_path):
     assert r.returncode == 1 and "needs SambaNova's SambaFlow SDK" in r.stderr
 
 
-def test_moe_refused_by_name():
+def test_an_op_without_spelling_is_refused_by_name():
     with pytest.raises(ProgramError) as e:
-        emit_torch_module("Let a be a 1 by 2 tensor of Real.\nLet y be moe of a.\n")
-    assert e.value.line == 2 and "`moe` has no torch spelling" in e.value.message
-    with pytest.raises(ValueError, match="`moe` has no torch spelling"):
-        torch_spelling("moe")
+        emit_torch_module("Let a be a 1 by 2 tensor of Real.\nLet y be selective scan of a.\n")
+    assert e.value.line == 2 and "`selective scan` has no torch spelling" in e.value.message
+    with pytest.raises(ValueError, match="`selective scan` has no torch spelling"):
+        torch_spelling("selective scan")
+    for op in ("softmax routing", "sigmoid routing", "experts"):   # moe has a spelling now
+        assert torch_spelling(op)
     with pytest.raises(ValueError, match="`conv2d` has no torch spelling"):
         torch_spelling("conv2d")
 
@@ -173,13 +175,14 @@ def test_cli_emit_writes_three_files(tmp_path, all_ops_path):
 
 def test_cli_refusal_leaves_dir_untouched(tmp_path):
     bad = tmp_path / "bad.logos"
-    bad.write_text("Let a be a 1 by 2 tensor of Real.\nLet y be moe of a.\n")
+    bad.write_text("Let a be a 1 by 2 tensor of Real.\nLet y be selective scan of a.\n")
     out = tmp_path / "b"
     out.mkdir()
     (out / "model.py").write_text("old")
     r = run_cli("emit", str(bad), "-o", str(out))
     assert r.returncode == 1
-    assert r.stderr.startswith(f"{bad}:2: `Let y be moe of a.`: `moe` has no torch spelling")
+    assert r.stderr.startswith(f"{bad}:2: `Let y be selective scan of a.`: `selective scan` has no "
+                               "torch spelling")
     assert sorted(os.listdir(out)) == ["model.py"] and (out / "model.py").read_text() == "old"
 
 

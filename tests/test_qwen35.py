@@ -27,7 +27,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from conftest import run_cli  # noqa: E402
+from conftest import assert_same_files, run_cli  # noqa: E402
 from emitter.verify import vm  # noqa: E402
 from emitter.sambaflow.emit import QWEN38_OPS, emit_program  # noqa: E402
 from emitter.importers import qwen35 as q  # noqa: E402
@@ -155,10 +155,7 @@ def test_committed_program_is_the_generated_one():
 
 def test_committed_checkpoint_is_the_seeded_one(tmp_path):
     q.make_tiny_checkpoint(str(tmp_path), seed=0)
-    assert sorted(os.listdir(tmp_path)) == sorted(os.listdir(CHECKPOINT))
-    for f in os.listdir(CHECKPOINT):
-        with open(os.path.join(CHECKPOINT, f), "rb") as a, open(os.path.join(tmp_path, f), "rb") as b:
-            assert a.read() == b.read(), f
+    assert_same_files(str(tmp_path), CHECKPOINT)
 
 
 def _expected_gguf(dims):

@@ -50,7 +50,13 @@ def test_each_sentence_form_is_read():
     ("Let y be full attention of a over a and a with 3 heads.", "full attention",
      {"Q": "a", "K": "a", "V": "a", "H": 3}),
     ("Let y be row 1 of a.", "embedding", {"TOK": 1, "TABLE": "a"}),
-    ("Let y be moe of a.", "moe", {"X": "a"}),
+    ("Let y be selective scan of a.", "selective scan", {"X": "a"}),
+    ("Let y be softmax routing of a choosing 2.", "softmax routing", {"L": "a", "K": 2}),
+    ("Let y be softmax routing of a choosing 2 renormalised.", "softmax routing",
+     {"L": "a", "K": 2, "renormalised": True}),
+    ("Let y be sigmoid routing of a with bias r choosing 3 in 1 of 1 groups renormalised scaled by 2.5.",
+     "sigmoid routing", {"L": "a", "B": "r", "K": 3, "G": 1, "N": 1, "renormalised": True, "F": 2.5}),
+    ("Let y be sigmoid routing of a choosing 1.", "sigmoid routing", {"L": "a", "K": 1}),
 ])
 def test_op_patterns(sentence, op, bound):
     p = read_program(DECLS + sentence)

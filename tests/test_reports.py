@@ -21,7 +21,7 @@ from report_zoo import FLAGS, pdf_pages, synthetic_rows
 from test_pipeline import PROG_A, PROG_B, _weights, doit, make_zoo
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-REFUSED = PROG_B + "Let z be moe of y.\n"
+REFUSED = PROG_B + "Let z be selective scan of y.\n"
 
 
 def _line(source, sentence):
@@ -57,10 +57,10 @@ def test_junit_passes_a_strict_schema_and_locates_each_failure_and_error(zoo):
     cases = _cases(z / "build/junit.xml")
     assert len(cases) == 6 and all(c.get("time") for c in cases.values())
     assert all(c.get("file") == f"programs/{n}.logos" for (n, _), c in cases.items())
-    matmul, moe = _line(PROG_A, "Let h be x matmul w."), _line(REFUSED, "Let z be moe of y.")
+    matmul, scan = _line(PROG_A, "Let h be x matmul w."), _line(REFUSED, "Let z be selective scan of y.")
     lines = {k: c.get("line") for k, c in cases.items()}
-    assert lines == {("tight", "float32"): str(matmul), ("refused", "float32"): str(moe),
-                     ("refused", "float64"): str(moe), ("good", "float32"): None,
+    assert lines == {("tight", "float32"): str(matmul), ("refused", "float32"): str(scan),
+                     ("refused", "float64"): str(scan), ("good", "float32"): None,
                      ("good", "float64"): None, ("tight", "float64"): None}   # where it failed, only
     assert cases["tight", "float32"].find("failure") is not None
     assert all(cases["refused", d].find("error") is not None for d in ("float32", "float64"))

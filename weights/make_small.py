@@ -81,6 +81,8 @@ PROGRAMS = {
     "delta": {"x": normal(), "WC": normal(0.5), "Wq": fan_in, "Wk": fan_in, "Wv": fan_in,
               "Wz": fan_in, "Wb": fan_in, "Wa": fan_in, "Dt": normal(0.5), "Alog": negative_rate,
               "GN": near_one, "Wo": fan_in},
+    "moe": {"X": normal(), "Wr": normal(), "G": fan_in, "U": fan_in, "D": fan_in, "Sg": fan_in,
+            "Su": fan_in, "Sd": fan_in, "Ws": fan_in, "Wr2": fan_in, "Bias": normal(0.1)},
 }
 
 

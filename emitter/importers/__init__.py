@@ -8,6 +8,8 @@ IMPORTERS = {
     "safetensors": ("emitter.importers.safetensors", "a safetensors checkpoint to a weights directory"),
     "qwen35": ("emitter.importers.qwen35", "a Qwen3_5 HF checkpoint to a qwen35 decode step's weights"),
     "gemma3": ("emitter.importers.gemma3", "a Gemma 3 GGUF to a gemma3 decode step's weights"),
+    "qwen3next": ("emitter.importers.qwen3next",
+                  "a Qwen3-Next HF checkpoint to a qwen3next decode step's weights"),
 }
 
 from .packages import chunked_spec, chunks, resolve_checkpoint, resolve_package_file  # noqa: E402
@@ -20,7 +22,7 @@ __all__ = ["IMPORTERS", "READS", "declared_reads", "chunked_spec", "chunks", "re
 # *.safetensors (or the one file named) and the config.json beside them. These files are the
 # derived weights' inputs: every one is in their import key, so an edit of any re-derives them.
 # An importer not listed reads its checkpoint file alone.
-READS = {"qwen35": "hf"}
+READS = {"qwen35": "hf", "qwen3next": "hf"}
 
 
 def declared_reads(importer, spec, path):

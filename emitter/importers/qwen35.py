@@ -96,9 +96,12 @@ def convert(tensors, m):
         b = f"layers.{layer}."
         out[f"an{layer}"] = (t(b + "input_layernorm.weight") + 1.0).reshape(1, -1)
         out[f"fn{layer}"] = (t(b + "post_attention_layernorm.weight") + 1.0).reshape(1, -1)
-        out[f"Wg{layer}"] = t(b + "mlp.gate_proj.weight").T
-        out[f"Wu{layer}"] = t(b + "mlp.up_proj.weight").T
-        out[f"Wd{layer}"] = t(b + "mlp.down_proj.weight").T
+        if layer in m.moe_layers:
+            out.update(_experts(t, b + "mlp.", layer, m))
+        else:
+            out[f"Wg{layer}"] = t(b + "mlp.gate_proj.weight").T
+            out[f"Wu{layer}"] = t(b + "mlp.up_proj.weight").T
+            out[f"Wd{layer}"] = t(b + "mlp.down_proj.weight").T
         if kind == "full_attention":
             a = b + "self_attn."
             qg = t(a + "q_proj.weight").reshape(m.heads, 2, m.head_dim, m.hidden)  # per head [q | gate]
@@ -118,6 +121,8 @@ def convert(tensors, m):
                 x = x.reshape(m.hv, d, *x.shape[1:])[order].reshape(m.hv * d, *x.shape[1:])
                 return np.moveaxis(x, 0, axis)
 
+            if pre + a + "in_proj_qkvz.weight" in tensors:   # Qwen3-Next's fused projections
+                tensors.update({pre + a + k: v for k, v in _unfused(t, a, m).items()})
             qkv = t(a + "in_proj_qkv.weight")
             conv = t(a + "conv1d.weight").reshape(-1, m.taps)      # (channels, taps)
             out[f"Wq{layer}"] = qkv[:kd].T
@@ -134,6 +139,37 @@ def convert(tensors, m):
             out[f"Gn{layer}"] = t(a + "norm.weight").reshape(1, -1)        # gated norm: not zero-centred
             out[f"Wo{layer}"] = heads(t(a + "out_proj.weight"), axis=1).T
     return {k: np.ascontiguousarray(v, dtype=np.float64) for k, v in out.items()}
+
+
+def _unfused(t, a, m):
+    """Qwen3-Next's in_proj_qkvz and in_proj_ba (grouped by key head: per key head g its q, k,
+    then the values and gates of value heads g·r .. g·r + r − 1) as Qwen3_5's separate
+    in_proj_qkv, in_proj_z, in_proj_b, in_proj_a (q, k and v each in head order): the same
+    values, so the rest of `convert` reads both."""
+    r, d = m.ratio, m.d
+    qkvz = t(a + "in_proj_qkvz.weight").reshape(m.hk, 2 * d + 2 * r * d, -1)
+    ba = t(a + "in_proj_ba.weight").reshape(m.hk, 2 * r, -1)
+    q, k = qkvz[:, :d], qkvz[:, d:2 * d]
+    v, z = qkvz[:, 2 * d:2 * d + r * d], qkvz[:, 2 * d + r * d:]
+    flat = [x.reshape(-1, x.shape[-1]) for x in (q, k, v, z, ba[:, :r], ba[:, r:])]
+    return {"in_proj_qkv.weight": np.concatenate(flat[:3]), "in_proj_z.weight": flat[3],
+            "in_proj_b.weight": flat[4], "in_proj_a.weight": flat[5]}
+
+
+def _experts(t, mlp, layer, m):
+    """A Qwen3-Next mixture as the sugar's tables: the router, the experts (expert e's gate_proj
+    and up_proj, F by D as the checkpoint holds them, one tensor per expert, give columns e·F ..
+    of Weg and Weu transposed; its down_proj, D by F, rows e·F .. of Wed), the shared expert and
+    its gate."""
+    def each(kind):
+        return [t(f"{mlp}experts.{e}.{kind}_proj.weight").T for e in range(m.experts)]
+    shared = {f"Ws{k}{layer}": t(f"{mlp}shared_expert.{kind}_proj.weight").T
+              for k, kind in (("g", "gate"), ("u", "up"), ("d", "down"))}
+    return {f"Wr{layer}": t(mlp + "gate.weight").T,
+            f"Weg{layer}": np.concatenate(each("gate"), axis=1),
+            f"Weu{layer}": np.concatenate(each("up"), axis=1),
+            f"Wed{layer}": np.concatenate(each("down"), axis=0),
+            f"Wsi{layer}": t(mlp + "shared_expert_gate.weight").T, **shared}
 
 
 def import_checkpoint(checkpoint, program, out_dir, token=0, position=0, dtype="f64"):
@@ -173,19 +209,22 @@ def import_checkpoint(checkpoint, program, out_dir, token=0, position=0, dtype="
 
 # ── the tiny checkpoint ──────────────────────────────────────────────────────────────────────────
 
-def make_tiny_checkpoint(out_dir, seed=0, config=None):
-    """Save a tiny random `Qwen3_5ForCausalLM` (TINY_CONFIG unless given) to `out_dir` with
+def make_tiny_checkpoint(out_dir, seed=0, config=None,
+                         classes=("Qwen3_5ForCausalLM", "Qwen3_5TextConfig")):
+    """Save a tiny random `Qwen3_5ForCausalLM` (TINY_CONFIG unless given; `classes` names another
+    model and config class of transformers, Qwen3-Next's say) to `out_dir` with
     `save_pretrained`, offline. Every parameter is drawn from `seed`: projections N(0, 1/fan_in),
     embeddings N(0, 1), the zero-centred norms N(0, 0.3) (so w + 1 is tested), the gated norm
     1 + N(0, 0.3), conv taps N(0, 0.5), dt_bias N(0, 0.5), A_log = log U(0.1, 1) (decays well
     inside (0, 1), so the memory carries from step to step)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+    import transformers
+    model_class, config_class = (getattr(transformers, name) for name in classes)
 
-    cfg = Qwen3_5TextConfig(**(config or TINY_CONFIG))
+    cfg = config_class(**(config or TINY_CONFIG))
     torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(cfg)
+    model = model_class(cfg)
     gen = torch.Generator().manual_seed(seed)
 
     def normal(shape, std):
@@ -241,10 +280,11 @@ def add_arguments(p):
                         "CHECKPOINT (if it has no config.json yet)")
 
 
-def main(args):
+def main(args, make=None):
+    """The command; `make` makes the tiny checkpoint (--tiny-seed), this family's by default."""
     from ..language.reader import read_file
     if args.tiny_seed is not None and not os.path.isfile(os.path.join(args.checkpoint, "config.json")):
-        make_tiny_checkpoint(args.checkpoint, args.tiny_seed)
+        (make or make_tiny_checkpoint)(args.checkpoint, args.tiny_seed)
     try:
         if args.write_program:
             write_atomic(args.program, generate_program(read_config(args.checkpoint), args.ctx))

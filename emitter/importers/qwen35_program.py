@@ -68,6 +68,13 @@ class Dims:
     eps: float
     tied: bool
     ctx: int
+    # routed experts (Qwen3-Next): the layers whose FFN is a mixture, E experts of F, top k
+    moe_layers: tuple = ()
+    experts: int = 0
+    top_k: int = 0
+    moe_ffn: int = 0
+    shared_ffn: int = 0
+    renormalised: bool = True
 
     @property
     def half(self):
@@ -93,8 +100,25 @@ class Dims:
         return np.array([(j % self.hk) * r + j // self.hk for j in range(self.hv)])
 
 
+def _moe_dims(get, n_layers, problems):
+    """The routed-expert fields of Dims from a Qwen3-Next config (none when it has no experts)."""
+    experts = get("num_experts", 0) or 0
+    if not experts:
+        return {}
+    step, dense = get("decoder_sparse_step", 1), set(get("mlp_only_layers") or [])
+    layers = tuple(i for i in range(n_layers) if i not in dense and (i + 1) % step == 0)
+    top_k, shared = get("num_experts_per_tok", 0), get("shared_expert_intermediate_size", 0)
+    if not 0 < top_k <= experts:
+        problems.append(f"num_experts_per_tok {top_k!r} of {experts} experts")
+    if not shared:
+        problems.append("no shared expert (shared_expert_intermediate_size 0)")
+    return dict(moe_layers=layers, experts=experts, top_k=top_k, moe_ffn=get("moe_intermediate_size"),
+                shared_ffn=shared, renormalised=bool(get("norm_topk_prob", True)))
+
+
 def dims_of(config, ctx=DEFAULT_CTX):
-    """The decode step's sizes from a Qwen3_5 text config (a config.json dict), or a ConfigError."""
+    """The decode step's sizes from a Qwen3_5 or Qwen3-Next text config (a config.json dict), or a
+    ConfigError."""
     c = text_config(config)
     get = c.get
     rope = dict(get("rope_parameters") or {})
@@ -120,8 +144,7 @@ def dims_of(config, ctx=DEFAULT_CTX):
         problems.append("attention_bias (the sugar's projections have no bias)")
     if get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act {get('hidden_act')!r} (swiglu and the conv's activation are silu)")
-    if get("num_experts", 0):
-        problems.append("a routed-expert MLP (`moe` has no spelling)")
+    moe = _moe_dims(get, n_layers, problems)
     bad = sorted(set(types) - {"linear_attention", "full_attention"})
     if bad:
         problems.append(f"layer types {bad}")
@@ -140,7 +163,7 @@ def dims_of(config, ctx=DEFAULT_CTX):
                 layer_types=tuple(types), heads=heads, kv_heads=get("num_key_value_heads", heads),
                 head_dim=head_dim, rotary_dim=rotary, rope_theta=float(theta), hk=hk, hv=hv, d=dk,
                 taps=get("linear_conv_kernel_dim", 4), eps=float(eps),
-                tied=bool(get("tie_word_embeddings", False)), ctx=ctx)
+                tied=bool(get("tie_word_embeddings", False)), ctx=ctx, **moe)
 
 
 # ── the program ──────────────────────────────────────────────────────────────────────────────────
@@ -175,6 +198,37 @@ class _Writer:
             self(f"Set item {index + 1} of {name} to {value!r}.")
 
 
+def _moe_decls(w, m, layer):
+    """A Qwen3-Next mixture's weights: the router Wr, the experts' three tables (expert e's gate
+    and up projections are columns e·F .. of Weg and Weu, its down projection the same rows of
+    Wed), the shared expert Wsg, Wsu, Wsd and its gate's projection Wsi (D by 1)."""
+    w.decl(f"Wr{layer}", m.hidden, m.experts)
+    w.decl(f"Weg{layer}", m.hidden, m.experts * m.moe_ffn)
+    w.decl(f"Weu{layer}", m.hidden, m.experts * m.moe_ffn)
+    w.decl(f"Wed{layer}", m.experts * m.moe_ffn, m.hidden)
+    w.decl(f"Wsg{layer}", m.hidden, m.shared_ffn)
+    w.decl(f"Wsu{layer}", m.hidden, m.shared_ffn)
+    w.decl(f"Wsd{layer}", m.shared_ffn, m.hidden)
+    w.decl(f"Wsi{layer}", m.hidden, 1)
+
+
+def _moe_step(w, m, L):
+    """A mixture's sentences: the routed experts plus the shared expert scaled by sigmoid(xf Wsi),
+    their sum `fd`, the FFN's output."""
+    renorm = " renormalised" if m.renormalised else ""
+    w(f"Let rl{L} be xf{L} matmul Wr{L}.")
+    w(f"Let rw{L} be softmax routing of rl{L} choosing {m.top_k}{renorm}.")
+    w(f"Let fe{L} be experts of xf{L} weighted by rw{L} with gate Weg{L} up Weu{L} down Wed{L}.")
+    w(f"Let fg{L} be xf{L} matmul Wsg{L}.")
+    w(f"Let fu{L} be xf{L} matmul Wsu{L}.")
+    w(f"Let fs{L} be swiglu of fg{L} and fu{L}.")
+    w(f"Let sd{L} be fs{L} matmul Wsd{L}.")
+    w(f"Let sl{L} be xf{L} matmul Wsi{L}.")
+    w(f"Let se{L} be sigmoid of sl{L}.")
+    w(f"Let ss{L} be sd{L} hadamard se{L}.")
+    w(f"Let fd{L} be fe{L} plus ss{L}.")
+
+
 def generate_program(config, ctx=DEFAULT_CTX):
     """The LOGOS text of one greedy decode step of `config` (a Qwen3_5 config.json dict) with a KV
     cache of `ctx` rows (positions 0 .. ctx-1)."""
@@ -184,7 +238,14 @@ def generate_program(config, ctx=DEFAULT_CTX):
     kd, vd = m.hk * m.d, m.hv * m.d
     w = _Writer()
     kinds = ", ".join("attention" if t == "full_attention" else "delta" for t in m.layer_types)
-    w("# Qwen3.5 (qwen35) hybrid decoder: one greedy decode step, generated by emitter.importers.qwen35.")
+    if m.experts:
+        w("# Qwen3-Next (qwen3next) hybrid decoder with routed experts: one greedy decode step, "
+          "generated by emitter.importers.qwen3next.")
+        w(f"# experts on layers {list(m.moe_layers)}: {m.experts} of {m.moe_ffn}, top {m.top_k}"
+          f"{' renormalised' if m.renormalised else ''}, a shared expert of {m.shared_ffn} gated "
+          "by sigmoid(x Wsi);")
+    else:
+        w("# Qwen3.5 (qwen35) hybrid decoder: one greedy decode step, generated by emitter.importers.qwen35.")
     w(f"# hidden {m.hidden}, vocab {m.vocab}, ffn {m.ffn}, layers [{kinds}];")
     w(f"# attention {H} heads / {KV} KV heads of {hd}, rotary {m.rotary_dim} (theta {m.rope_theta:g});")
     w(f"# Gated DeltaNet {m.hv} value heads / {m.hk} key heads of {m.d}, conv {m.taps} taps; "
@@ -239,9 +300,12 @@ def generate_program(config, ctx=DEFAULT_CTX):
             w.decl(f"Gn{layer}", 1, m.d)
             w.decl(f"S{layer}", m.hv * m.d, m.d)
             w.decl(f"Wo{layer}", vd, m.hidden)
-        w.decl(f"Wg{layer}", m.hidden, m.ffn)
-        w.decl(f"Wu{layer}", m.hidden, m.ffn)
-        w.decl(f"Wd{layer}", m.ffn, m.hidden)
+        if layer in m.moe_layers:
+            _moe_decls(w, m, layer)
+        else:
+            w.decl(f"Wg{layer}", m.hidden, m.ffn)
+            w.decl(f"Wu{layer}", m.hidden, m.ffn)
+            w.decl(f"Wd{layer}", m.ffn, m.hidden)
     w()
     w.decl("on", 1, m.hidden)
     w.decl("Wout", m.hidden, m.vocab)
@@ -300,10 +364,13 @@ def generate_program(config, ctx=DEFAULT_CTX):
             w(f"Let y{L} be o{L} matmul Wo{L}.")
         w(f"Let hm{L} be {prev} plus y{L}.")
         w(f"Let xf{L} be rmsnorm of hm{L} with weight fn{L} {eps}.")
-        w(f"Let fg{L} be xf{L} matmul Wg{L}.")
-        w(f"Let fu{L} be xf{L} matmul Wu{L}.")
-        w(f"Let fs{L} be swiglu of fg{L} and fu{L}.")
-        w(f"Let fd{L} be fs{L} matmul Wd{L}.")
+        if L in m.moe_layers:
+            _moe_step(w, m, L)
+        else:
+            w(f"Let fg{L} be xf{L} matmul Wg{L}.")
+            w(f"Let fu{L} be xf{L} matmul Wu{L}.")
+            w(f"Let fs{L} be swiglu of fg{L} and fu{L}.")
+            w(f"Let fd{L} be fs{L} matmul Wd{L}.")
         w(f"Let h{L} be hm{L} plus fd{L}.")
         prev = f"h{L}"
     w()

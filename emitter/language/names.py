@@ -21,6 +21,7 @@ EMITTED = frozenset({
     "softmax_rows", "swiglu", "causal_conv", "decay", "gated_delta", "row_of", "set_row", "row_index",
     "WeightsError", "npy_place", "safetensors_places", "file_place", "weight_places", "weight_array",
     "claimed_files", "LEAF_SUFFIXES", "TENSOR_FILES", "DTYPE_NAMES", "SAFETENSORS_DTYPES", "HEADER_LIMIT",
+    "top_mask", "softmax_routing", "sigmoid_routing", "experts",
 })
 
 RESERVED = frozenset(set(keyword.kwlist) | set(keyword.softkwlist) | set(dir(builtins)) | EMITTED)
@@ -71,6 +72,14 @@ _STEMS = {
     "Wg": ("ffn_gate.weight",) * 2,
     "Wu": ("ffn_up.weight",) * 2,
     "Wd": ("ffn_down.weight",) * 2,
+    "Wr": ("ffn_gate_inp.weight",) * 2,           # routed experts (llama.cpp's names): the router,
+    "Weg": ("ffn_gate_exps.weight",) * 2,         # the experts' tables,
+    "Weu": ("ffn_up_exps.weight",) * 2,
+    "Wed": ("ffn_down_exps.weight",) * 2,
+    "Wsg": ("ffn_gate_shexp.weight",) * 2,        # the shared expert
+    "Wsu": ("ffn_up_shexp.weight",) * 2,
+    "Wsd": ("ffn_down_shexp.weight",) * 2,
+    "Wsi": ("ffn_gate_inp_shexp.weight",) * 2,    # and its gate
 }
 
 

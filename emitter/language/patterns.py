@@ -18,7 +18,9 @@ def parse_pattern(pattern):
 
 
 def match(items, words):
-    """Bind `words` to a parsed pattern: a dict placeholder -> word, or None if they do not fit."""
+    """Bind `words` to a parsed pattern: a dict placeholder -> word, or None if they do not fit.
+    An optional group of literal words alone (`[renormalised]`) is a flag: said, it binds its
+    words (joined by spaces) to True."""
 
     def go(i, j, bound):
         if i == len(items):
@@ -26,6 +28,8 @@ def match(items, words):
         item = items[i]
         if isinstance(item, list):
             got = go_seq(item, j, bound)
+            if got is not None and not any(w[0].isupper() for w in item):
+                got = got[0], {**got[1], " ".join(item): True}   # a flag: the group was said
             if got is not None:
                 done = go(i + 1, got[0], got[1])
                 if done is not None:

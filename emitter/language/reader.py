@@ -122,7 +122,9 @@ def _bind(line, op, bound):
     """Check and convert a matched op's placeholder words: integers, reals, indices and safe names."""
     out = {}
     for p, w in bound.items():
-        if p in op.ints:
+        if w is True:   # a flag (patterns.match)
+            out[p] = True
+        elif p in op.ints:
             out[p] = _count(line, w, f"`{p}` in `{_form(op)}`")
         elif p in op.reals:
             out[p] = _positive_real(line, w, f"`{p}` in `{_form(op)}`")
@@ -147,7 +149,8 @@ def _read_let(line, words):
         if bound is not None:
             return _op_sentence(line, out, op, bound)
     if candidates:
-        raise line.expected(_form(candidates[0][0]))
+        # ops that share their first word (`softmax`, `softmax routing`): each form is quoted
+        raise line.error("expected " + " or ".join(f"`{_form(op)}`" for op, _ in candidates))
     if rest and rest[0] == "a":
         if not (len(rest) == 7 and rest[2] == "by" and rest[4] == "tensor" and rest[5] == "of"):
             raise line.expected(DECL_FORM, "or `… of Int.`")

@@ -2,11 +2,11 @@
 shape rule, VM meaning and torch spelling side by side. Adding an op is adding it to its family's
 `OPS` (and its torch function to `emitter.sambaflow.runtime` when the call needs one)."""
 
-from . import activations, attention, linear, norms, recurrent, rope, tables
+from . import activations, attention, experts, linear, norms, recurrent, rope, tables
 from .base import EPS, Args, Op, ShapeError, pattern_words, release
 
 OPS = (linear.OPS + norms.OPS + rope.OPS + attention.OPS + activations.OPS + recurrent.OPS
-       + tables.OPS)
+       + experts.OPS + tables.OPS)
 SET_ROW = tables.SET_ROW
 ALL_OPS = OPS + (SET_ROW,)
 BY_NAME = {op.name: op for op in ALL_OPS}
@@ -19,6 +19,6 @@ def torch_spelling(name):
     """The torch expression an op is spelled with, or a ValueError naming an op that has none."""
     op = BY_NAME.get(name)
     if op is None or op.spelling is None:
-        raise ValueError(f"`{name}` has no torch spelling in the SambaFlow emitter: the routed-expert "
-                         "FFN (moe) and anything outside the tensor sugar are refused, never dropped")
+        raise ValueError(f"`{name}` has no torch spelling in the SambaFlow emitter: anything outside "
+                         "the tensor sugar is refused, never dropped")
     return op.spelling

@@ -124,7 +124,7 @@ class Op:
     pattern: str
     shape: Callable[[Args], tuple]
     vm: Callable[[Args], object]
-    call: Optional[Callable[[Args], str]]   # None: read, then refused at emission (moe)
+    call: Optional[Callable[[Args], str]]   # None: read, then refused at emission (selective scan)
     spelling: Optional[str]                 # the torch expression the manifest names
     ints: tuple = ()
     index: tuple = ()

@@ -34,6 +34,20 @@ def broadcast_shape(a):
     return r, c
 
 
+def hadamard_shape(a):
+    """As `plus`, or B is R by 1 and scales each of A's rows (a gate per token: the shared
+    expert's sigmoid)."""
+    (r, c), (rb, cb) = a.shape("A"), a.shape("B")
+    if (rb, cb) == (r, 1):
+        return r, c
+    try:
+        return broadcast_shape(a)
+    except ShapeError:
+        raise ShapeError(f"`{a.name('B')}` is {fmt((rb, cb))}: it must be {fmt((r, c))} like "
+                         f"`{a.name('A')}`, 1 by {c} to broadcast over its rows, or {r} by 1 to "
+                         "scale each row") from None
+
+
 def plus_vm(a):
     return a["A"] + a["B"]
 
@@ -73,7 +87,7 @@ OPS = (
        params=("B",), widens=("B",), excess=4.0),
     Op("plus", "A plus B", shape=broadcast_shape, vm=plus_vm, call=plus_call, spelling="a + b",
        params=("B",), precision=(FP32, FP32), excess=4.0),   # a residual add: its sum kept in fp32
-    Op("hadamard", "A hadamard B", shape=broadcast_shape, vm=hadamard_vm, call=hadamard_call,
+    Op("hadamard", "A hadamard B", shape=hadamard_shape, vm=hadamard_vm, call=hadamard_call,
        spelling="a * b", params=("B",)),
     Op("transpose", "transpose of X", shape=transpose_shape, vm=transpose_vm, call=transpose_call,
        spelling="x.transpose(0, 1)", view=True),

@@ -1,5 +1,5 @@
 """Tables and indices: a row of a table (embedding), a row written back (set row), argmax, and
-`moe`, which the reader knows and nothing can spell."""
+`selective scan`, which the reader knows and nothing can spell (yet): refused by name."""
 
 import math
 
@@ -83,16 +83,18 @@ def argmax_call(a):
     return f"torch.argmax({a.name('X')}).reshape(1, 1).to({a.name('X')}.dtype)"
 
 
-def moe_shape(a):
+def refused_shape(a):
     return a.shape("X")
 
 
-def moe_vm(a):
-    raise ShapeError("`moe` has no meaning the VM or the emitter can give it")
+def refused_vm(a):
+    raise ShapeError("`selective scan` has no meaning the VM or the emitter can give it")
 
 
 OPS = (
-    Op("moe", "moe of X", shape=moe_shape, vm=moe_vm, call=None, spelling=None),
+    # Mamba's selective state-space scan: read, then refused by name at emission and in the VM
+    Op("selective scan", "selective scan of X", shape=refused_shape, vm=refused_vm, call=None,
+       spelling=None),
     Op("argmax", "argmax of X", shape=argmax_shape, vm=argmax_vm, call=argmax_call,
        spelling="torch.argmax(x).reshape(1, 1).to(x.dtype)", integer=True, precision=(FP32, FP32)),
     Op("embedding", "row TOK of TABLE", shape=row_shape, vm=row_vm, call=row_call,

@@ -121,6 +121,48 @@ def gated_delta(q, k, v, z, beta, alpha, s, gn, hv, hk, d):
     return out.reshape(1, hv * d), S.reshape(s.shape)
 
 
+def top_mask(s, k):
+    """1 where an entry is among the k largest of its row (its last dimension), else 0; ties go to
+    the lower index. An entry's rank is how many entries beat it (larger, or equal and earlier):
+    comparisons of fixed shape, no sort or topk (whose ties torch leaves unspecified)."""
+    a, b = s.unsqueeze(-2), s.unsqueeze(-1)                  # [..., e, j]: s_j, s_e
+    beats = (a > b) | (a == b).tril(-1)                      # tril(-1): j comes before e
+    return (beats.sum(dim=-1) < k).to(s.dtype)
+
+
+def softmax_routing(l, k, renormalised):
+    """Softmax over each row's experts, the top k kept (ties to the lower index), the rest 0;
+    renormalised: the kept divided by their sum."""
+    p = torch.softmax(l, dim=1)
+    w = p * top_mask(p, k)
+    return w / w.sum(dim=1, keepdim=True) if renormalised else w
+
+
+def sigmoid_routing(l, bias, k, kept, groups, renormalised, factor):
+    """DeepSeek-V3's router: s = sigmoid(l), c = s + bias; the best `kept` of `groups` groups by
+    the sum of each group's two best c; the top k of c within them (ties to the lower index);
+    the weights s there, renormalised if said, times factor."""
+    s = torch.sigmoid(l)
+    c = s if bias is None else s + bias
+    if groups > 1:
+        g = c.reshape(c.shape[0], groups, -1)
+        score = (g * top_mask(g, 2)).sum(dim=2)
+        keep = top_mask(score, kept).repeat_interleave(g.shape[2], dim=1)
+        c = torch.where(keep > 0, c, torch.full_like(c, -math.inf))
+    w = s * top_mask(c, k)
+    if renormalised:
+        w = w / w.sum(dim=1, keepdim=True)
+    return w * factor
+
+
+def experts(x, r, wg, wu, wd, n):
+    """Routed SwiGLU experts in dense form: every expert on every row, each expert's F columns
+    weighted by its routing weight (0 when not chosen), then the stacked down projections:
+    sum over e of r[:, e] * (silu(x wg_e) * (x wu_e)) wd_e, in three matmuls of fixed shape."""
+    h = F.silu(x @ wg) * (x @ wu)
+    return (h * r.repeat_interleave(wg.shape[1] // n, dim=1)) @ wd
+
+
 def row_index(index, rows, name):
     """A row index's value checked as the VM checks it: a whole number in 0..rows-1, else a
     ValueError naming the index tensor (index_select would truncate 1.5 and fail on 12 with no

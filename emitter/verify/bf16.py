@@ -28,7 +28,8 @@ op, in the probe pass (each op on the VM's inputs, so upstream error does not co
 - cosine(module, VM) at least COSINE_MIN.
 
 An argmax the module flips is excused only where the VM's top-2 margin lies inside the bf16 noise
-of the logits (MARGIN_NOISE times their rms error). Each bound is a named constant a config can
+of the logits (MARGIN_NOISE times their rms error); a router's other choice of experts likewise,
+inside the noise of its own scores (emitter.verify.routing). Each bound is a named constant a config can
 override (`bf16:` in the program's config). The check's judge (emitter.verify.judges.Bf16) holds
 the gate's state, hands each step here (`gate_step`) and sums the figures up.
 """
@@ -40,6 +41,8 @@ import numpy as np
 
 from ..ops import ALL_OPS
 from ..ops.base import WIDEN_BYTES
+from .routing import ROUTERS, judge_router
+from .verdict import describe_flip
 from .vm import bind_result, run_stage
 
 EXCESS = {op.name: op.excess for op in ALL_OPS if op.excess is not None}   # each op declares its own
@@ -241,7 +244,16 @@ def gate_step(torch, program, current, trace, probe, gate, step, label):
         st = program.stages[i]
         if m.get("view"):      # a view computes nothing: the probe checked it bit for bit
             continue
-        j = judge(st.op.name, probe.values[i], trace.stages[i], found[i], gate.bounds,
-                  gate.precisions[i][0])
+        vm, floor, flips = trace.stages[i], found[i], []
+        if st.op.name in ROUTERS:   # judged under the module's own choice of experts
+            env = {**current, **{s.out: trace.stages[s.index] for s in program.stages[:i] if s.binds}}
+            vm, floor, flips = judge_router(torch, program, st, env, probe.values[i], gate, step)
+        j = judge(st.op.name, probe.values[i], vm, floor, gate.bounds, gate.precisions[i][0])
+        if flips:
+            wrong = [f for f in flips if not f["excused"]]
+            j.update(routing_flips=len(flips), routing_excused=len(flips) - len(wrong))
+            if wrong:
+                j.update({"pass": False, "routing": describe_flip(wrong[0])})
+            gate.routing.extend({**f, **label(program, i)} for f in flips)
         m.update(bf16=j, pass_flat=m["pass"], **{"pass": j["pass"]})
         gate.seen.append({"step": step, **label(program, i), **j})

@@ -57,6 +57,7 @@ class Bf16(Flat):
         self.model = model
         self.shared = {}     # the floors' float64 weights, kept across the lock's steps
         self.seen, self.flips, self.excused = [], 0, 0
+        self.routing = []    # each routing flip: its stage, step, token, expert sets, margin, noise
 
     def compare(self, got, want):
         m = compare(got, want, self.tol)
@@ -110,6 +111,11 @@ class Bf16(Flat):
                 "worst_deviation": pick(lambda s: s["deviation"], "deviation"),
                 "min_cosine": pick(lambda s: -s["cosine"], "cosine"),
                 "argmax_flips": self.flips, "argmax_excused": self.excused,
+                "routing_flips": len(self.routing),
+                "routing_excused": sum(1 for f in self.routing if f["excused"]),
+                "routing_failed": next((f for f in self.routing if not f["excused"]), None),
+                "routing_margins": [{k: f[k] for k in ("step", "out", "token", "margin", "noise", "excused")}
+                                    for f in self.routing[:20]],
                 "ops_failing": sum(1 for s in seen if not s["pass"])}
 
 

@@ -28,6 +28,13 @@ def where(s):
     return text + (f", step {s['step']})" if s.get("step") is not None else ")")
 
 
+def describe_flip(f):
+    """`token 3: the VM chose experts [1, 5], the module [1, 6] (…margin…, …noise…)`: a routing
+    flip of the bf16 gate (emitter.verify.routing)."""
+    return (f"token {f['token']}: the VM chose experts {f['vm']}, the module {f['module']} "
+            f"(the VM's margin {number(f['margin'])}, the router's bf16 noise {number(f['noise'])})")
+
+
 def describe(r, limit=240):
     """Why a check passed or not: the reason of an error; else the first diverging stage, the
     stage furthest from its tolerance (as a ratio of it) and the output's figures, an integer
@@ -52,6 +59,11 @@ def describe(r, limit=240):
                      f"at `{wd.get('out')}`, worst |z| {number(wz.get('z'))} at "
                      f"`{wz.get('out')}`, min cosine {number(mc.get('cosine'))}, "
                      f"{g.get('ops_failing', 0)} op(s) failing")
+        rf = g.get("routing_failed")
+        if rf:   # a router's other choice the gate does not excuse: named first
+            parts.insert(0, f"routing: {where(rf)} {describe_flip(rf)}, outside its noise")
+        elif g.get("routing_flips"):
+            parts.append(f"{g['routing_flips']} routing flip(s) excused")
     o = r.get("output") or {}
     if o.get("integer"):
         text = "integer output " + ("agrees" if not o.get("integer_mismatches") and o.get("pass", True)
