@@ -15,7 +15,7 @@ from ..verify import environment
 CODE = {
     "emit": ("files.py", "ops", "language", "sambaflow"),
     "lock": ("files.py", "ops", "language", "sambaflow", "verify", "pipeline/check_worker.py"),
-    "import": ("importers",),
+    "import": ("importers", "sambaflow/weight_files.py"),
     "report": ("pipeline/report.py", "pipeline/report_html.py", "pipeline/plot_svg.py", "verify/verdict.py"),
 }
 # the libraries whose code makes an import's numbers as much as the importers' own: a gguf upgrade

@@ -18,12 +18,12 @@ import os
 
 from ..files import read_json
 from ..fingerprint import sha256_or_none
+from ..sambaflow.weight_files import claimed_files
 from . import digests
 from .digests import digest
 from .files_io import uptodate_check
 
 SCHEMA, VERSION = "logos.check-key", 3
-LEAF_SUFFIXES = (".f64", ".f32")
 
 
 def check_key(parts):
@@ -76,7 +76,7 @@ def weights_part(entry, leaves):
         found = files(pc.weights)
     except OSError:
         return {"missing": pc.weights}
-    claimed = {f"{leaf}{s}" for leaf in leaves for s in LEAF_SUFFIXES}
+    claimed = claimed_files(found, leaves)
     files, others = {}, {}
     for n in sorted(found):
         try:

@@ -190,6 +190,10 @@ def lock_program(entry, run, db):
         (sys.stdout if r["verdict"] == "pass" else sys.stderr).write(f"lock:{pc.name} {line}\n")
     write_atomic(entry.lock_status, json_lines({"schema": "logos.pipeline.lock", "version": 1,
                                                 "checks": statuses}))
+    stray = next((done[c.dtype]["unmatched_weights"] for c in entry.checks
+                  if done[c.dtype].get("unmatched_weights")), ())
+    for w in verdict.unmatched(pc.weights, stray):   # a leaf renamed, a file for another program
+        sys.stderr.write(f"lock:{pc.name} {w}\n")
     new = [done[c.dtype] for c in entry.checks if c.dtype in fresh | restored
            or done[c.dtype].get("from_cache") or status.get("status") != "ok"]
     try:

@@ -8,12 +8,11 @@ A leaf's value is, in the folder:
 - a tensor named `<leaf>` in a `.safetensors` file (F64 or F32, same shapes as .npy).
 Every form comes down to one run of little-endian values at an offset of a file, so each reader
 maps it (no copy). A leaf held twice is an error; a file that holds no leaf is not one of its
-files ("unmatched": the callers warn)."""
+files ("unmatched": the callers warn). numpy is imported where a function maps or parses a file:
+the pipeline's keys read only `claimed_files`, on every no-op, without loading it."""
 
 import json
 import os
-
-import numpy as np
 
 LEAF_SUFFIXES = (".f64", ".f32", ".npy")   # a leaf's own file: <leaf><suffix>
 TENSOR_FILES = ".safetensors"              # a file of tensors named by leaf
@@ -41,6 +40,7 @@ def claimed_files(names, leaves):
 
 def npy_place(path):
     """(dtype, byte offset, shape, fortran order) of a .npy file's array, from its header."""
+    import numpy as np
     try:
         with open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
@@ -127,6 +127,7 @@ def weight_array(directory, place, leaf, rows, cols, mode="r"):
     shape (rows, cols) and the file's dtype (`mode` is np.memmap's: "r", or "c" for copy-on-write).
     A dtype other than float64 or float32, another shape, or a size that is not the shape's is a
     WeightsError naming the file and, in a .safetensors file, the tensor."""
+    import numpy as np
     name, tensor, dtype, offset, shape, size = place
     path = os.path.join(directory, name)
     what = f"tensor `{tensor}`" if tensor else f"`{leaf}`"
