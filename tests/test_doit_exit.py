@@ -83,3 +83,14 @@ def test_doit_dumpdb_reads_the_zoos_sqlite_db(zoo):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "DB type is 'sqlite3'" in p.stdout and "Traceback" not in p.stderr
     assert re.search(r"^report -> ", p.stdout, re.M), p.stdout
+
+
+def test_a_weights_file_no_leaf_claims_is_a_warning_on_the_terminal_and_in_the_report(zoo):
+    (zoo / "weights/a/b1_old.f64").write_bytes(b"\0" * 8)
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and "lock:a" in ran, out
+    assert "lock:a warning: weights/a: `b1_old.f64` matches no leaf of the program (ignored)" in out, out
+    summary = (zoo / "build/summary.md").read_text()
+    assert "### Warnings" in summary and "a: weights file 'b1_old.f64' matches no leaf" in summary
+    page = (zoo / "build/report.html").read_text()
+    assert "<h2>Warnings</h2>" in page and "<code>b1_old.f64</code> matches no leaf" in page

@@ -35,7 +35,7 @@ def test_an_unknown_op_gets_at_most_three_forms_under_300_characters(tmp_path):
         assert "no op the reader knows; the nearest forms: " in line
     prog = write(tmp_path, {"p.logos": SRC.replace("Let y be x matmul W.", "Let y be foo of x.")}) / "p.logos"
     assert forms(logos("emit", str(prog), "-o", str(tmp_path / "b")).stderr)[:2] == [
-        "`Let OUT be moe of X.`", "`Let OUT be sigmoid of X.`"]     # `… of X` forms, nearest first
+        "`Let OUT be sigmoid of X.`", "`Let OUT be softmax of X.`"]     # `… of X` forms, nearest first
 
 
 def test_misspelt_names_and_sentence_starts_get_the_nearest(tmp_path):

@@ -15,9 +15,7 @@ weights each by its routing weight (zero when not chosen): fixed shapes, no data
 which is what a static dataflow graph (SambaFlow's, torch.fx's) can trace.
 """
 
-import numpy as np
-
-from .base import Op, ShapeError, fmt, np_sigmoid, np_silu, np_softmax
+from .base import Op, ShapeError, fmt, np, np_sigmoid, np_silu, np_softmax
 
 
 def _routing_shape(a, groups=False):

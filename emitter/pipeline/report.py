@@ -36,6 +36,7 @@ def _slim(r):
     """What a row keeps of a RESULT.json (the report never needs its stages or steps)."""
     out = r.get("output") or None
     return {"verdict": r.get("verdict", "error"), "reason": r.get("reason"),
+            "unmatched_weights": list(r.get("unmatched_weights") or [])[:50],
             "version": r.get("version"), "first_divergence": r.get("first_divergence"),
             "worst": r.get("worst"),
             "output": {k: out.get(k) for k in _OUTPUT if k in out} if out else None,
@@ -241,12 +242,27 @@ def _md(text):
     return str(text).replace("|", "\\|").replace("\n", " ").replace("\r", " ").replace("`", "'")
 
 
+def warnings(rows):
+    """What the report warns of beside the verdicts: files of a program's weights folder that no
+    leaf claims (a leaf renamed, a file meant for another program), once per program."""
+    seen, out = set(), []
+    for r in rows:
+        files = [f for f in r.get("unmatched_weights") or () if (r["name"], f) not in seen]
+        seen.update((r["name"], f) for f in files)
+        out += [f"{short(r['name'])}: weights file `{short(f, 120)}` matches no leaf of the program "
+                "(ignored)" for f in files]
+    return out
+
+
 def render_summary(rows):
     c = counts(rows)
     names = {r["name"] for r in rows}
     mark = "✅" if c["fail"] == c["error"] == 0 else "❌"
     out = [f"## {mark} LOGOS lock: {len(names)} programs, {len(rows)} checks — "
            f"{c['pass']} pass, {c['fail']} fail, {c['error']} error", ""]
+    notes = warnings(rows)
+    if notes:
+        out += ["### Warnings", ""] + [f"- {_md(n)}" for n in notes] + [""]
     bad = [r for r in rows if r["verdict"] != "pass"]
     if bad:
         out += ["### Failures", "", "| program | check | verdict | why |", "|---|---|---|---|"]

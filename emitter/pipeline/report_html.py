@@ -185,6 +185,11 @@ def render(rows, cache_path=None, header=None):
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            "<title>LOGOS lock report</title>", f"<style>{_STYLE}</style></head><body>"]
     out += _header(rows, programs, header)
+    from .report import warnings
+    notes = warnings(rows)
+    if notes:
+        out.append('<section class="warnings"><h2>Warnings</h2><ul>'
+                   + "".join(f"<li>{_text(n)}</li>" for n in notes) + "</ul></section>")
     if bad:
         out.append(f'<nav><h2>Did not pass: {sum(r["verdict"] != "pass" for r in rows)} checks</h2><ol>')
         for name, checks in bad.items():
