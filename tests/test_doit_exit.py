@@ -94,3 +94,17 @@ def test_a_weights_file_no_leaf_claims_is_a_warning_on_the_terminal_and_in_the_r
     assert "### Warnings" in summary and "a: weights file 'b1_old.f64' matches no leaf" in summary
     page = (zoo / "build/report.html").read_text()
     assert "<h2>Warnings</h2>" in page and "<code>b1_old.f64</code> matches no leaf" in page
+
+
+def test_under_github_actions_each_check_that_did_not_pass_is_an_error_annotation(zoo):
+    (zoo / "programs/a.yaml").write_text(EXACT_F32)
+    (zoo / "programs/b.logos").write_text("Let x be a 1 by 3 tensor of Real.\nLet y be frobnicate of x.\n")
+    for args in ((), ("lock:a", "lock:b")):   # the report's rows, or the named locks' results
+        rc, ran, out = doit(zoo, *args, env={"GITHUB_ACTIONS": "true"})
+        assert rc == 1, out
+        notes = [ln for ln in out.splitlines() if ln.startswith("::error ")]
+        assert any(ln.startswith("::error file=programs/a.logos,line=5::a float32 FAIL: ") for ln in notes), out
+        assert any(ln.startswith("::error file=programs/b.logos,line=2::b float64 ERROR: ") for ln in notes), out
+        assert len(notes) == 3, notes          # a float32, b float32, b float64
+    rc, ran, out = doit(zoo)                  # elsewhere: no annotations
+    assert "::error" not in out

@@ -279,18 +279,24 @@ class ProgressReporter(ConsoleReporter):
         run = current()
         if run is None:
             return None
-        rows = None
+        rows, bad = None, []
         if "report" in self.reachable:
-            rows = [(r.get("name"), r.get("check"), r.get("verdict"))
-                    for r in (read_json(f"{run.build}/report.json") or {}).get("results") or ()]
+            report = read_json(f"{run.build}/report.json") or {}
+            rows = [(r.get("name"), r.get("check"), r.get("verdict")) for r in report.get("results") or ()]
+            bad = report.get("failures") or []
         else:
             names = {n[len("lock:"):] for n in self.settled + sorted(self.verdicts_failed)
                      if n.startswith("lock:")}
             rows = [(e.name, dt, (r or {}).get("verdict", "error"))
                     for e in run.entries if e.name in names
                     for dt, r in (((read_json(e.lock_status) or {}).get("checks")) or {}).items()]
+            results = {(e.name, c.dtype): c.result for e in run.entries if e.name in names for c in e.checks}
+            bad = [dict(read_json(results.get((n, dt), "")) or {}, name=n, check=dt, verdict=v)
+                   for n, dt, v in rows if v != "pass"]
         if not rows:
             return None
+        if os.environ.get("GITHUB_ACTIONS") == "true":
+            self._annotate(bad, run)
         counts = {}
         for name, check, verdict in rows:
             counts.setdefault(verdict, []).append(f"{name} {check}")
@@ -302,3 +308,20 @@ class ProgressReporter(ConsoleReporter):
         where = f" · {run.build}/report.html" if "report" in self.reachable else \
             f" · {run.build}/results/ (`logos results`)"
         return f"{len(rows)} check{'s' if len(rows) != 1 else ''}: {', '.join(parts)}{where}"
+
+    def _annotate(self, bad, run):
+        """Under GitHub Actions: each check that did not pass as an `::error` annotation at the
+        program's line where one is known (the workflow's run page lists them by file)."""
+        from ..verify.verdict import describe
+        from .report import junit_line
+        sources = {e.name: e.pc.source for e in run.entries}
+
+        def esc(text):
+            return str(text).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+        for r in bad:
+            r.setdefault("source", sources.get(r.get("name")))
+            line = junit_line(r)
+            where = ",".join(x for x in (r.get("source") and f"file={esc(r['source'])}",
+                                         line and f"line={line}") if x)
+            self.write(f"::error {where}::{esc(r.get('name'))} {esc(r.get('check'))} "
+                       f"{esc(str(r.get('verdict')).upper())}: {esc(describe(r, 300))}\n")
