@@ -108,3 +108,17 @@ def test_under_github_actions_each_check_that_did_not_pass_is_an_error_annotatio
         assert len(notes) == 3, notes          # a float32, b float32, b float64
     rc, ran, out = doit(zoo)                  # elsewhere: no annotations
     assert "::error" not in out
+
+
+def test_doits_verbosity_sets_what_the_pipeline_logs(zoo):
+    (zoo / "programs/gone.yaml").write_text("dtypes: [float64]\n")   # a config with no program
+    warn = "warning: programs/gone.yaml: a config with no program beside it"
+    debug = "2 programs, 4 checks;"
+    rc, _, out = doit(zoo)
+    assert rc == 0 and warn in out and debug not in out, out
+    rc, _, out = doit(zoo, "--verbosity", "2")
+    assert rc == 0 and warn in out and f"{debug} every task handed to doit" in out, out
+    rc, _, out = doit(zoo, "-v", "0")
+    assert rc == 0 and warn in out and debug not in out, out
+    rc, _, out = doit(zoo)
+    assert rc == 0 and "nothing moved since the last run" in out, out   # information, at -v 1

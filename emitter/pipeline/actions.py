@@ -17,6 +17,7 @@ from ..files import BUNDLE_FILES, json_lines, write_atomic
 from ..fingerprint import sha256_text
 from .guards import freeze_heap
 from .keys import emit_key
+from .log import LOG
 
 
 def _too_big(program, limits):
@@ -88,7 +89,7 @@ def make_report(entries, out_dir, threads, failures=None):
     try:
         history.refill(os.path.join(out_dir, "results.sqlite"), [c.result for e in entries for c in e.checks])
     except history.HistoryError as e:
-        sys.stderr.write(f"report: the history was not made again: {e}\n")
+        LOG.warning(f"report: the history was not made again: {e}")
     key_rows = []
     rows = build_rows(entries, os.path.join(out_dir, ".report-cache.json"), threads, failures, key_rows)
     key = report_key(entries, threads, key_rows)

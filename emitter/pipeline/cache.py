@@ -27,6 +27,7 @@ from ..extras import require
 from ..files import read_json, write_atomic
 from .digests import canonical
 from .keys import check_key, check_parts, current_keys
+from .log import LOG
 
 SCHEMA, VERSION = "logos.verdict-cache", 1
 KEY_ENV = "LOGOS_CACHE_KEY"
@@ -95,7 +96,7 @@ class VerdictCache:
         # `has` verified and `get` has not yet taken (a derived program's lookup, then its lock),
         # so no entry is read and verified twice in a run
         self._valid, self._checked = set(), {}
-        self._say = say or (lambda text: sys.stderr.write(text + "\n"))
+        self._say = say or LOG.warning
 
     def path(self, key):
         return f"{self.root}/{key[:2]}/{key}.json"
@@ -306,5 +307,5 @@ def publish_all(entries, threads, url, memo_path, part=False):
     if sent:
         sys.stdout.write(f"cache: published {sent} verdict(s) to {url}\n")
     for f in failed[:5]:
-        sys.stderr.write(f"cache: not published: {f}\n")
+        LOG.warning(f"cache: not published: {f}")
     return True

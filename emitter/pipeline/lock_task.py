@@ -21,6 +21,7 @@ from ..fingerprint import sha256_or_none
 from . import digests
 from .guards import freeze_heap
 from .keys import check_key, check_parts
+from .log import LOG
 
 RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
 
@@ -193,14 +194,14 @@ def lock_program(entry, run, db):
     stray = next((done[c.dtype]["unmatched_weights"] for c in entry.checks
                   if done[c.dtype].get("unmatched_weights")), ())
     for w in verdict.unmatched(pc.weights, stray):   # a leaf renamed, a file for another program
-        sys.stderr.write(f"lock:{pc.name} {w}\n")
+        LOG.warning(f"lock:{pc.name} {w}")
     new = [done[c.dtype] for c in entry.checks if c.dtype in fresh | restored
            or done[c.dtype].get("from_cache") or status.get("status") != "ok"]
     try:
         if new:
             history.record_all(db, new)
     except history.HistoryError as e:   # the verdicts stand in their RESULT.json all the same
-        sys.stderr.write(f"lock:{pc.name}: the history was not appended to: {e}\n")
+        LOG.warning(f"lock:{pc.name}: the history was not appended to: {e}")
     if lost:
         return TaskFailed(f"lock:{pc.name}: {lost} (recorded as an error; the next run tries again)")
     bad = [f"{c.dtype} {done[c.dtype]['verdict']}" for c in entry.checks if done[c.dtype]["verdict"] != "pass"]
@@ -220,12 +221,12 @@ def _publish(store, name, dtype, key, r, parts, quiet=False):
     if not publishable(r, parts):
         if quiet:
             return
-        sys.stderr.write(f"lock:{name}: [{dtype}] not published to {store.url}: computed in another "
+        LOG.warning(f"lock:{name}: [{dtype}] not published to {store.url}: computed in another "
                          "environment than this checkout's (a worker with other versions or another "
                          "CPU); the key names this one\n")
         return
     try:
         store.put(key, r)
     except Exception as e:
-        sys.stderr.write(f"lock:{name}: [{dtype}] not published to {store.url}: "
-                         f"{type(e).__name__}: {str(e)[:200]}\n")
+        LOG.warning(f"lock:{name}: [{dtype}] not published to {store.url}: "
+                    f"{type(e).__name__}: {str(e)[:200]}")

@@ -14,6 +14,8 @@ import time
 
 from doit.reporter import ConsoleReporter
 
+from .log import LOG
+
 PROGRESS_THRESHOLD = 40
 LINE_AFTER = 3.0
 
@@ -226,7 +228,7 @@ class ProgressReporter(ConsoleReporter):
         from .run import current
         note = current().say() if current() is not None and "report" in self.uptodate else None
         if note:
-            self.write(note)
+            LOG.info(note.rstrip("\n"))
         super().complete_run()
         summary = self._summary()
         if summary:
@@ -248,7 +250,7 @@ class ProgressReporter(ConsoleReporter):
                 from .cache import publish_all
                 publish_all(mine, threads, url, memo_path, part=True)
         except Exception as e:
-            self.write(f"cache: not published: {type(e).__name__}: {str(e)[:200]}\n")
+            LOG.warning(f"cache: not published: {type(e).__name__}: {str(e)[:200]}")
 
     def _report_failures(self):
         """A task that failed (or could not run because one before it failed), or one that doit
@@ -268,7 +270,7 @@ class ProgressReporter(ConsoleReporter):
         why = [f"{len(failed)} failed task(s) as errors"] if failed else []
         why += ["the checks that did not pass"] if self.verdicts_failed else []
         why += ["ignored tasks' checks as current or not"] if ignored else []
-        self.write(f"report: written with {' and '.join(why)} (see {build_dir}/summary.md)\n")
+        LOG.info(f"report: written with {' and '.join(why)} (see {build_dir}/summary.md)")
 
     def _summary(self):
         """The run's last line: its checks' verdicts and where the report is, e.g. `24 checks:
@@ -280,10 +282,11 @@ class ProgressReporter(ConsoleReporter):
         if run is None:
             return None
         rows, bad = None, []
+        github = os.environ.get("GITHUB_ACTIONS") == "true"
         if "report" in self.reachable:
-            report = read_json(f"{run.build}/report.json") or {}
-            rows = [(r.get("name"), r.get("check"), r.get("verdict")) for r in report.get("results") or ()]
-            bad = report.get("failures") or []
+            rows = [tuple(v) for v in (read_json(f"{run.build}/status/report.json") or {}).get("verdicts") or ()
+                    if isinstance(v, list) and len(v) == 3]
+            bad = ((read_json(f"{run.build}/report.json") or {}).get("failures") or []) if github else []
         else:
             names = {n[len("lock:"):] for n in self.settled + sorted(self.verdicts_failed)
                      if n.startswith("lock:")}
@@ -295,7 +298,7 @@ class ProgressReporter(ConsoleReporter):
                    for n, dt, v in rows if v != "pass"]
         if not rows:
             return None
-        if os.environ.get("GITHUB_ACTIONS") == "true":
+        if github:
             self._annotate(bad, run)
         counts = {}
         for name, check, verdict in rows:

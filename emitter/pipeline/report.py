@@ -319,15 +319,17 @@ def formats():
 
 
 def write_reports(rows, out_dir, plots_cache=None, key=None):
-    """All the files (REPORT_FILES), each whole (staged, then renamed together), then the report's status: the
-    key it was made under (None: never current) and each file's sha256."""
+    """All the files (REPORT_FILES), each whole (staged, then renamed together), then the report's
+    status: the key it was made under (None: never current), each file's sha256 and its rows'
+    verdicts (name, check, verdict): what the run's last line counts without reading report.json."""
     os.makedirs(out_dir, exist_ok=True)
     header = context(os.path.dirname(os.path.abspath(out_dir)))
     files = {f: render(rows, plots_cache, header) for f, render in formats().items()}
     write_files(out_dir, files)
     drop_aside(out_dir)
     write_files(os.path.join(out_dir, "status"), {"report.json": json_lines(
-        {"key": key, "files": {f: sha256_text(t) for f, t in files.items()}})})
+        {"key": key, "files": {f: sha256_text(t) for f, t in files.items()},
+         "verdicts": [[r["name"], r["check"], r["verdict"]] for r in rows]})})
 
 
 def recorded_key(out_dir):

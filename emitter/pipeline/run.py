@@ -12,7 +12,8 @@ import sys
 
 from .. import fingerprint
 from ..files import read_json
-from . import executors, files_io, guards, handing, keys
+from . import executors, files_io, guards, handing, keys, log
+from .log import LOG
 from .checks import entries
 from .config import discover
 from ..importers import declared_reads
@@ -77,7 +78,7 @@ def settings(get_var):
         sys.stderr.write(f"doit: refused: {e}\n")
         raise guards.BuildBusy(3) from None
     if warning:
-        sys.stderr.write(f"warning: {warning}\n")
+        LOG.warning(f"warning: {warning}")
     return {"executor": ex["spec"], "workers": ex["workers"], "threads": int(threads),
             "cache": store.url if store else None, "kind": ex["kind"]}
 
@@ -116,20 +117,24 @@ class Run:
     def __init__(self, build, config, own_config, ours):
         from doit import get_var
         begin(build)
+        args = handing.doit_args()
+        log.setup(log.verbosity(args))
         self.build, self.db = build, f"{build}/results.sqlite"
         self.settings = settings(get_var)
         warnings = []
         programs = discover(os.getcwd(), cache_file=f"{build}/.config-cache.json", warnings=warnings)
         for w in warnings:
-            sys.stderr.write(f"warning: {w}\n")
+            LOG.warning(f"warning: {w}")
         defaults = [f for f in ("programs/defaults.yaml",) if os.path.isfile(f)]
         self.entries = entries(programs, build, defaults)
         self.handed = None   # None: every task; else the names of those handed beside the report
         self.report_now = None   # the report's key as the pre-check read it, when nothing is handed
-        args = handing.doit_args()
         self.own = handing.own_tasks(ours)   # the dodo's own tasks, as their creators make them
         if handing.plain(args) and handing.dodo_ok(self.own, config, own_config, self._inputs()):
             self.handed = self._not_current()
+        LOG.debug(f"{len(self.entries)} programs, {sum(len(e.checks) for e in self.entries)} checks; "
+                  + ("every task handed to doit (not a plain run, or a dodo task names the zoo's)"
+                     if self.handed is None else f"{len(self.handed)} task(s) not current by their keys"))
         locks = [e for e in self.entries if e.locked and self._hands(f"lock:{e.name}")]
         if self.settings["kind"] != "inline" and locks and handing.is_run(args):
             executors.executor(self.settings["executor"], self.settings["workers"]).warm()
