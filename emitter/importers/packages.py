@@ -41,24 +41,25 @@ def _record(path):
 
 
 def _shippers(base, module):
-    """The dist-info folders in `base` whose distribution ships `module`, best guesses first."""
+    """The dist-info folders in `base` whose distribution ships `module`, best guesses (those
+    named after it) first, the rest found lazily through their top_level.txt: the caller stops at
+    the first that lists its file, so a zoo's configs do not open every installed package's."""
     try:
         infos = sorted(e for e in os.listdir(base) if e.endswith(".dist-info"))
     except OSError:
-        return []
+        return
     key = module.lower()
     named = [i for i in infos if i.split("-")[0].lower().replace(".", "_") == key]
-    out = list(named)
+    yield from named
     for info in infos:
         if info in named:
             continue
         try:
             with open(os.path.join(base, info, "top_level.txt"), encoding="utf-8") as f:
                 if module in f.read().split():
-                    out.append(info)
+                    yield info
         except OSError:
             pass
-    return out
 
 
 def package_file(spec):
