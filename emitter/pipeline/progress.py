@@ -226,7 +226,7 @@ class ProgressReporter(ConsoleReporter):
         self._report_failures()
         self._publish_named()
         from .run import current
-        note = current().say() if current() is not None and "report" in self.uptodate else None
+        note = current().say(self.ran) if current() is not None and "report" in self.uptodate else None
         if note:
             LOG.info(note.rstrip("\n"))
         super().complete_run()

@@ -182,12 +182,14 @@ class Run:
     def _hands(self, name):
         return self.handed is None or name in self.handed
 
-    def say(self):
-        """A line for the run's end when doit was handed fewer tasks than the zoo has."""
+    def say(self, ran=0):
+        """A line for the run's end when doit was handed fewer tasks than the zoo has (`ran`: how
+        many tasks ran, a dodo's own among them)."""
         if self.handed is None:
             return None
         if not self.handed:
-            return "nothing moved since the last run: every task is current\n"
+            return ("nothing moved since the last run: every task is current\n" if not ran else
+                    "every task of the zoo is current by its key (the dodo's own ran)\n")
         total = sum(1 + e.locked + bool(e.pc.derive and not e.pc.error) for e in self.entries) + 1
         return (f"{len(self.handed) + 1} of {total} tasks handed to doit: the others are current "
                 "by their keys\n")
