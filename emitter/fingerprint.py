@@ -56,6 +56,15 @@ class Fingerprints:
                 self.dirty = True
         return sha
 
+    def moved(self, old, new):
+        """A file renamed from `old` to `new` keeps its hash on record (its stamp is unchanged; a
+        lookup checks it all the same)."""
+        with self._lock:
+            entry = self.files.pop(old, None)
+            if entry is not None:
+                self.files[new] = entry
+                self.dirty = True
+
     def save(self):
         if not (self.path and self.dirty):
             return
@@ -92,6 +101,11 @@ def sha256_or_none(path, st=None):
         return _CURRENT[0].sha256(path, st)
     except OSError:
         return None
+
+
+def moved(old, new):
+    """`old`'s hash on record is `new`'s (a file renamed, or a folder's file under its new name)."""
+    _CURRENT[0].moved(old, new)
 
 
 def sha256_text(text):

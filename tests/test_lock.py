@@ -264,6 +264,51 @@ def test_a_lock_hashes_weights_through_the_one_stat_cache(tmp_path):
         fingerprint.bind(None)
 
 
+def test_a_renamed_folders_hashes_stay_on_record(tmp_path):
+    """Derived weights are hashed where the import writes them, then their folder is renamed into
+    place: the hashes move with them (same stamp), so the lock reads none of them again."""
+    from emitter import fingerprint
+    made, out = tmp_path / "tmp" / "out", tmp_path / "weights"
+    made.mkdir(parents=True)
+    (made / "W.f32").write_bytes(np.arange(64, dtype="<f4").tobytes())
+    cache = fingerprint.bind(str(tmp_path / "fp.json"))
+    try:
+        st = os.stat(made / "W.f32")
+        cache.files[str(made / "W.f32")] = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:" + "e" * 64
+        os.rename(made, out)
+        fingerprint.moved(str(made / "W.f32"), str(out / "W.f32"))
+        assert fingerprint.sha256(str(out / "W.f32")) == "e" * 64      # on record: not read
+        assert str(made / "W.f32") not in cache.files
+    finally:
+        fingerprint.bind(None)
+
+
+def test_a_lock_by_hand_inside_a_zoo_takes_the_zoos_hashes(tmp_path, monkeypatch):
+    """`logos lock` run at a zoo's root reads build/.fingerprints.json: a weights file the zoo
+    hashed (its stamp on record) is not read again; its recorded hash is the one the result names."""
+    import hashlib
+    from emitter import fingerprint
+    from emitter.cli import main
+    (tmp_path / "p.logos").write_text(RING)
+    program = read_file(str(tmp_path / "p.logos"))
+    monkeypatch.chdir(tmp_path)
+    write_weights(program, tmp_path / "w", seed=1)
+    emit_bundle(RING, tmp_path / "b")
+    (tmp_path / "build").mkdir()
+    record = {}
+    for f in sorted(os.listdir("w")):
+        st = os.stat(os.path.join("w", f))
+        record[os.path.join("w", f)] = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:" + "d" * 64
+    (tmp_path / "build" / ".fingerprints.json").write_text(json.dumps({"version": fingerprint.VERSION,
+                                                                       "files": record}))
+    try:
+        main(["lock", "b", "--program", "p.logos", "--weights", "w", "-o", "r.json"])
+    finally:
+        fingerprint.bind(None)
+    want = hashlib.sha256("".join(f"{f}\0{'d' * 64}\n" for f in sorted(os.listdir("w"))).encode()).hexdigest()
+    assert json.load(open("r.json"))["hashes"]["weights"] == want
+
+
 def test_weights_changed_after_their_manifest_are_an_error(zoo):
     """A lock told the weights' hashes (doit's locks are: those its key names) checks the files it read
     against them: weights edited after the manifest was taken (say while the run waited for a

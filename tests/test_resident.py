@@ -86,3 +86,18 @@ def test_a_stage_reads_the_table_behind_a_view():
     program = read_program("Let E be a 300 by 8 tensor of Real.\nLet x be a 1 by 8 tensor of Real.\n"
                            "Let t be transpose of E.\nLet y be x matmul t.\n")
     assert reads(program) == {0: ["E"], 1: ["E", "x"]}
+
+
+def test_an_untouched_map_of_the_vms_own_bytes_is_known_without_reading_it(made):
+    """The load stage takes a leaf the module maps from the very bytes the VM maps as equal: only
+    while every page is still the file's, at the same file and offset."""
+    program, weights, bundle, _ = made
+    module = load_bundle_module(bundle)
+    model = module.LogosModule(module.load_weights(weights, torch.float64), torch.float64)
+    path = os.path.join(weights, "W.f64")
+    with Resident(model, program.leaves) as resident:
+        assert resident.maps_as("W", path, 0)
+        assert not resident.maps_as("W", path, 8)                        # another offset
+        assert not resident.maps_as("W", os.path.join(weights, "x.f64"), 0)   # another file
+        model.leaf_W[3, 5] += 1.0                                           # now the module's own page
+        assert not resident.maps_as("W", path, 0)

@@ -67,6 +67,10 @@ def test_the_good_bundle_passes(ring):
     ("weights[name] = torch.from_numpy(data).reshape(shape).to(held)",
      "weights[name] = torch.from_numpy(data).reshape(shape).to(held)\n"
      "        weights.pop('cs') if name == 'cs' else None", "cs"),
+    # a loader that scales a mapped weight in place: its pages are no longer the file's
+    ("weights[name] = torch.from_numpy(data).reshape(shape).to(held)",
+     "weights[name] = torch.from_numpy(data).reshape(shape).to(held)\n"
+     "        weights[name].mul_(1.5) if name == 'wc' else None", "wc"),
     # a wrong fill
     ('"g": ((1, 0.5),),', '"g": ((1, 0.25),),', "g"),
     # a fill at the wrong item

@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 from ..files import write_atomic
-from ..fingerprint import sha256
+from ..fingerprint import moved, sha256
 from .guards import freeze_heap
 from .keys import import_key
 
@@ -70,6 +70,8 @@ def import_weights(derive, source, out_dir, seconds=3600, tmp_root="build/tmp"):
         if os.path.exists(out_dir):
             os.rename(out_dir, os.path.join(tmp, "old"))
         os.rename(os.path.join(tmp, "out"), out_dir)
+        for n in listed(out_dir):   # the hashes just taken stay on record: the lock reads none again
+            moved(os.path.join(made, n), os.path.join(out_dir, n))
         return True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

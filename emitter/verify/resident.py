@@ -25,14 +25,14 @@ _PRESENT, _SWAPPED, _FILE = np.uint64(1 << 63), np.uint64(1 << 62), np.uint64(1 
 
 
 def _file_maps():
-    """[(start, end)] of this process's file-backed mappings."""
+    """[(start, end, offset in the file, the file's path)] of this process's file-backed mappings."""
     out = []
     with open("/proc/self/maps") as f:
         for line in f:
             parts = line.split(None, 5)
             if len(parts) == 6 and parts[4] != "0" and parts[5].startswith("/"):
                 start, end = parts[0].split("-")
-                out.append((int(start, 16), int(end, 16)))
+                out.append((int(start, 16), int(end, 16), int(parts[2], 16), parts[5].rstrip("\n")))
     return out
 
 
@@ -47,6 +47,7 @@ class Resident:
 
     def __init__(self, model, names):
         self.ranges, self.kept, self.seconds, self._pagemap = {}, set(), 0.0, None
+        self.files = {}   # leaf: (the file it maps, the byte of the file its values start at)
         try:
             maps, self._libc = _file_maps(), _libc()
             self._pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
@@ -58,9 +59,10 @@ class Resident:
                 continue
             lo = t.data_ptr()
             hi = lo + t.numel() * t.element_size()
-            vma = next(((s, e) for s, e in maps if s <= lo and hi <= e), None)
+            vma = next(((s, e, o, p) for s, e, o, p in maps if s <= lo and hi <= e), None)
             if vma is not None:   # pages wholly inside this file's map (it maps nothing else)
                 self.ranges[name] = (max(vma[0], lo - lo % PAGE), min(vma[1], -(-hi // PAGE) * PAGE))
+                self.files[name] = (vma[3], vma[2] + lo - vma[0])
 
     def __enter__(self):
         return self
@@ -71,7 +73,26 @@ class Resident:
     def close(self):
         if self._pagemap is not None:
             os.close(self._pagemap)
-        self._pagemap, self.ranges = None, {}
+        self._pagemap, self.ranges, self.files = None, {}, {}
+
+    def _written(self, name):
+        """Whether a page of the leaf's map is the module's own (written to, or swapped out)."""
+        lo, hi = self.ranges[name]
+        n = (hi - lo) // PAGE
+        flags = np.frombuffer(os.pread(self._pagemap, 8 * n, 8 * (lo // PAGE)), dtype=np.uint64)
+        return bool(np.any(((flags & _PRESENT != 0) & (flags & _FILE == 0)) | (flags & _SWAPPED != 0)))
+
+    def maps_as(self, name, path, offset):
+        """Whether the module's leaf `name` is an untouched map of the bytes of `path` from
+        `offset` on (every page of it still the file's): then it holds those bytes, unread."""
+        where = self.files.get(name)
+        if where is None or name in self.kept or where[1] != offset:
+            return False
+        try:
+            same = os.path.samefile(where[0], path)
+        except OSError:
+            return False
+        return same and not self._written(name)
 
     def release(self, names):
         start = time.perf_counter()
@@ -79,12 +100,10 @@ class Resident:
             r = self.ranges.get(name)
             if r is None or name in self.kept:
                 continue
-            lo, hi = r
-            n = (hi - lo) // PAGE
-            flags = np.frombuffer(os.pread(self._pagemap, 8 * n, 8 * (lo // PAGE)), dtype=np.uint64)
-            if np.any(((flags & _PRESENT != 0) & (flags & _FILE == 0)) | (flags & _SWAPPED != 0)):
+            if self._written(name):
                 self.kept.add(name)   # written to: copy-on-write made those pages the module's own
                 continue
+            lo, hi = r
             self._libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED)
         self.seconds += time.perf_counter() - start
 
