@@ -369,8 +369,6 @@ def add_arguments(p):
 # the dtypes `compile.py test` runs on CPU: a lock by hand records each one's default tolerance
 # beside the one it applied, so that the bundle tests itself at either after any lock
 TESTED = ("float32", "float64")
-
-
 ZOO_RECORD = os.path.join("build", ".fingerprints.json")   # a zoo's hash record, from its root
 
 
