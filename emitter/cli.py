@@ -143,7 +143,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["doit"]:   # doit's own arguments, untouched by argparse
         from .zoo import main as zoo_main
-        return zoo_main(argv[1:])
+        return zoo_main(argv[1:], COMMANDS)
     from . import __version__
     ap = argparse.ArgumentParser(prog="logos", description=__doc__.splitlines()[0])
     ap.add_argument("--version", action="version", version=f"logos {__version__}")

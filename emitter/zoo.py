@@ -7,7 +7,8 @@ import os
 import sys
 
 
-def main(argv):
+def main(argv, commands=()):
+    """Run doit over the zoo with `argv`; `commands`: logos's own, named by the completion script."""
     from .pipeline.zoo_cli import BIN_NAME, enter_zoo, tabcompletion
     if enter_zoo() is None:
         print(f"logos doit: no programs/ folder in {os.getcwd()} or any folder above it: a zoo is "
@@ -33,6 +34,5 @@ def main(argv):
     ZooMain.BIN_NAME = BIN_NAME      # doit's help and errors name `logos doit CMD`, as typed
 
     if argv[:1] == ["tabcompletion"]:
-        from .cli import COMMANDS
-        return tabcompletion(ZooMain(ZooLoader()).run, argv, sorted(COMMANDS))
+        return tabcompletion(ZooMain(ZooLoader()).run, argv, sorted(commands))
     return ZooMain(ZooLoader()).run(argv)

@@ -141,7 +141,7 @@ def test_junit_line_comes_from_the_op_or_the_reason():
 def test_the_header_names_the_commit_of_a_git_zoo_and_a_reproducible_time(tmp_path, monkeypatch):
     import datetime
     import subprocess
-    from emitter.pipeline.report import context
+    from emitter.pipeline.report_facts import context
     from emitter.pipeline.report_html import render
     assert context(str(tmp_path))["commit"] is None                  # not a git checkout
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]

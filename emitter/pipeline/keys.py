@@ -26,6 +26,24 @@ from .files_io import uptodate_check
 SCHEMA, VERSION = "logos.check-key", 3
 
 
+DERIVED = ".derived.json"
+
+
+def files(folder):
+    """{name: os.DirEntry} of a weights folder's plain files (dot files are the pipeline's); an
+    OSError when it cannot be listed."""
+    with os.scandir(folder) as it:
+        return {e.name: e for e in it if not e.name.startswith(".") and e.is_file()}
+
+
+def listed(folder):
+    """The names of a weights folder's plain files, or an empty set when it cannot be listed."""
+    try:
+        return set(files(folder))
+    except OSError:
+        return set()
+
+
 def check_key(parts):
     """The key of one check: sha256 of the canonical JSON of what its verdict depends on."""
     return digest({"schema": SCHEMA, "version": VERSION, **parts})
@@ -71,23 +89,22 @@ def weights_part(entry, leaves):
         return key and {"import": key}
     if not pc.weights:
         return None
-    from .weights import files
     try:
         found = files(pc.weights)
     except OSError:
         return {"missing": pc.weights}
     claimed = claimed_files(found, leaves)
-    files, others = {}, {}
+    shas, others = {}, {}
     for n in sorted(found):
         try:
             st = found[n].stat()
         except OSError:
             st = None
         if n in claimed:
-            files[n] = st and sha256_or_none(found[n].path, st)
+            shas[n] = st and sha256_or_none(found[n].path, st)
         else:
             others[n] = st and st.st_size
-    return {"files": files, "others": others}
+    return {"files": shas, "others": others}
 
 
 _NONE = object()
@@ -134,7 +151,6 @@ def emit_current(entry, st=None):
 def import_current(entry):
     """The derived folder holds what an import of the inputs as they are now makes: its
     .derived.json names the current import key, and each file it lists is still that file."""
-    from .weights import DERIVED, listed
     record = read_json(os.path.join(entry.pc.weights, DERIVED))
     if not isinstance(record, dict) or record.get("key") != import_key(entry.pc.derive):
         return False

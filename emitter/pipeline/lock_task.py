@@ -56,7 +56,7 @@ def _weights_shas(entry, parts):
     if "files" in w:
         return w["files"]
     if "import" in w:
-        from .weights import DERIVED
+        from .keys import DERIVED
         return (read_json(os.path.join(entry.pc.weights, DERIVED)) or {}).get("files")
     return None
 

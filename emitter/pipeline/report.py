@@ -8,17 +8,15 @@ The rows are a function of the status and result files only; the headers add the
 time (SOURCE_DATE_EPOCH, where set, makes it reproducible), the host and the environment.
 """
 
-import datetime
 import os
 import re
-import socket
-import subprocess
 import xml.etree.ElementTree as ET
 
 from ..files import StampedCache, json_lines, read_json, write_files
 from ..verify.verdict import decided, decisive, describe, number, one_minus_cos, short
 from ..fingerprint import sha256_or_none, sha256_text
 from .keys import check_key, moved
+from .report_facts import context, counts, warnings
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
 REPORT_FILES = ("report.json", "junit.xml", "junit-jenkins.xml", "summary.md", "report.html")   # (formats' order)
@@ -148,42 +146,12 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
     return rows
 
 
-def counts(rows):
-    c = {"pass": 0, "fail": 0, "error": 0}
-    for r in rows:
-        c[r["verdict"]] = c.get(r["verdict"], 0) + 1
-    return c
-
-
 def render_json(rows):
     body = {"schema": "logos.pipeline.report", "version": 2,
             "programs": len({r["name"] for r in rows}), "checks": len(rows), "counts": counts(rows),
             "failures": [dict(r, why=describe(r)) for r in rows if r["verdict"] != "pass"],
             "results": rows}
     return json_lines(body)   # a row per line: a diff of two reports reads row by row
-
-
-def _git(root, *args):
-    try:
-        p = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return p.stdout.strip() if p.returncode == 0 else None
-
-
-def context(root="."):
-    """What the headers say beyond the rows: the zoo's commit (None outside a git checkout) and
-    whether tracked files differ from it, the time (UTC; SOURCE_DATE_EPOCH where set), the host
-    and the environment's fingerprint and digest (the one the run's keys use)."""
-    from ..verify import environment
-    commit = _git(root, "rev-parse", "--verify", "-q", "HEAD")
-    dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no")) if commit else False
-    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
-    when = (datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch.isdigit()
-            else datetime.datetime.now(datetime.timezone.utc))
-    fp = environment.fingerprint()
-    return {"commit": commit, "dirty": dirty, "time": when.strftime("%Y-%m-%dT%H:%M:%S"),
-            "hostname": socket.gethostname(), "environment": fp, "environment_digest": environment.digest(fp)}
 
 
 def junit_line(r):
@@ -240,18 +208,6 @@ def render_junit(rows, header=None, locate=True):
 
 def _md(text):
     return str(text).replace("|", "\\|").replace("\n", " ").replace("\r", " ").replace("`", "'")
-
-
-def warnings(rows):
-    """What the report warns of beside the verdicts: files of a program's weights folder that no
-    leaf claims (a leaf renamed, a file meant for another program), once per program."""
-    seen, out = set(), []
-    for r in rows:
-        files = [f for f in r.get("unmatched_weights") or () if (r["name"], f) not in seen]
-        seen.update((r["name"], f) for f in files)
-        out += [f"{short(r['name'])}: weights file `{short(f, 120)}` matches no leaf of the program "
-                "(ignored)" for f in files]
-    return out
 
 
 def render_summary(rows):

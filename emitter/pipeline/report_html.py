@@ -17,6 +17,7 @@ import re
 
 from ..files import StampedCache, read_json
 from .plot_svg import log_plot
+from .report_facts import context, counts, warnings
 from ..fingerprint import sha256_or_none
 from ..verify.verdict import decided, decisive, number, one_minus_cos, short, where
 
@@ -136,7 +137,6 @@ def _plot(name, checks, cache):
 
 
 def _header(rows, programs, header):
-    from .report import counts
     c, env = counts(rows), header["environment"]
     out = [f"<header><h1>LOGOS lock: {len(programs)} programs, {len(rows)} checks — {c['pass']} pass, "
            f"{c['fail']} fail, {c['error']} error</h1>"]
@@ -172,7 +172,6 @@ def _header(rows, programs, header):
 def render(rows, cache_path=None, header=None):
     """The page, from the report's rows (failures first, as the rows are sorted); `header`:
     report.context()'s (taken here when not given)."""
-    from .report import context
     header = header or context()
     cache = StampedCache(cache_path, 3)   # 3: the legend below the frame
     programs = {}
@@ -185,7 +184,6 @@ def render(rows, cache_path=None, header=None):
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            "<title>LOGOS lock report</title>", f"<style>{_STYLE}</style></head><body>"]
     out += _header(rows, programs, header)
-    from .report import warnings
     notes = warnings(rows)
     if notes:
         out.append('<section class="warnings"><h2>Warnings</h2><ul>'

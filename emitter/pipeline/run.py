@@ -240,7 +240,7 @@ class Run:
                     deps.append(f"weights:{e.name}")
             files = []
             if e.pc.weights and not e.pc.derive and os.path.isdir(e.pc.weights):
-                from .weights import listed
+                from .keys import listed
                 files = [f"{e.pc.weights}/{n}" for n in sorted(listed(e.pc.weights))]
             yield {
                 "name": e.name,

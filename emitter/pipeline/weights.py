@@ -13,25 +13,7 @@ import tempfile
 from ..files import write_atomic
 from ..fingerprint import moved, sha256
 from .guards import freeze_heap
-from .keys import import_key
-
-DERIVED = ".derived.json"
-
-
-def files(folder):
-    """{name: os.DirEntry} of a weights folder's plain files (dot files are the pipeline's); an
-    OSError when it cannot be listed."""
-    with os.scandir(folder) as it:
-        return {e.name: e for e in it if not e.name.startswith(".") and e.is_file()}
-
-
-def listed(folder):
-    """The names of a weights folder's plain files, or an empty set when it cannot be listed."""
-    try:
-        return set(files(folder))
-    except OSError:
-        return set()
-
+from .keys import DERIVED, import_key, listed
 
 def import_weights(derive, source, out_dir, seconds=3600, tmp_root="build/tmp"):
     """`python -m emitter import-IMPORTER CHECKPOINT --program SOURCE -o DIR` (`derive`: the

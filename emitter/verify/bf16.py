@@ -41,6 +41,7 @@ import numpy as np
 
 from ..ops import ALL_OPS
 from ..ops.base import WIDEN_BYTES
+from .rounding import COMPUTE_GRAIN, rounded
 from .routing import ROUTERS, judge_router
 from .verdict import describe_flip
 from .vm import bind_result, run_stage
@@ -56,10 +57,6 @@ GAIN_SKIP = tuple(op.name for op in ALL_OPS if not op.gain_test)   # the norms: 
 COSINE_MIN = 0.999
 MARGIN_NOISE = 3.0
 MIN_VALUES = 16             # fewer values than this give no gain or cosine test (too few to judge)
-# the relative grain of a computation in each precision, under which no noise is judged: an op
-# whose floor is (nearly) exact, all fp32 in and out, still differs from float64 by its fp32
-# accumulation (about sqrt(K) ulps of 2^-24 for K terms; 2^-14 leaves room for cancellation)
-COMPUTE_GRAIN = {"fp32": 2.0 ** -14, "bf16": 2.0 ** -6}
 
 
 def bounds(overrides=None):
@@ -68,16 +65,6 @@ def bounds(overrides=None):
     return {"excess": {**EXCESS, **o.get("excess", {})}, "excess_other": o.get("excess_other", EXCESS_OTHER),
             "deviation": o.get("deviation", DEVIATION), "z": o.get("z", Z_LIMIT),
             "cosine": o.get("cosine", COSINE_MIN), "margin_noise": o.get("margin_noise", MARGIN_NOISE)}
-
-
-def rounded(torch, x, precision):
-    """`x` (float64 or float32 values) rounded to "bf16" or "fp32", as float64."""
-    if isinstance(x, tuple):
-        return tuple(rounded(torch, v, precision) for v in x)
-    x = np.asarray(x)
-    t = torch.from_numpy(x if x.flags.writeable and x.flags.c_contiguous else np.array(x))
-    t = t.to(torch.bfloat16 if precision == "bf16" else torch.float32)
-    return t.to(torch.float64).numpy()
 
 
 def _operand(torch, value, held, compute):

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..ops.experts import ROUTERS
 from ..ops.precision import FP32
+from .rounding import COMPUTE_GRAIN, rounded
 
 
 def _rms_rows(x):
@@ -27,7 +28,6 @@ def _rms_rows(x):
 def judge_router(torch, program, st, env, module, gate, step):
     """(the VM's and the floor's routing weights under the module's choice, the flips found) for
     the routing stage `st` on one probe step; `env` holds the VM's values of its inputs."""
-    from .bf16 import COMPUTE_GRAIN, rounded
     select, weights = ROUTERS[st.op.name]
     compute, output = gate.precisions[st.index]
     a = st.args(program.shapes, values=env)
