@@ -53,6 +53,10 @@ def test_dask_local_gives_the_inline_verdicts(tmp_path):
         ex = r["execution"]
         assert ex["executor"] == "dask:local" and ex["worker"].startswith("tcp://127.0.0.1:")
         assert ex["threads"] == ex["torch_threads"] == 1 and ex["pid"] != os.getpid()
+    for n in "ab":   # the VM once per program on the workers too: one check wrote it, one read it
+        traces = sorted((_result(z, n, d)["trace"]["written"], _result(z, n, d)["trace"]["hit"],
+                         _result(z, n, d)["timings"]["vm_s"] == 0) for d in ("float64", "float32"))
+        assert traces == [(False, True, True), (True, False, False)], n
     # the golden outputs came back from a worker and the driver wrote them
     assert json.loads((z / "build/bundles/a/golden/golden.json").read_text())["steps"] == 1
     report = json.loads((z / "build/report.json").read_text())

@@ -49,10 +49,14 @@ def run_check(job, worker=None):
     def path(p):
         return p if p is None or here or os.path.isabs(p) else os.path.join(root, p)
     golden = {} if job.get("golden") is not None else None
+    kwargs = dict(job["kwargs"])
+    if kwargs.get("trace"):   # the VM's trace file: only by the code its key names, and here
+        kwargs["trace"] = {**kwargs["trace"], "path": path(kwargs["trace"]["path"])} \
+            if job.get("code") == code else None
     start, cpu, began = time.perf_counter(), time.process_time(), time.time()
     with thread_limits(job["threads"]) as threads:
         r = lock_bundle(path(job["bundle"]), path(job["source"]), path(job["weights"]),
-                        golden=job.get("golden"), golden_files=golden, **job["kwargs"])
+                        golden=job.get("golden"), golden_files=golden, **kwargs)
     r.update(program_path=str(job["source"]), bundle=str(job["bundle"]),
              weights=None if job["weights"] is None else str(job["weights"]))
     execution = {"executor": job.get("executor", "inline"), "worker": worker, "pid": os.getpid(),

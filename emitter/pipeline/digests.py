@@ -16,6 +16,9 @@ CODE = {
     "emit": ("files.py", "ops", "language", "sambaflow"),
     "lock": ("files.py", "ops", "language", "sambaflow", "verify", "pipeline/check_worker.py"),
     "import": ("importers", "sambaflow/weight_files.py"),
+    # what the VM's trace is computed and stored by (emitter.verify.trace): a trace is shared by a
+    # program's checks until this code changes, whatever else of the lock's does
+    "vm": ("ops", "language", "sambaflow/weight_files.py", "verify/vm.py", "verify/trace.py"),
     "report": ("pipeline/report.py", "pipeline/report_html.py", "pipeline/plot_svg.py", "verify/verdict.py"),
 }
 # the libraries whose code makes an import's numbers as much as the importers' own: a gguf upgrade

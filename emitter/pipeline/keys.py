@@ -49,6 +49,18 @@ def check_key(parts):
     return digest({"schema": SCHEMA, "version": VERSION, **parts})
 
 
+def trace_key(parts):
+    """The key of the VM's trace a check reads (emitter.verify.trace), of the parts of its key the
+    VM reads: the program's text, the weights' files (not the folder's others, never read), the
+    steps, the VM's code, the environment and the thread count (the BLAS's sums); None for none."""
+    if parts is None:
+        return None
+    weights = {k: v for k, v in (parts["weights"] or {}).items() if k != "others"} or None
+    return digest({"schema": "logos.vm-trace-key", "version": 1, "source": parts["source"],
+                   "weights": weights, "steps": parts["steps"], "code": digests.code("vm"),
+                   "environment": parts["environment"], "threads": parts["threads"]})
+
+
 def import_inputs(derive):
     """What derived weights are made from: the importer, the checkpoint as the config names it,
     the sha256 of every file the importer declares it reads, and the importer's code with its

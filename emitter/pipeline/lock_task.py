@@ -20,7 +20,7 @@ from ..files import json_lines, read_json, write_atomic, write_files
 from ..fingerprint import sha256_or_none
 from . import digests
 from .guards import freeze_heap
-from .keys import check_key, check_parts
+from .keys import check_key, check_parts, trace_key
 from .log import LOG
 
 RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
@@ -68,13 +68,24 @@ def _about(r, parts):
     return h.get("source") == parts["source"] and h.get("bundle") == parts["bundle"]
 
 
-def _job(entry, check, parts, run, golden):
+def trace_spec(parts, traces):
+    """The VM's trace file of a check (`traces`: build/store/traces), shared by its program's
+    checks: its path under the trace key, and what the lock must find to use it (emitter.verify.trace)."""
+    key = trace_key(parts)
+    if key is None:
+        return None
+    return {"path": os.path.join(traces, key[:2], f"{key}.trace"), "key": key,
+            "source": parts["source"], "environment": parts["environment"]}
+
+
+def _job(entry, check, parts, run, golden, traces):
     from . import executors
     pc = entry.pc
     kwargs = dict(dtype=check.dtype, steps=pc.steps, atol=check.atol, rtol=check.rtol,
                   allow_nonfinite=tuple(pc.allow_nonfinite), max_tensor_bytes=pc.limits["tensor_bytes"],
-                  bf16_bounds=pc.bf16, precision=pc.precision, weights_shas=_weights_shas(entry, parts))
-    return {"name": pc.name, "root": os.getcwd(), "bundle": entry.bundle, "source": pc.source,
+                  bf16_bounds=pc.bf16, precision=pc.precision, weights_shas=_weights_shas(entry, parts),
+                  trace=trace_spec(parts, traces))
+    return {"code": digests.code("lock"), "name": pc.name, "root": os.getcwd(), "bundle": entry.bundle, "source": pc.source,
             "weights": pc.weights, "kwargs": kwargs, "golden": golden, "threads": run["threads"],
             "thread_env": {k: os.environ[k] for k in executors.POOL_VARS if k in os.environ},
             "memory": executors.memory_need(os.path.join(entry.bundle, "manifest.json"))}
@@ -106,6 +117,7 @@ def lock_program(entry, run, db):
     pc, threads = entry.pc, run["threads"]
     store = cache.store(run.get("cache"))
     local = cache.LocalStore(os.path.dirname(db) or ".")
+    traces = os.path.join(os.path.dirname(db) or ".", "store", "traces")   # the VM's, per program
     status = read_json(entry.status) or {"status": "error", "reason": f"{entry.status}: missing or unreadable"}
     recorded = (read_json(entry.lock_status) or {}).get("checks") or {}
     own = digests.code("lock")
@@ -137,7 +149,7 @@ def lock_program(entry, run, db):
                                          f"{pc.weights}: the weights directory does not exist")
             continue
         # the VM's outputs are the same for every dtype: golden/ is written once
-        jobs.append(_job(entry, c, parts, run, golden))
+        jobs.append(_job(entry, c, parts, run, golden, traces))
         golden = golden if (run.get("executor") or "inline") != "inline" else None
     lost = None
     try:

@@ -28,7 +28,7 @@ from ..files import BUNDLE_FILES, json_lines, write_atomic, write_files
 from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
-from . import environment, verdict, vm
+from . import environment, trace as trace_file, verdict, vm
 from .compare import KEYS, compare, figures, load_stage, worse  # noqa: F401 (compare: for callers)
 from .judges import judge_for
 from .probe import CouldNotRun, Probe, Raised, run_module
@@ -141,12 +141,13 @@ def _feeding(program):
     return next((bound[n] for n in out.inputs if n in bound and program.real.get(n)), None)
 
 
-def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, golden=None):
+def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, golden=None, vm_steps=None):
     """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures,
     where the module raised or None: the run stops at the step it raised in). Each step has a probe
     pass (every op on the VM's inputs) and a teacher-forced pass (the module alone from the VM's
     states, so each step's error is its own); its VM step also goes to `golden` (a Golden) when
-    given. `judge` (emitter.verify.judges) says what passes: each stage after the probe pass, the
+    given; `vm_steps`, the VM's steps (emitter.verify.trace.steps), computed here when not given.
+    `judge` (emitter.verify.judges) says what passes: each stage after the probe pass, the
     output and each state after the free pass."""
     current = dict(leaves)
     details, stages_worst, first, output_worst, argmax_all = [], {}, None, None, True
@@ -162,10 +163,9 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             stages_worst[i] = worse(stages_worst.get(i), m)
             if first is None and not m["pass"]:
                 first = {"step": step, **_label(program, i), **figures(m)}
+    vm_steps = iter(vm_steps or trace_file.steps(program, leaves, steps, timings))
     for step in range(1, steps + 1):
-        t = time.perf_counter()
-        trace = vm.step(program, current, keep_stages=True)
-        timings["vm_s"] += time.perf_counter() - t
+        trace = next(vm_steps)
         if golden is not None:
             golden.add(step, trace)
 
@@ -242,13 +242,15 @@ def _set_states(torch, model, program, values):
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
                 rtol=None, allow_nonfinite=(), max_tensor_bytes=None, golden=None, bf16_bounds=None,
-                precision=None, weights_shas=None, golden_files=None):
+                precision=None, weights_shas=None, golden_files=None, trace=None):
     """Lock one bundle, as it stands on disk, against its program; the RESULT.json dict (verdict
     pass, fail or error). A program whose tensors take more than `max_tensor_bytes` (float64) is
     refused before anything is allocated. Nothing is written: with `golden` ({dtype: tolerance})
     and `golden_files` (a dict), the files of the bundle's golden/ for `compile.py test` (the VM's
     outputs and stage summaries, {name: bytes}) are put into `golden_files` once every step ran,
-    for the caller to write (`write_golden`)."""
+    for the caller to write (`write_golden`). `trace`: the VM's trace file this check shares with
+    its program's others ({"path", "key", "source", "environment"}: emitter.verify.trace), used
+    only where the program read and this process's environment are those its key names."""
     start = time.perf_counter()
     tol = tolerance(dtype, atol, rtol)
     result = {
@@ -305,8 +307,11 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             if golden is not None and golden_files is not None:
                 from .golden import Golden
                 keep = Golden(bundle_dir, program, weights_dir, golden)
+            vm_steps = trace_file.shared(trace, result, program, leaves.values, steps, lambda: weights_dir
+                                         and _as_manifest(result, weights_dir, leaves.sources, weights_shas))
             details, stages, first, output, raised = _run(torch, model, torch_dtype, program, leaves.values,
-                                                          steps, judge, result["timings"], resident, keep)
+                                                          steps, judge, result["timings"], resident, keep,
+                                                          vm_steps)
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
         if load["failed"]:   # a wrong leaf is the first divergence, whatever the module did then

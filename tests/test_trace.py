@@ -1,0 +1,173 @@
+"""The VM once per program (issue 28): the VM's trace stored under the key of what it reads, read
+by a program's other checks, rebuilt where a stage is a view, recomputed where the file is damaged."""
+
+import json
+import os
+import shutil
+import struct
+
+import numpy as np
+import pytest
+
+from conftest import DATA, emit_bundle, write_weights
+from emitter import read_file
+from emitter.verify import trace as trace_file
+from emitter.verify.lock import lock_bundle
+from test_lock import TIED
+from test_pipeline import PROG_A, _weights, doit, make_zoo
+
+FIGURES = ("verdict", "stages", "output", "first_divergence", "worst", "steps_detail", "load")
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory):
+    """The all-ops program (states, views of stages, row lookups) with random weights, its bundle."""
+    d = tmp_path_factory.mktemp("trace")
+    shutil.copy(os.path.join(DATA, "all_ops.logos"), d / "all_ops.logos")
+    program = read_file(str(d / "all_ops.logos"))
+    return {"program": str(d / "all_ops.logos"), "weights": write_weights(program, d / "weights", seed=3),
+            "bundle": emit_bundle(program.source, d / "bundle"), "source": program.source}
+
+
+def _spec(path, lock_result):
+    """A trace spec for the inputs `lock_result` (a hand lock of the same check) read."""
+    return {"path": str(path), "key": "k" * 64, "source": lock_result["hashes"]["source"],
+            "environment": lock_result["environment"]["digest"]}
+
+
+def _lock(ops, dtype, spec=None, steps=3):
+    return lock_bundle(ops["bundle"], ops["program"], ops["weights"], dtype, steps, trace=spec)
+
+
+def _same(a, b):
+    assert {k: a[k] for k in FIGURES} == {k: b[k] for k in FIGURES}
+
+
+def test_a_programs_second_dtype_reads_the_trace_and_runs_no_vm(ops, tmp_path):
+    hand = {dt: _lock(ops, dt) for dt in ("float64", "float32")}
+    assert all(r["verdict"] == "pass" and r["timings"]["vm_s"] > 0 for r in hand.values())
+    spec = _spec(tmp_path / "traces" / "kk" / "t.trace", hand["float64"])
+    first = _lock(ops, "float64", spec)
+    assert first["trace"]["written"] and not first["trace"]["hit"] and first["timings"]["vm_s"] > 0
+    assert os.path.getsize(spec["path"]) == first["trace"]["bytes"]
+    second = _lock(ops, "float32", spec)
+    assert second["trace"]["hit"] and not second["trace"]["written"]
+    assert second["timings"]["vm_s"] == 0.0 and second["timings"]["trace_s"] > 0
+    _same(first, hand["float64"])      # the same figures as the VM computed in the lock
+    _same(second, hand["float32"])
+    assert not [p for p in os.listdir(os.path.dirname(spec["path"])) if p.endswith(".partial")]
+
+
+def test_a_trace_of_another_program_or_environment_is_not_used(ops, tmp_path):
+    hand = _lock(ops, "float64", steps=1)
+    for wrong in ({"source": "0" * 64}, {"environment": "0" * 64}):
+        spec = {**_spec(tmp_path / "t.trace", hand), **wrong}
+        r = _lock(ops, "float64", spec, steps=1)
+        assert r["trace"]["why"].startswith("not used") and r["timings"]["vm_s"] > 0
+        assert not os.path.exists(spec["path"])
+
+
+@pytest.mark.parametrize("damage", ["array", "index", "truncated", "empty"])
+def test_a_damaged_trace_is_recomputed_with_the_same_verdict(ops, tmp_path, damage):
+    hand = _lock(ops, "float32")
+    spec = _spec(tmp_path / "t.trace", hand)
+    assert _lock(ops, "float64", spec)["trace"]["written"]
+    data = bytearray(open(spec["path"], "rb").read())
+    n = struct.unpack("<Q", data[-48:-40])[0]
+    if damage == "array":            # a byte of step 2's arrays: steps 1 read, the rest computed
+        index = json.loads(bytes(data[-48 - n:-48]))
+        rec = next(s for s in index["steps"][1]["stages"] if "o" in s and s["n"])
+        data[rec["o"]] ^= 0x40
+    elif damage == "index":
+        data[-48 - n + 10] ^= 0x01
+    elif damage == "truncated":
+        data = data[:len(data) // 2]
+    else:
+        data = bytearray()
+    open(spec["path"], "wb").write(bytes(data))
+    r = _lock(ops, "float32", spec)
+    assert "damaged" in r["trace"]["why"] and r["timings"]["vm_s"] > 0
+    _same(r, hand)
+    if damage == "array":            # removed: the next check writes it again
+        assert not r["trace"]["written"] and not os.path.exists(spec["path"])
+    else:                            # computed again under the lock and written whole
+        assert r["trace"]["written"] and _lock(ops, "float32", spec)["trace"]["hit"]
+
+
+def test_a_view_of_a_leaf_is_stored_as_a_marker_and_rebuilt(tmp_path):
+    """`transpose of E` (gemma3's tied table, here 3000×64) is not written out: it is rebuilt
+    from the leaf on reading, exactly as the VM made it."""
+    (tmp_path / "t.logos").write_text(TIED.replace("300 by 8", "3000 by 64").replace("1 by 8", "1 by 64"))
+    w = tmp_path / "w"
+    w.mkdir()
+    rng = np.random.default_rng(5)
+    rng.standard_normal((3000, 64)).astype("<f4").tofile(w / "E.f32")
+    rng.standard_normal((1, 64)).astype("<f4").tofile(w / "x.f32")
+    bundle = emit_bundle((tmp_path / "t.logos").read_text(), tmp_path / "b")
+    hand = lock_bundle(bundle, str(tmp_path / "t.logos"), str(w), "float32", 2)
+    spec = _spec(tmp_path / "t.trace", hand)
+    first = lock_bundle(bundle, str(tmp_path / "t.logos"), str(w), "float64", 2, trace=spec)
+    assert first["trace"]["written"]
+    assert os.path.getsize(spec["path"]) < 2 * 3000 * 8 + 4096   # y at 2 steps; E alone is 768 kB
+    r = trace_file.Reader(spec["path"], spec["key"], 2)
+    assert [s.get("rebuild") for s in r.index["steps"][0]["stages"]] == [True, None]
+    program = read_file(str(tmp_path / "t.logos"))
+    from emitter.verify import vm
+    leaves = vm.load_leaves(program, str(w)).values
+    got, want = r.step(program, leaves, 0), vm.step(program, leaves)
+    assert np.shares_memory(got.stages[0], leaves["E"]) and got.stages[0].shape == (64, 3000)
+    assert np.array_equal(got.stages[1], want.stages[1]) and got.output is got.stages[1]
+    r.close()
+    _same(lock_bundle(bundle, str(tmp_path / "t.logos"), str(w), "float32", 2, trace=spec), hand)
+
+
+def test_a_trace_over_its_limit_is_not_stored_and_the_lock_computes_the_vm(ops, tmp_path):
+    hand = _lock(ops, "float32", steps=1)
+    spec = {**_spec(tmp_path / "t.trace", hand), "limit": 64}
+    r = _lock(ops, "float32", spec, steps=1)
+    assert r["trace"]["why"].startswith("not stored") and r["timings"]["vm_s"] > 0
+    assert os.listdir(tmp_path) == []
+    _same(r, hand)
+
+
+def test_the_least_recently_used_traces_go_past_the_folders_limit(tmp_path):
+    for i, name in enumerate(("old", "mid", "new")):
+        p = tmp_path / name[:2] / f"{name}.trace"
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(b"x" * 100)
+        os.utime(p, (1000 + i, 1000 + i))
+    trace_file.prune(str(tmp_path), str(tmp_path / "ol" / "old.trace"), limit=250)
+    assert sorted(p.name for p in tmp_path.rglob("*.trace")) == ["new.trace", "old.trace"]
+
+
+def _results(z):
+    return {p.stem: json.loads(p.read_text()) for p in (z / "build/results/a").glob("*.json")}
+
+
+def test_the_zoo_computes_the_vm_once_per_program_and_keys_it_by_what_it_reads(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64, float32]\n")})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    rc, ran, out = doit(z)
+    r = _results(z)
+    assert rc == 0 and r["float64"]["verdict"] == r["float32"]["verdict"] == "pass", out
+    key = r["float64"]["trace"]["key"]
+    assert r["float64"]["trace"]["written"] and r["float32"]["trace"] == {**r["float64"]["trace"],
+                                                                          "hit": True, "written": False}
+    assert r["float32"]["timings"]["vm_s"] == 0.0 < r["float64"]["timings"]["vm_s"]
+    assert (z / "build/store/traces" / key[:2] / f"{key}.trace").is_file()
+    (z / "weights/a/notes.txt").write_text("not a leaf")      # a file the VM does not read
+    (z / "programs/a.yaml").write_text("dtypes: [float64, float32]\ntolerances: {float32: {abs: 0.001, rel: 0.001}}\n")
+    rc, ran, out = doit(z)
+    r = _results(z)
+    assert rc == 0 and "lock:a" in ran, out
+    assert {dt: (x["trace"]["key"], x["trace"]["hit"]) for dt, x in r.items()} == \
+        {"float64": (key, True), "float32": (key, True)}
+    _weights(str(z / "weights/a/w.f64"), 1)                     # other weights: another trace
+    rc, ran, out = doit(z)
+    r = _results(z)
+    assert rc == 0 and r["float64"]["trace"]["key"] not in (key, None) and r["float64"]["trace"]["written"], out
+    key2 = r["float64"]["trace"]["key"]
+    (z / "programs/a.logos").write_text(PROG_A.replace("-0.5", "-0.25"))   # another program: another
+    rc, ran, out = doit(z)
+    r = _results(z)
+    assert rc == 0 and r["float64"]["trace"]["key"] not in (key, key2) and r["float32"]["trace"]["hit"], out
