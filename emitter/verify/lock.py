@@ -2,16 +2,15 @@
 
 The module is built the way `model.py --weights` and compile.py build it: the bundle's own
 `load_weights(directory, dtype)` and `LogosModule`. Then:
-- a `load` stage: every leaf the module holds (loaded, or declared and filled) must be the VM's leaf
-  in the lock's dtype, exactly: a wrong loader or fill is a failure naming the tensor;
-- each step, a probe pass: the module starts from the VM's states, and its `tap` hook hands every
-  stage the VM's values, so each op is compared on the VM's inputs and the first op that diverges
-  is named even where the error would grow later;
-- each step, a free pass: the module runs alone carrying its own states; its output and its states
-  after the step are compared with the VM's, so a wrong write-back is named (state and step).
+- a `load` stage: every leaf the module holds must be the VM's leaf in the lock's dtype, exactly
+  (a wrong loader or fill is a failure naming the tensor);
+- each step, a probe pass: the module from the VM's states, its `tap` hook handing every stage the
+  VM's values, so the first op that diverges is named even where the error would grow later;
+- each step, a free pass: the module alone with its own states; its output and states after the
+  step against the VM's, so a wrong write-back is named (state and step).
 What passes is the check's judge's (emitter.verify.judges): the dtype's tolerance, or in bfloat16
-the per-op gate against each op's rounding floor.
-"""
+the per-op gate against each op's rounding floor. The VM's steps come from the program's shared
+trace where there is one (emitter.verify.trace)."""
 
 import hashlib
 import math
@@ -24,6 +23,7 @@ import uuid
 import numpy as np
 
 from .. import fingerprint
+from ..fingerprint import sha256 as _sha256   # one stat cache: weights the keys hashed are not read again
 from ..files import BUNDLE_FILES, json_lines, write_atomic, write_files
 from ..language.errors import ProgramError
 from ..language.reader import read_file
@@ -39,13 +39,6 @@ from .tolerances import DEFAULT_TOLERANCES as TOLERANCES, tolerance
 SCHEMA, VERSION = "logos.lock.result", 2
 
 
-def _sha(path):
-    """A file's sha256 through the one fingerprint rule (`emitter.fingerprint`: one stat cache,
-    the ctime in its stamp), so the same weights locked at three dtypes are read once, and a file
-    the driver's keys hashed is not read again."""
-    return fingerprint.sha256(path)
-
-
 def weights_digest(weights_dir, sources):
     """One sha256 over the leaf files the run read (name and content), or None for none."""
     files = sorted({f for f in sources.values() if f != "declared"})   # a .safetensors: once
@@ -53,7 +46,7 @@ def weights_digest(weights_dir, sources):
         return None
     h = hashlib.sha256()
     for f in files:
-        h.update(f"{f}\0{_sha(os.path.join(weights_dir, f))}\n".encode())
+        h.update(f"{f}\0{_sha256(os.path.join(weights_dir, f))}\n".encode())
     return h.hexdigest()
 
 
@@ -62,7 +55,7 @@ def _as_manifest(result, weights_dir, sources, shas):
     error: one changed after the manifest was taken, before or during the check (a file's memo
     holds while its stat does, so a file unchanged costs a stat)."""
     moved = [f for f in sorted(set(sources.values()) - {"declared"})
-             if shas is not None and _sha(os.path.join(weights_dir, f)) != shas.get(f)]
+             if shas is not None and _sha256(os.path.join(weights_dir, f)) != shas.get(f)]
     if moved:
         result["stale_weights"] = moved
         raise CouldNotRun(f"{weights_dir}: {', '.join(moved[:3])}{' and more' if moved[3:] else ''} "
@@ -280,7 +273,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         model_py = _read_model(os.path.join(bundle_dir, "model.py"))   # read once: hashed, then run
         for f in BUNDLE_FILES:
             p = os.path.join(bundle_dir, f)
-            result["hashes"]["bundle"][f] = (_sha(p) if os.path.isfile(p) else None) if f != "model.py" \
+            result["hashes"]["bundle"][f] = (_sha256(p) if os.path.isfile(p) else None) if f != "model.py" \
                 else None if model_py is None else hashlib.sha256(model_py).hexdigest()
         leaves = vm.load_leaves(program, weights_dir, allow_nonfinite=allow_nonfinite)
         result["unmatched_weights"] = leaves.unmatched
