@@ -36,7 +36,7 @@ from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
 from .gguf import MASK, _lit, _printable, decode_head, decode_start, head_padding, run_import
 from .gguf_file import (check_fills, checkpoint_file, field_value, gguf_leaves, gguf_plan,
-                        import_record, open_gguf, shortest_f32, write_weights)
+                        import_record, nothing_left, open_gguf, shortest_f32, write_weights)
 from .packages import chunks
 
 DEFAULT_CONTEXT = 256
@@ -215,7 +215,7 @@ def derived_leaves(program, meta):
 def import_gemma3(checkpoint, program, out_dir):
     """Write `out_dir/<var>.f32` (`.f64` for the rope tables) for every leaf of `program` the GGUF
     or the decode step provides; returns the files written."""
-    with checkpoint_file(checkpoint, out_dir) as path:
+    with nothing_left(out_dir), checkpoint_file(checkpoint, out_dir) as path:
         reader = open_gguf(path)
         meta = gemma3_meta(reader)
         plan, derived = gguf_plan(program, reader), derived_leaves(program, meta)

@@ -147,12 +147,21 @@ def gguf_leaves(program, reader, aliases=None, fix=None, plan=None):
         yield var, w.reshape(rows, cols)
 
 
-def _first_missing(path):
-    """The outermost folder of `path` that does not exist yet (what makedirs would create), or None."""
-    path, missing = os.path.abspath(path), None
+@contextlib.contextmanager
+def nothing_left(out_dir):
+    """Remove, if the block fails, the folders it made for `out_dir` (the outermost that did not
+    exist before, and all under it): a refused import leaves no empty weights folder behind, nor
+    the scratch a chunked checkpoint is joined in."""
+    path, made = os.path.abspath(out_dir), None
     while not os.path.exists(path):
-        missing, path = path, os.path.dirname(path)
-    return missing
+        made, path = path, os.path.dirname(path)
+    try:
+        yield
+    except BaseException:
+        if made:
+            import shutil
+            shutil.rmtree(made, ignore_errors=True)
+        raise
 
 
 def write_weights(out_dir, leaves, record):
@@ -160,10 +169,10 @@ def write_weights(out_dir, leaves, record):
     then `out_dir/.import.json`: `record` plus every file's name, bytes and sha256. Staged: the
     files are written one at a time into a folder inside `out_dir` and moved into place only once
     every leaf was read, so a checkpoint that fails half way (a tensor of the wrong shape, a full
-    disk) leaves `out_dir` as it was (and no folder this call made). Returns the file names."""
+    disk) leaves `out_dir` as it was (`nothing_left` removes a folder the import made). Returns
+    the file names."""
     import shutil
     import tempfile
-    made = _first_missing(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     stage = tempfile.mkdtemp(prefix=".import-", dir=out_dir)
     try:
@@ -177,7 +186,7 @@ def write_weights(out_dir, leaves, record):
                 digest = hashlib.file_digest(fh, "sha256").hexdigest()
             files.append({"file": f, "bytes": os.path.getsize(os.path.join(stage, f)), "sha256": digest})
     except BaseException:
-        shutil.rmtree(made or stage, ignore_errors=True)
+        shutil.rmtree(stage, ignore_errors=True)
         raise
     for f in written:
         os.replace(os.path.join(stage, f), os.path.join(out_dir, f))
