@@ -7,7 +7,6 @@ only; a read-only install is left as it is (its sources cannot be edited either)
 
 import importlib.util
 import os
-import py_compile
 import sys
 
 CHECKED = 0b11   # the pyc header's flags: hash-based, checked against the source
@@ -35,6 +34,7 @@ def check_sources(package_dir):
             pyc = importlib.util.cache_from_source(source)
             if _checked(pyc) or (sys.dont_write_bytecode and not os.path.exists(pyc)):
                 continue   # (with PYTHONDONTWRITEBYTECODE no new .pyc, but an old one is still read)
+            import py_compile   # (only when a .pyc is written: 2 ms of a `logos check`)
             try:
                 py_compile.compile(source, cfile=pyc, doraise=True,
                                    invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)

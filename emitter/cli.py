@@ -7,7 +7,6 @@ subcommand runs, so `emit` and `run` never import torch.
 
 import argparse
 import importlib
-import json
 import os
 import sys
 
@@ -125,6 +124,7 @@ def run_main(args):
         write_atomic(path, value.astype("<f8").tobytes())
     if args.state_out:
         _write_state_dir(program, leaves, trace.states, args.state_out, args.weights)
+    import json
     print(json.dumps({**vm.output_summary(program, trace.output), "steps": args.steps}))
     return 0
 

@@ -2,9 +2,7 @@
 derived from files, and the bundle's file names: standard library only, so the dodo and the
 pipeline use them without loading numpy."""
 
-import json
 import os
-import tempfile
 
 BUNDLE_FILES = ("model.py", "manifest.json", "compile.py")
 PARTIAL = ".partial"   # a file being written: renamed into place when whole, else swept later
@@ -13,6 +11,7 @@ PARTIAL = ".partial"   # a file being written: renamed into place when whole, el
 def _stage(directory, fname, data):
     """`data` in full in a temporary file beside `fname`, readable like any emitted file. `data` is
     text, bytes, or an array that writes itself (`tofile`: a large leaf is never copied to bytes)."""
+    import tempfile   # (json too, where used: a `logos check` that writes nothing never loads them)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{fname}.", suffix=PARTIAL)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -49,6 +48,7 @@ def write_atomic(path, data):
 
 
 def json_lines(obj):
+    import json
     """`obj` (a dict) as JSON with a key per line, and a list of dicts an item per line: what a
     diff reads line by line, written by the C encoder (indent= falls back to the pure-Python one,
     most of a warm-cache run's time when a result holds thousands of stages)."""
@@ -66,6 +66,7 @@ MAX_JSON = 256 << 20   # no file the pipeline reads as JSON may make it hold mor
 def read_json(path, limit=MAX_JSON):
     """A JSON file's value, or None when it is missing, not JSON or over `limit` bytes. (os-level
     reads: a no-op run reads a status file per task, and file objects cost twice the read.)"""
+    import json
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -112,6 +113,7 @@ class StampedCache:
 
     def save(self):
         if self.path and self.new != self.old:
+            import json
             try:
                 write_atomic(self.path, json.dumps({"version": self.version, "entries": self.new}))
             except OSError:

@@ -35,8 +35,8 @@ from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
 from .gguf import MASK, _lit, _printable, decode_head, decode_start, head_padding, run_import
-from .gguf_file import (checkpoint_file, field_value, gguf_leaves, import_record, open_gguf,
-                        shortest_f32, write_weights)
+from .gguf_file import (check_fills, checkpoint_file, field_value, gguf_leaves, gguf_plan,
+                        import_record, nothing_left, open_gguf, shortest_f32, write_weights)
 from .packages import chunks
 
 DEFAULT_CONTEXT = 256
@@ -200,11 +200,13 @@ def derived_leaves(program, meta):
     """The step's leaves that are no GGUF tensor and not their declared zeros: the first token and
     position, the K caches' mask columns, both rope tables (float64: computed here) and RING."""
     out = decode_start(program, meta)
+    if "COSg" not in program.decls:   # not a decode step: the leaves it fills are the GGUF's alone
+        return out
     rows = program.decls["COSg"].rows
     out["COSg"], out["SINg"] = rope_tables(rows, meta["head_dim"], meta["rope_theta"])
     out["COSl"], out["SINl"] = rope_tables(rows, meta["head_dim"], meta["rope_theta_local"])
-    if "RING" in program.decls:
-        first_local = next(i for i in range(meta["n_layer"]) if not is_global(i))
+    first_local = next((i for i in range(meta["n_layer"]) if not is_global(i)), None)
+    if "RING" in program.decls and f"Kc{first_local}" in program.decls:
         window = program.decls[f"Kc{first_local}"].rows
         out["RING"] = (np.arange(rows, dtype=np.float32) % window).reshape(rows, 1)
     return out
@@ -213,10 +215,12 @@ def derived_leaves(program, meta):
 def import_gemma3(checkpoint, program, out_dir):
     """Write `out_dir/<var>.f32` (`.f64` for the rope tables) for every leaf of `program` the GGUF
     or the decode step provides; returns the files written."""
-    with checkpoint_file(checkpoint, out_dir) as path:
+    with nothing_left(out_dir), checkpoint_file(checkpoint, out_dir) as path:
         reader = open_gguf(path)
         meta = gemma3_meta(reader)
-        leaves = itertools.chain(gguf_leaves(program, reader), derived_leaves(program, meta).items())
+        plan, derived = gguf_plan(program, reader), derived_leaves(program, meta)
+        check_fills(program, reader, plan, derived, checkpoint)
+        leaves = itertools.chain(gguf_leaves(program, reader, plan=plan), derived.items())
         return write_weights(out_dir, leaves, import_record(checkpoint, path, meta, program))
 
 

@@ -41,8 +41,8 @@ import numpy as np
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
-from .gguf_file import (checkpoint_file, field_value, gguf_leaves, import_record, open_gguf,
-                        shortest_f32, write_weights)
+from .gguf_file import (check_fills, checkpoint_file, field_value, gguf_leaves, gguf_plan,
+                        import_record, nothing_left, open_gguf, shortest_f32, write_weights)
 from .packages import resolve_checkpoint
 
 MASK = -1e5            # a not-yet-written cache row's key in the mask column
@@ -275,12 +275,14 @@ def _unpermuter(meta):
 def import_gguf(checkpoint, program, out_dir):
     """Write `out_dir/<var>.f32` for every leaf of `program` the GGUF or the decode step provides;
     returns the list of files written."""
-    with checkpoint_file(checkpoint, out_dir) as path:
+    with nothing_left(out_dir), checkpoint_file(checkpoint, out_dir) as path:
         reader = open_gguf(path)
         meta = llama_meta(reader)
-        leaves = gguf_leaves(program, reader, ALIASES.get(meta["arch"]), _unpermuter(meta))
-        derived = derived_leaves(program, meta).items()
-        return write_weights(out_dir, itertools.chain(leaves, derived),
+        plan = gguf_plan(program, reader, ALIASES.get(meta["arch"]))
+        derived = derived_leaves(program, meta)
+        check_fills(program, reader, plan, derived, checkpoint)
+        leaves = gguf_leaves(program, reader, fix=_unpermuter(meta), plan=plan)
+        return write_weights(out_dir, itertools.chain(leaves, derived.items()),
                              import_record(checkpoint, path, meta, program))
 
 

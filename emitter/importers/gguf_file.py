@@ -17,7 +17,7 @@ from ..extras import require
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..language.names import gguf_name
-from .leaves import write_leaf
+from .leaves import drop_other_forms, unfilled, write_leaf
 from .packages import chunks, resolve_checkpoint
 
 
@@ -89,27 +89,52 @@ def _tables(program):
          if st.op.name == "matmul" and st.bound["B"] in views}
 
 
-def gguf_leaves(program, reader, aliases=None, fix=None):
-    """Yield (var, float32 array in the program's shape) for every leaf whose checkpoint name
-    (`emitter.language.names.gguf_name`) names a tensor of the GGUF. `aliases` maps a tensor name
-    (without `blk.N.`) to the one this architecture has instead; `fix(name, array)` adjusts a
-    tensor in numpy's layout before it is laid out (llama's Q/K un-permutation)."""
-    tensors = {t.name: t for t in reader.tensors}
+def gguf_plan(program, reader, aliases=None):
+    """[(var, GGUF tensor name)] for every leaf whose checkpoint name
+    (`emitter.language.names.gguf_name`) names a tensor of the GGUF, from the tensor list alone
+    (nothing read yet). `aliases` maps a tensor name (without `blk.N.`) to the one this
+    architecture has instead; a leaf the convention names but the GGUF lacks is refused."""
+    tensors = {t.name for t in reader.tensors}
     aliases = aliases or {}
-    tables = _tables(program)
+    plan = []
     for var, decl in program.decls.items():
         name = gguf_name(var, program.attention_layers)
         if name is None:
             continue
-        rows, cols, line = decl.rows, decl.cols, decl.line
         if name not in tensors:
             stem = name.split(".", 2)[-1] if name.startswith("blk.") else name
             alt = aliases.get(stem)
             alt = None if alt is None else name[: len(name) - len(stem)] + alt
             if alt not in tensors:
                 raise ProgramError(f"`{var}`: the GGUF has no tensor `{name}`"
-                                   + (f" (nor `{alt}`)" if alt else ""), line, program.path)
+                                   + (f" (nor `{alt}`)" if alt else ""), decl.line, program.path)
             name = alt
+        plan.append((var, name))
+    return plan
+
+
+def check_fills(program, reader, plan, derived, checkpoint):
+    """Refuse, before anything is written, an import that maps no leaf of `program` or leaves one
+    it reads unfilled (`leaves.unfilled`): `plan` from `gguf_plan`, `derived` the leaves the
+    importer computes itself."""
+    used = {name for _, name in plan}
+    problem = unfilled(program, {var for var, _ in plan} | set(derived), checkpoint,
+                       sorted(t.name for t in reader.tensors if t.name not in used),
+                       " (leaves are read by the GGUF names `emitter.language.names.gguf_name` "
+                       "gives them: `Wq3` is `blk.3.attn_q.weight`, `emb` `token_embd.weight`, ...)")
+    if problem:
+        raise problem
+
+
+def gguf_leaves(program, reader, aliases=None, fix=None, plan=None):
+    """Yield (var, float32 array in the program's shape) for each leaf of `plan` (`gguf_plan`'s,
+    worked out here when not given). `fix(name, array)` adjusts a tensor in numpy's layout before
+    it is laid out (llama's Q/K un-permutation)."""
+    tensors = {t.name: t for t in reader.tensors}
+    tables = _tables(program)
+    for var, name in gguf_plan(program, reader, aliases) if plan is None else plan:
+        decl = program.decls[var]
+        rows, cols, line = decl.rows, decl.cols, decl.line
         w = tensor_array(tensors[name])
         if fix is not None:
             w = fix(name, w)
@@ -122,20 +147,51 @@ def gguf_leaves(program, reader, aliases=None, fix=None):
         yield var, w.reshape(rows, cols)
 
 
+@contextlib.contextmanager
+def nothing_left(out_dir):
+    """Remove, if the block fails, the folders it made for `out_dir` (the outermost that did not
+    exist before, and all under it): a refused import leaves no empty weights folder behind, nor
+    the scratch a chunked checkpoint is joined in."""
+    path, made = os.path.abspath(out_dir), None
+    while not os.path.exists(path):
+        made, path = path, os.path.dirname(path)
+    try:
+        yield
+    except BaseException:
+        if made:
+            import shutil
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+
+
 def write_weights(out_dir, leaves, record):
     """Write each (var, array) of `leaves` as `out_dir/<var>.f32` (`.f64` for a float64 array),
-    one at a time, then `out_dir/.import.json`: `record` plus every file's name, bytes and sha256.
-    Returns the file names written."""
+    then `out_dir/.import.json`: `record` plus every file's name, bytes and sha256. Staged: the
+    files are written one at a time into a folder inside `out_dir` and moved into place only once
+    every leaf was read, so a checkpoint that fails half way (a tensor of the wrong shape, a full
+    disk) leaves `out_dir` as it was (`nothing_left` removes a folder the import made). Returns
+    the file names."""
+    import shutil
+    import tempfile
     os.makedirs(out_dir, exist_ok=True)
-    written = []
-    for var, array in leaves:
-        written.append(write_leaf(out_dir, var, array, "<f8" if array.dtype == np.float64 else "<f4"))
-        del array
-    files = []
+    stage = tempfile.mkdtemp(prefix=".import-", dir=out_dir)
+    try:
+        written = []
+        for var, array in leaves:
+            written.append(write_leaf(stage, var, array, "<f8" if array.dtype == np.float64 else "<f4"))
+            del array
+        files = []
+        for f in written:
+            with open(os.path.join(stage, f), "rb") as fh:
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            files.append({"file": f, "bytes": os.path.getsize(os.path.join(stage, f)), "sha256": digest})
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
     for f in written:
-        with open(os.path.join(out_dir, f), "rb") as fh:
-            digest = hashlib.file_digest(fh, "sha256").hexdigest()
-        files.append({"file": f, "bytes": os.path.getsize(os.path.join(out_dir, f)), "sha256": digest})
+        os.replace(os.path.join(stage, f), os.path.join(out_dir, f))
+        drop_other_forms(out_dir, f)
+    shutil.rmtree(stage, ignore_errors=True)
     write_atomic(os.path.join(out_dir, ".import.json"),
                  json.dumps({**record, "files": files}, indent=1) + "\n")
     return written

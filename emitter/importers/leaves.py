@@ -18,10 +18,16 @@ def write_leaf(out_dir, var, value, dtype="<f4"):
     ext = EXTENSIONS[dtype]
     os.makedirs(out_dir, exist_ok=True)
     write_atomic(os.path.join(out_dir, var + ext), np.ascontiguousarray(value, dtype=dtype))
+    drop_other_forms(out_dir, var + ext)
+    return var + ext
+
+
+def drop_other_forms(out_dir, fname):
+    """Unlink the files of `out_dir` that hold the same leaf as `fname` in another form."""
+    var, ext = os.path.splitext(fname)
     for other in LEAF_SUFFIXES:
         if other != ext and os.path.exists(os.path.join(out_dir, var + other)):
             os.unlink(os.path.join(out_dir, var + other))
-    return var + ext
 
 
 def _some(names, limit=6):

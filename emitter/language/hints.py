@@ -1,8 +1,6 @@
 """The nearest known word for an unknown one ("did you mean `matmul`?"): a refusal of a misspelt op,
 name, key or dtype offers the closest known spelling instead of listing every one."""
 
-import difflib
-
 from .errors import excerpt
 
 
@@ -13,6 +11,7 @@ def nearest(word, known, cutoff=0.6):
     same = [k for k in known if k.lower() == str(word).lower()]
     if same:
         return same[0]
+    import difflib   # (only for a word not known: a `logos check` of a clean zoo never loads it)
     found = difflib.get_close_matches(str(word), known, n=1, cutoff=cutoff)
     return found[0] if found else None
 
@@ -34,5 +33,6 @@ def unknown(what, word, known, listed=True):
 
 def ranked(text, forms, n=3):
     """The `n` forms most like `text` (difflib's ratio), best first, ties in the given order."""
+    import difflib
     score = lambda f: difflib.SequenceMatcher(None, text, f, autojunk=False).ratio()  # noqa: E731
     return sorted(forms, key=score, reverse=True)[:n]

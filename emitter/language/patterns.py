@@ -1,5 +1,7 @@
 """Matching a sentence's words against an op's pattern (see `emitter.ops.base` for the notation)."""
 
+import re
+
 
 def parse_pattern(pattern):
     """A pattern as a list of items: a word, or a list of words for an optional group."""
@@ -61,3 +63,45 @@ def key_of(items):
         if not item[0].isupper():
             return pos, item
     raise AssertionError("a pattern starts with a literal word within its fixed part")
+
+
+def _is_flag(item):
+    return isinstance(item, list) and not any(w[0].isupper() for w in item)
+
+
+def compile_pattern(items):
+    """`match(items, words)` as one regular expression, for the reader's hot loop: a function of
+    `words` giving the same dict (same keys, same order) or None. The words are joined with a
+    space after each; a literal word matches itself, a placeholder one word, an optional group is
+    tried first and then left out (as `match` backtracks), and a flag's group binds True."""
+    parts, slots = [], []   # slots: (group index, key, is a flag), in the order `match` binds them
+
+    def word(tok):
+        if tok[0].isupper():
+            slots.append((len(slots), tok, False))
+            return "([^ ]+) "
+        return re.escape(tok) + " "
+
+    for item in items:
+        if _is_flag(item):
+            slots.append((len(slots), " ".join(item), True))
+            parts.append("(" + "".join(word(tok) for tok in item) + ")?")
+        elif isinstance(item, list):
+            parts.append("(?:" + "".join(word(tok) for tok in item) + ")?")
+        else:
+            parts.append(word(item))
+    source, compiled = "".join(parts), []   # compiled on first use: most ops are not in a program
+
+    def matcher(words):
+        if not compiled:
+            compiled.append(re.compile(source))
+        m = compiled[0].fullmatch(" ".join(words) + " " if words else "")
+        if m is None:
+            return None
+        groups, bound = m.groups(), {}
+        for index, key, flag in slots:
+            value = groups[index]
+            if value is not None:
+                bound[key] = True if flag else value
+        return bound
+    return matcher

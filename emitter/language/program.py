@@ -1,7 +1,8 @@
 """The one IR: what the reader makes of a tensor program, and all the emitter, VM and lock consume."""
 
+from __future__ import annotations   # (annotations unevaluated: `typing` is not loaded)
+
 from dataclasses import dataclass, field
-from typing import Optional, Union
 
 from ..ops import Args, Op
 

@@ -1,14 +1,13 @@
 """The reader: LOGOS tensor sugar to the Program IR, refusing every ill-formed or ill-shaped line."""
 
-import difflib
 import math
 import re
 
 from .errors import ProgramError, excerpt
 from .hints import did_you_mean, nearest, ranked
-from .names import layer_of, unsafe_name
+from .names import RESERVED, layer_of, unsafe_name
 from ..ops import OPS, SET_ROW, Args, ShapeError
-from .patterns import key_of, match, parse_pattern
+from .patterns import compile_pattern, key_of, parse_pattern
 from .program import Decl, Fill, OpSentence, Program, Show, Stage
 
 MAX_ELEMENTS = 1 << 31
@@ -26,7 +25,21 @@ DECL_FORM = "Let V be a R by C tensor of Real."
 FILL_FORM = "Set item N of V to VALUE."
 _PATTERNS = [(op, parse_pattern(op.pattern)) for op in OPS]
 _KEYS = [(op, items, key_of(items)) for op, items in _PATTERNS]
-_SET_ROW_ITEMS = parse_pattern(SET_ROW.pattern)
+_SET_ROW_MATCH = compile_pattern(parse_pattern(SET_ROW.pattern))
+# (position, word) of an op's naming word -> [(its place in _KEYS, op, matcher)]: a sentence's
+# candidate ops are looked up by the words at those positions, not found by trying every op
+_BY_KEY = {}
+for _i, (_op, _items, _key) in enumerate(_KEYS):
+    _BY_KEY.setdefault(_key, []).append((_i, _op, compile_pattern(_items)))
+_KEY_POSITIONS = sorted({pos for pos, _ in _BY_KEY})
+# The common well-formed fill and declaration, read in one regular expression each; anything else
+# (and any value these leave to the checks below) takes the sentence-by-sentence path, which says
+# what is wrong. A declaration is read so only if no op is named by a word it has in that place.
+_FAST_FILL = re.compile(r"Set item ([0-9]{1,15}) of ([A-Za-z_][A-Za-z0-9_]*) to "
+                        r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\.")
+_FAST_DECL = re.compile(r"Let ([A-Za-z_][A-Za-z0-9_]*) be a ([0-9]{1,15}) by ([0-9]{1,15}) "
+                        r"tensor of (Real|Int)\.")
+_DECL_FAST = not any(word in ("a", "by", "tensor", "of") or word.isdigit() for pos, word in _BY_KEY)
 
 
 def _form(op):
@@ -56,6 +69,7 @@ def _hint(line, head, forms, close=""):
 def _unknown_let(line, rest):
     """An op sentence whose op the reader does not know: the nearest op word of the sentence's
     words (a misspelt `matmull`), else the forms most like it."""
+    import difflib
     best = None
     for word in rest[:max(pos for _, _, (pos, _) in _KEYS) + 1]:   # where an op's word stands
         near = nearest(word, _OP_WORDS, 0.7)
@@ -142,15 +156,15 @@ def _op_sentence(line, out, op, bound):
 def _read_let(line, words):
     out = _name(line, words[1], "the bound name")
     rest = words[3:]
-    candidates = [(op, items) for op, items, (pos, word) in _KEYS
-                  if pos < len(rest) and rest[pos] == word]
-    for op, items in candidates:
-        bound = match(items, rest)
+    found = [_BY_KEY.get((pos, rest[pos]), ()) for pos in _KEY_POSITIONS if pos < len(rest)]
+    candidates = found[0] if len(found) == 1 else sorted(c for cs in found for c in cs)
+    for _, op, matcher in candidates:
+        bound = matcher(rest)
         if bound is not None:
             return _op_sentence(line, out, op, bound)
     if candidates:
         # ops that share their first word (`softmax`, `softmax routing`): each form is quoted
-        raise line.error("expected " + " or ".join(f"`{_form(op)}`" for op, _ in candidates))
+        raise line.error("expected " + " or ".join(f"`{_form(op)}`" for _, op, _ in candidates))
     if rest and rest[0] == "a":
         if not (len(rest) == 7 and rest[2] == "by" and rest[4] == "tensor" and rest[5] == "of"):
             raise line.expected(DECL_FORM, "or `… of Int.`")
@@ -175,7 +189,7 @@ def _read_set(line, words):
             raise line.error(f"VALUE must be a numeric literal (`3`, `-0.25`, `1e-3`), got `{words[6]}`")
         return Fill(_name(line, words[4]), int(words[2]), words[6], line.number)
     if len(words) > 1 and words[1] == "row":
-        bound = match(_SET_ROW_ITEMS, words[1:])
+        bound = _SET_ROW_MATCH(words[1:])
         if bound is None:
             raise line.expected(_form(SET_ROW))
         return _op_sentence(line, bound["TABLE"], SET_ROW, bound)
@@ -213,6 +227,17 @@ def read_tensor_sentences(source):
         if len(text) > MAX_LINE:
             raise ProgramError(f"`{excerpt(text)}`: a line of {len(text)} characters; a line holds at "
                                f"most {MAX_LINE}", number)
+        t = text.strip()
+        m = _FAST_FILL.fullmatch(t) if t.startswith("Set item") else None
+        if m is not None and len(m[3]) <= 64 and not m[2].startswith("__") and m[2] not in RESERVED:
+            out.append(Fill(m[2], int(m[1]), m[3], number))
+            continue
+        m = _FAST_DECL.fullmatch(t) if _DECL_FAST and t.startswith("Let") else None
+        if m is not None and not m[1].startswith("__") and m[1] not in RESERVED:
+            rows, cols = int(m[2]), int(m[3])
+            if rows and cols and rows * cols <= MAX_ELEMENTS:
+                out.append(Decl(m[1], rows, cols, m[4] == "Real", number))
+                continue
         s = _read_sentence(text, number)
         if s is not None:
             out.append(s)

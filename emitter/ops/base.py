@@ -13,9 +13,11 @@ its (compute, output) under the default policy (emitter.ops.precision), `excess`
 rms(module − VM) over its rounding floor's noise, and `gain_test` (emitter.verify.bf16).
 """
 
+from __future__ import annotations   # (annotations unevaluated: `typing` is not loaded)
+
+import functools
 import mmap
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 
 
@@ -118,6 +120,12 @@ def pattern_words(pattern):
     return pattern.replace("[", " ").replace("]", " ").split()
 
 
+@functools.lru_cache(maxsize=None)
+def _order(pattern):
+    """A pattern's placeholders in order, worked out once per pattern (the reader asks per sentence)."""
+    return tuple(w for w in pattern_words(pattern) if w[0].isupper())
+
+
 @dataclass(frozen=True)
 class Op:
     name: str
@@ -143,17 +151,17 @@ class Op:
     gain_test: bool = True
 
     def placeholders(self):
-        return [w for w in pattern_words(self.pattern) if w[0].isupper()]
+        return list(_order(self.pattern))
 
     def tensor_inputs(self, bound):
         """The tensor names this op reads, in its pattern's (or `inputs_order`'s) order."""
-        order = self.inputs_order or tuple(self.placeholders())
+        order = self.inputs_order or _order(self.pattern)
         return [bound[p] for p in order
                 if p in bound and p not in self.ints and isinstance(bound[p], str)]
 
     def data_inputs(self, bound):
         """The tensor names this op reads in a data slot (not in one of its `params`)."""
-        order = self.inputs_order or tuple(self.placeholders())
+        order = self.inputs_order or _order(self.pattern)
         return [bound[p] for p in order if p in bound and p not in self.ints
                 and p not in self.params and isinstance(bound[p], str)]
 

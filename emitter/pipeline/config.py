@@ -8,11 +8,11 @@ reported together. Discovery never raises for one program's config: the error is
 program, so only its tasks fail.
 """
 
-import hashlib
+from __future__ import annotations   # (annotations unevaluated: `typing` is not loaded)
+
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Optional
 
 from ..language.errors import excerpt
 from ..language.hints import did_you_mean
@@ -204,6 +204,7 @@ def slug(name):
     truncated digest would not (12 hex digits collide after ~2**24 tries)."""
     if NAME_RE.fullmatch(name):
         return name
+    import hashlib
     return SLUG_PREFIX + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
 
 

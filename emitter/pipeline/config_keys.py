@@ -11,11 +11,11 @@ import re
 from ..importers import IMPORTERS, chunked_spec, chunks, resolve_package_file
 from ..language.errors import excerpt
 from ..language.hints import did_you_mean, unknown
+from ..verify.links import ROOTS_ENV, env_roots  # noqa: F401  (config reads env_roots here)
 from ..verify.tolerances import DTYPES
 from .paths import inside
 from .yamlfile import ConfigError
 
-ROOTS_ENV = "LOGOS_ROOTS"
 IMPORTER_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
 
 
@@ -116,12 +116,6 @@ def check_roots(p, v, root):
     if not isinstance(v, list) or not all(isinstance(x, str) and x and "\0" not in x for x in v):
         raise p.error("roots", "must be a list of folders (absolute, or relative to the repository)")
     return tuple(os.path.realpath(os.path.join(root, x)) for x in v)
-
-
-def env_roots(root="."):
-    """The roots LOGOS_ROOTS names (os.pathsep between folders), each resolved."""
-    return tuple(os.path.realpath(os.path.join(root, x))
-                 for x in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if x and "\0" not in x)
 
 
 def leaves_message(path, roots):

@@ -129,6 +129,15 @@ def check(paths):
 
 
 def main(args):
+    import gc
+    gc.freeze()   # the imports' objects are not scanned by each collection the reader's sentences set off
+    try:
+        return _main(args)
+    finally:
+        gc.unfreeze()
+
+
+def _main(args):
     start = time.perf_counter()
     paths = args.paths
     if not paths:

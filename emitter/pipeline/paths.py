@@ -4,6 +4,8 @@ listed and resolved, so a zoo of thousands costs lookups."""
 
 import os
 
+from ..verify.links import find_zoo_root, under  # noqa: F401  (find_zoo_root: used from here)
+
 
 class Tree:
     """What one discovery has learned of the repository: resolved directories and one listing per
@@ -37,10 +39,6 @@ class Tree:
         return e is not None and e.is_dir()
 
 
-def _under(full, roots):
-    return any(full == r or full.startswith(r.rstrip("/") + "/") for r in roots)
-
-
 def inside(root, rel, tree=None, roots=()):
     """The repo-relative normal form of `rel` (symlinks followed); else, where it lands inside one
     of `roots` (resolved folders outside the repository), its absolute resolved path; else None.
@@ -50,7 +48,7 @@ def inside(root, rel, tree=None, roots=()):
         return None
     if rel.startswith("/"):
         full = os.path.realpath(rel)
-        return full if roots and _under(full, roots) else None
+        return full if roots and under(full, roots) else None
     tree = tree or Tree(root)
     root_real = tree.real(root)
     parts = rel.split("/")
@@ -72,18 +70,4 @@ def inside(root, rel, tree=None, roots=()):
     prefix = root_real.rstrip("/") + "/"
     if full.startswith(prefix):
         return full[len(prefix):]
-    return full if roots and _under(full, roots) else None
-
-
-
-
-def find_zoo_root(start):
-    """The nearest folder from `start` upward that holds programs/ (a zoo's root), or None."""
-    here = os.path.abspath(start)
-    while True:
-        if os.path.isdir(os.path.join(here, "programs")):
-            return here
-        up = os.path.dirname(here)
-        if up == here:
-            return None
-        here = up
+    return full if roots and under(full, roots) else None

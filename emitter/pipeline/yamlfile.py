@@ -3,8 +3,6 @@ twice, the key lines an error points at, and a parse cache under build/ so that 
 thousand-config zoo never imports PyYAML."""
 
 import functools
-import hashlib
-import json
 
 from ..files import StampedCache
 from ..language.errors import ProgramError
@@ -120,6 +118,7 @@ class ParseCache(StampedCache):
         return data if isinstance(data, dict) else None
 
     def put(self, rel, digest, data):
+        import json
         try:
             text = json.dumps(data)
         except (TypeError, ValueError):
@@ -147,7 +146,10 @@ def load_yaml(path, shown=None, cache=None):
     except UnicodeDecodeError as e:
         raise ConfigError(f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}",
                           data.count(b"\n", 0, e.start) + 1, shown) from None
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest() if cache else None
+    digest = None
+    if cache:
+        import hashlib
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     data = cache.get(shown, digest) if cache else None
     if data is not None:
         return data, _KeyLines(text)

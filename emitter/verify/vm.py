@@ -69,8 +69,9 @@ class Leaves:
 
 def leaf_places(program, weights_dir):
     """({leaf: place}, the names of the files they are in) in `weights_dir` (weight_files'
-    reading, the one model.py copies); a file that links outside the directory is a ProgramError
-    naming it, as is anything weight_places refuses."""
+    reading, the one model.py copies); a file that links outside the directory, the repository
+    and every named root (`links`) is a ProgramError naming it, as is anything weight_places
+    refuses."""
     if weights_dir is None:
         return {}, set()
     try:
@@ -79,11 +80,11 @@ def leaf_places(program, weights_dir):
         raise ProgramError(e.message, path=e.path) from None
     except OSError as e:
         raise ProgramError(f"cannot be read: {e.strerror}", path=str(weights_dir)) from None
+    from .links import refused_link
     for fname in sorted(claimed):
-        path = os.path.join(weights_dir, fname)
-        if os.path.dirname(os.path.realpath(path)) != os.path.realpath(weights_dir):
-            raise ProgramError(f"`{fname}` links outside the weights directory; copy the file in",
-                               path=str(weights_dir))
+        problem = refused_link(weights_dir, fname)
+        if problem:
+            raise ProgramError(problem, path=str(weights_dir))
     return places, claimed
 
 

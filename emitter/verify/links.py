@@ -1,0 +1,71 @@
+"""Where a weight file may link. A leaf's file that is a link out of its weights folder is followed
+when its target lies inside the repository (the nearest folder upward holding programs/) or inside
+a shared root the zoo names (programs/defaults.yaml `roots:`, LOGOS_ROOTS), as a config's paths
+are; anywhere else it is refused, naming the file and its target."""
+
+import os
+
+ROOTS_ENV = "LOGOS_ROOTS"
+
+
+def find_zoo_root(start):
+    """The nearest folder from `start` upward that holds programs/ (a zoo's root), or None."""
+    here = os.path.abspath(start)
+    while True:
+        if os.path.isdir(os.path.join(here, "programs")):
+            return here
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
+
+
+def env_roots(root="."):
+    """The roots LOGOS_ROOTS names (os.pathsep between folders), each resolved."""
+    return tuple(os.path.realpath(os.path.join(root, x))
+                 for x in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if x and "\0" not in x)
+
+
+def _named_roots(zoo):
+    """The `roots:` of the zoo's programs/defaults.yaml, resolved; () when it names none or cannot
+    be read (the config's own check reports that, naming its line)."""
+    path = os.path.join(zoo, "programs", "defaults.yaml")
+    if not os.path.isfile(path):
+        return ()
+    try:
+        import yaml
+        with open(path, encoding="utf-8") as f:
+            v = (yaml.safe_load(f) or {}).get("roots", ())
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return ()
+    v = [v] if isinstance(v, str) else v
+    if not isinstance(v, list) or not all(isinstance(x, str) and x and "\0" not in x for x in v):
+        return ()
+    return tuple(os.path.realpath(os.path.join(zoo, x)) for x in v)
+
+
+def allowed_roots(weights_dir):
+    """The resolved folders a weight file of `weights_dir` may link into: the repository the
+    folder is in (and the one this process runs in), with its named roots."""
+    out = []
+    for zoo in dict.fromkeys(z for z in (find_zoo_root(weights_dir), find_zoo_root(os.getcwd())) if z):
+        out += [os.path.realpath(zoo), *_named_roots(zoo), *env_roots(zoo)]
+    return tuple(dict.fromkeys(out or env_roots()))
+
+
+def under(path, roots):
+    """Whether the resolved `path` is one of `roots` or inside one."""
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def refused_link(weights_dir, fname):
+    """Why `weights_dir/fname`, a link out of its folder, may not be followed, or None when it may."""
+    target = os.path.realpath(os.path.join(weights_dir, fname))
+    if os.path.dirname(target) == os.path.realpath(weights_dir):
+        return None
+    roots = allowed_roots(weights_dir)
+    if under(target, roots):
+        return None
+    return (f"`{fname}` links outside the weights directory, to `{target}`, which is outside the "
+            f"repository and every named root ({', '.join(roots) or 'none'}); copy the file in, or "
+            f"name its folder in programs/defaults.yaml `roots:` or {ROOTS_ENV}")
