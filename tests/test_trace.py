@@ -171,3 +171,15 @@ def test_the_zoo_computes_the_vm_once_per_program_and_keys_it_by_what_it_reads(t
     rc, ran, out = doit(z)
     r = _results(z)
     assert rc == 0 and r["float64"]["trace"]["key"] not in (key, key2) and r["float32"]["trace"]["hit"], out
+
+
+def test_a_program_with_one_check_to_run_writes_no_trace(tmp_path):
+    """Nothing to share the VM with: no trace file is written (a zoo of single-dtype programs
+    would pay the write for nothing); a trace already there is still read."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64]\n")})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    rc, ran, out = doit(z)
+    r = _results(z)
+    assert rc == 0 and r["float64"]["verdict"] == "pass" and r["float64"]["timings"]["vm_s"] > 0, out
+    assert not (r["float64"].get("trace") or {}).get("written")
+    assert not list((z / "build/store").glob("traces/*/*.trace"))
