@@ -22,7 +22,8 @@ pytest.importorskip("distributed")
 
 
 def _zoo(tmp_path):
-    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, "steps: 2\n")})
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "limits: {trace_bytes: 1}\n"),   # (tiny: traced all the same)
+                                    "b": (PROG_B, "steps: 2\nlimits: {trace_bytes: 1}\n")})
     _weights(str(z / "weights/a/w.f64"), 1)
     return z
 

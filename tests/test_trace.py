@@ -145,7 +145,8 @@ def _results(z):
 
 
 def test_the_zoo_computes_the_vm_once_per_program_and_keys_it_by_what_it_reads(tmp_path):
-    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64, float32]\n")})
+    traced = "limits: {trace_bytes: 1}\n"   # (a tiny program: traced all the same)
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64, float32]\n" + traced)})
     _weights(str(z / "weights/a/w.f64"), 0)
     rc, ran, out = doit(z)
     r = _results(z)
@@ -156,7 +157,8 @@ def test_the_zoo_computes_the_vm_once_per_program_and_keys_it_by_what_it_reads(t
     assert r["float32"]["timings"]["vm_s"] == 0.0 < r["float64"]["timings"]["vm_s"]
     assert (z / "build/store/traces" / key[:2] / f"{key}.trace").is_file()
     (z / "weights/a/notes.txt").write_text("not a leaf")      # a file the VM does not read
-    (z / "programs/a.yaml").write_text("dtypes: [float64, float32]\ntolerances: {float32: {abs: 0.001, rel: 0.001}}\n")
+    (z / "programs/a.yaml").write_text("dtypes: [float64, float32]\ntolerances: {float32: {abs: 0.001, rel: 0.001}}\n"
+                                       + traced)
     rc, ran, out = doit(z)
     r = _results(z)
     assert rc == 0 and "lock:a" in ran, out
@@ -182,4 +184,17 @@ def test_a_program_with_one_check_to_run_writes_no_trace(tmp_path):
     r = _results(z)
     assert rc == 0 and r["float64"]["verdict"] == "pass" and r["float64"]["timings"]["vm_s"] > 0, out
     assert not (r["float64"].get("trace") or {}).get("written")
+    assert not list((z / "build/store").glob("traces/*/*.trace"))
+
+
+def test_a_program_whose_vm_reads_few_weights_is_not_traced(tmp_path):
+    """Under limits.trace_bytes (16 MiB by default) a trace's file costs more than the VM it
+    saves: each check computes the VM, the verdicts as they are."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64, float32]\n")})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    rc, ran, out = doit(z)
+    r = _results(z)
+    assert rc == 0 and r["float64"]["verdict"] == r["float32"]["verdict"] == "pass", out
+    assert all(x["timings"]["vm_s"] > 0 and not x["trace"]["written"] and "trace_bytes" in x["trace"]["why"]
+               for x in r.values()), r
     assert not list((z / "build/store").glob("traces/*/*.trace"))

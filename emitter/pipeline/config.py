@@ -36,6 +36,7 @@ LIMITS = {
     "seconds": 3600,                        # wall time of one lock check, and of one import
     "steps": 100_000,                       # the largest `steps:`
     "program_bytes": 64 << 20,              # the program file
+    "trace_bytes": 16 << 20,                # weights (float64) from which a VM trace is stored
 }
 BUILTIN = {
     "lock": True,

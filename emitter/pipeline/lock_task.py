@@ -68,14 +68,15 @@ def _about(r, parts):
     return h.get("source") == parts["source"] and h.get("bundle") == parts["bundle"]
 
 
-def trace_spec(parts, traces):
+def trace_spec(parts, traces, min_bytes=0):
     """The VM's trace file of a check (`traces`: build/store/traces), shared by its program's
-    checks: its path under the trace key, and what the lock must find to use it (emitter.verify.trace)."""
+    checks: its path under the trace key, and what the lock must find to use it (emitter.verify.trace);
+    `min_bytes`: the weights a VM reads for its trace to be worth a file (limits.trace_bytes)."""
     key = trace_key(parts)
     if key is None:
         return None
     return {"path": os.path.join(traces, key[:2], f"{key}.trace"), "key": key,
-            "source": parts["source"], "environment": parts["environment"]}
+            "source": parts["source"], "environment": parts["environment"], "min_bytes": min_bytes}
 
 
 def _job(entry, check, parts, run, golden, traces):
@@ -84,7 +85,7 @@ def _job(entry, check, parts, run, golden, traces):
     kwargs = dict(dtype=check.dtype, steps=pc.steps, atol=check.atol, rtol=check.rtol,
                   allow_nonfinite=tuple(pc.allow_nonfinite), max_tensor_bytes=pc.limits["tensor_bytes"],
                   bf16_bounds=pc.bf16, precision=pc.precision, weights_shas=_weights_shas(entry, parts),
-                  trace=trace_spec(parts, traces))
+                  trace=trace_spec(parts, traces, pc.limits.get("trace_bytes", 0)))
     return {"code": digests.code("lock"), "name": pc.name, "root": os.getcwd(), "bundle": entry.bundle, "source": pc.source,
             "weights": pc.weights, "kwargs": kwargs, "golden": golden, "threads": run["threads"],
             "thread_env": {k: os.environ[k] for k in executors.POOL_VARS if k in os.environ},

@@ -298,6 +298,9 @@ def _open(program, leaves, n, timings, spec, info, check):
     if estimate(program, n) > limit:
         info["why"] = f"not stored: over {limit >> 20} MiB"
         return None
+    if 8 * sum(np.size(v) for v in leaves.values()) < spec.get("min_bytes", 0):
+        info["why"] = "not stored: its VM reads fewer weights than a file is worth (limits.trace_bytes)"
+        return None
     t = time.perf_counter()
     try:
         return _reader(path, key, n, info, hit=True)
