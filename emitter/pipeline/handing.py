@@ -53,12 +53,21 @@ def plain(args):
     return not (isinstance(tool, dict) and "doit" in tool)
 
 
+def dodo():
+    """The dodo.py doit loaded from this folder (the zoo's), or None (`logos doit`, or doit
+    driven from elsewhere)."""
+    mod = sys.modules.get("dodo")
+    if mod is None or not os.path.samefile(os.path.dirname(os.path.abspath(mod.__file__)), os.getcwd()):
+        return None
+    return mod
+
+
 def own_tasks(ours):
     """[(basename, [task dicts])] of the dodo's own task creators (a creator only describes its
     tasks: called here as doit calls it), or None when one cannot be read so (it raises, or is a
     `create_doit_tasks` object)."""
-    mod = sys.modules.get("dodo")
-    if mod is None or not os.path.samefile(os.path.dirname(os.path.abspath(mod.__file__)), os.getcwd()):
+    mod = dodo()
+    if mod is None:
         return []   # `logos doit`: the zoo's tasks alone
     out = []
     for key, ref in list(vars(mod).items()):
@@ -83,8 +92,8 @@ def dodo_ok(own, config, own_keys, inputs):
     (`report`, `cache`) as a dependency and writes none of the zoo's `inputs` (files, or folders
     ending in os.sep: doit must then order the two), and the settings that decide what is current
     (`own_keys`) are `config`'s."""
-    mod = sys.modules.get("dodo")
-    if mod is None or not os.path.samefile(os.path.dirname(os.path.abspath(mod.__file__)), os.getcwd()):
+    mod = dodo()
+    if mod is None:
         return True   # `logos doit`: the zoo's tasks alone
     if own is None:
         return False

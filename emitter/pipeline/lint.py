@@ -24,11 +24,12 @@ def add_arguments(p):
                         "default: the programs/ of the zoo this folder is in")
 
 
-def _annotation(path, line, message):
-    """A GitHub Actions workflow command: its data and properties escaped as the runner reads them."""
+def annotation(path, line, message):
+    """A GitHub Actions `::error` workflow command (`path`, `line` where known): its data and
+    properties escaped as the runner reads them (also each failed check of a doit run's)."""
     esc = lambda s, extra="": "".join({"%": "%25", "\r": "%0D", "\n": "%0A", ":": "%3A", ",": "%2C"}  # noqa: E731
-                                      .get(c, c) if c in "%\r\n" + extra else c for c in s)
-    where = f"file={esc(path, ':,')}" + (f",line={line}" if line else "")
+                                      .get(c, c) if c in "%\r\n" + extra else c for c in str(s))
+    where = ",".join(x for x in (path and f"file={esc(path, ':,')}", line and f"line={line}") if x)
     return f"::error {where}::{esc(message)}"
 
 
@@ -52,7 +53,7 @@ class Report:
             self.count += 1
             print(f"{path}:{one.line}: {one.message}" if one.line else f"{path}: {one.message}")
             if self.github:
-                print(_annotation(path, one.line, one.message))
+                print(annotation(path, one.line, one.message))
 
 
 def _programs_in(folder):

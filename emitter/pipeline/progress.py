@@ -316,15 +316,10 @@ class ProgressReporter(ConsoleReporter):
         """Under GitHub Actions: each check that did not pass as an `::error` annotation at the
         program's line where one is known (the workflow's run page lists them by file)."""
         from ..verify.verdict import describe
+        from .lint import annotation
         from .report import junit_line
         sources = {e.name: e.pc.source for e in run.entries}
-
-        def esc(text):
-            return str(text).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
         for r in bad:
             r.setdefault("source", sources.get(r.get("name")))
-            line = junit_line(r)
-            where = ",".join(x for x in (r.get("source") and f"file={esc(r['source'])}",
-                                         line and f"line={line}") if x)
-            self.write(f"::error {where}::{esc(r.get('name'))} {esc(r.get('check'))} "
-                       f"{esc(str(r.get('verdict')).upper())}: {esc(describe(r, 300))}\n")
+            self.write(annotation(r["source"], junit_line(r), f"{r.get('name')} {r.get('check')} "
+                                  f"{str(r.get('verdict')).upper()}: {describe(r, 300)}") + "\n")

@@ -104,8 +104,7 @@ def start(build, config, own_config, ours, default_tasks):
     (doit selected that very list before it loaded the tasks), unless the dodo chose its own."""
     if not _CURRENT:
         _CURRENT.append(Run(build, config, own_config, ours))
-        mod = sys.modules.get("dodo")
-        cfg = getattr(mod, "DOIT_CONFIG", None) if mod is not None else None
+        cfg = getattr(handing.dodo(), "DOIT_CONFIG", None)
         if isinstance(cfg, dict) and cfg.get("default_tasks") is default_tasks:
             default_tasks.extend(b for b, made in _CURRENT[0].own or () if made and b not in default_tasks)
     return _CURRENT[0]
