@@ -59,8 +59,10 @@ def connect(db):
             raise HistoryError(f"{db}: written by a newer version of this project (history schema "
                                f"{version}; this one reads up to {VERSION}): use that version, or "
                                "move the file aside to start a new history")
-        con.execute("PRAGMA journal_mode=WAL")
         con.execute("PRAGMA synchronous=NORMAL")   # WAL stays consistent; a power cut may lose the last runs
+        if version == VERSION:   # made by this version: WAL (kept in the file) and the schema are there
+            return con
+        con.execute("PRAGMA journal_mode=WAL")
         con.executescript(_SCHEMA)
         have = {row[1] for row in con.execute("PRAGMA table_info(runs)")}
         with con:

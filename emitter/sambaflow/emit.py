@@ -6,6 +6,7 @@ order, taking the program's inputs as parameters. compile.py is `app.py`'s funct
 bundle's model.py.
 """
 
+import functools
 from dataclasses import dataclass
 
 from ..files import BUNDLE_FILES, write_files
@@ -144,15 +145,25 @@ def render_model(p: Program, name, calls, precisions=None):
     out += ["", ""]
     out += [runtime.defs["ProgramModule"], "", ""]
     out += _forward(p, calls)
-    files = source("weight_files", constants=True)   # the weights folder's reader, shared with the VM
-    assert set(files.imports) <= set(runtime.imports), "weight_files.py imports what model.py does"
-    for n in files.closure(files.used_by(runtime.defs["load_weights"])):
-        constant = not files.defs[n].startswith(("def ", "class "))
-        out += ([] if constant and out[-1][:1].isupper() else ["", ""]) + [files.defs[n]]
+    out += _weight_readers(out[-1][:1].isupper())
     for n in ("load_weights", "main"):
         out += ["", "", runtime.defs[n]]
     out += ["", "", 'if __name__ == "__main__":', "    main()", ""]
     return "\n".join(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _weight_readers(after_constant):
+    """The lines of weight_files.py's definitions load_weights needs (the weights folder's reader,
+    shared with the VM), the same for every program; `after_constant`: the line before them is a
+    constant's, which a constant follows without blank lines."""
+    runtime, files, out = source("runtime"), source("weight_files", constants=True), []
+    assert set(files.imports) <= set(runtime.imports), "weight_files.py imports what model.py does"
+    for n in files.closure(files.used_by(runtime.defs["load_weights"])):
+        constant = not files.defs[n].startswith(("def ", "class "))
+        last = out[-1][:1].isupper() if out else after_constant
+        out += ([] if constant and last else ["", ""]) + [files.defs[n]]
+    return tuple(out)
 
 
 def render_compile(name):

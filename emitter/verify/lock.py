@@ -17,8 +17,6 @@ import math
 import os
 import sys
 import time
-import types
-import uuid
 
 import numpy as np
 
@@ -30,9 +28,10 @@ from ..language.reader import read_file
 from ..sambaflow.marks import program_name
 from . import environment, trace as trace_file, verdict, vm
 from .compare import KEYS, compare, figures, load_stage, worse  # noqa: F401 (compare: for callers)
+from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .probe import CouldNotRun, Probe, Raised, run_module
-from .resident import Releasing, Resident, reads
+from .resident import Releasing, Resident, reads, worth_releasing
 from .threads import DEFAULT_THREADS, thread_limits
 from .tolerances import DEFAULT_TOLERANCES as TOLERANCES, tolerance
 
@@ -60,36 +59,6 @@ def _as_manifest(result, weights_dir, sources, shas):
         result["stale_weights"] = moved
         raise CouldNotRun(f"{weights_dir}: {', '.join(moved[:3])}{' and more' if moved[3:] else ''} "
                           "changed after the check's key was taken; run doit again")
-
-
-def load_bundle_module(bundle_dir, source=None):
-    """The bundle's model.py as a fresh module (its own LogosModule, loader and helpers): `source`
-    (its bytes as the lock hashed them; read here when not given) compiled and run as they are.
-    No bytecode cache is read or written: a .pyc is trusted while its source keeps its size and
-    mtime, so a hand edit that puts them back (`cp -p`, `touch -r`) would run the old code."""
-    path = os.path.join(bundle_dir, "model.py")
-    if source is None:
-        source = _read_model(path)
-        if source is None:
-            raise CouldNotRun(f"{path}: no model.py in the bundle")
-    module = types.ModuleType(f"logos_bundle_{uuid.uuid4().hex}")
-    module.__file__ = path
-    try:
-        exec(compile(source, path, "exec", dont_inherit=True), module.__dict__)
-    except Exception as e:  # the bundle is generated text: any failure to import is a finding
-        raise CouldNotRun(f"{path}: importing the module failed: {type(e).__name__}: {e}") from None
-    return module
-
-
-def _read_model(path):
-    """model.py's bytes, or None where there is no such file."""
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
 
 
 def _label(program, index):
@@ -290,7 +259,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                               f"is {result['program']!r}: emit it again")
         torch_dtype = getattr(torch, dtype)
         model = _build(torch, module, program, weights_dir, torch_dtype, allow_nonfinite)
-        with Resident(model, program.leaves) as resident:
+        mapped = {os.path.realpath(os.path.join(weights_dir, f)) for f in set(leaves.sources.values())
+                  - {"declared"}} if weights_dir is not None and worth_releasing(leaves.values) else set()
+        with Resident(model, program.leaves, mapped) as resident:
             result["load"] = load = load_stage(torch, model, program, leaves.values, torch_dtype,
                                                tol, resident)
             result["timings"]["setup_s"] = time.perf_counter() - start

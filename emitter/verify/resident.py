@@ -14,6 +14,7 @@ elsewhere nothing is let go.
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import os
 import time
@@ -24,18 +25,31 @@ PAGE = mmap.PAGESIZE
 _PRESENT, _SWAPPED, _FILE = np.uint64(1 << 63), np.uint64(1 << 62), np.uint64(1 << 61)
 
 
-def _file_maps():
-    """[(start, end, offset in the file, the file's path)] of this process's file-backed mappings."""
+def _file_maps(paths=None):
+    """[(start, end, offset in the file, the file's path)] of this process's file-backed mappings
+    (of the files `paths` names, when given: the other lines, torch's libraries, are not parsed)."""
     out = []
     with open("/proc/self/maps") as f:
         for line in f:
+            at = line.find(" /")
+            if at < 0 or (paths is not None and line[at + 1:].rstrip("\n") not in paths):
+                continue
             parts = line.split(None, 5)
-            if len(parts) == 6 and parts[4] != "0" and parts[5].startswith("/"):
+            if len(parts) == 6 and parts[4] != "0":
                 start, end = parts[0].split("-")
                 out.append((int(start, 16), int(end, 16), int(parts[2], 16), parts[5].rstrip("\n")))
     return out
 
 
+RELEASE_FROM = 16 << 20   # weights of fewer bytes are not worth a look at the maps (1 ms a check)
+
+
+def worth_releasing(values):
+    """Whether the leaves `values` (the VM's arrays) take enough memory to let their pages go."""
+    return sum(getattr(v, "nbytes", 0) for v in values.values()) >= RELEASE_FROM
+
+
+@functools.lru_cache(maxsize=None)
 def _libc():
     lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     lib.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -43,13 +57,17 @@ def _libc():
 
 
 class Resident:
-    """The module's leaf buffers that map a file, and `release(names)` to let their pages go."""
+    """The module's leaf buffers that map a file, and `release(names)` to let their pages go;
+    `files`: the real paths of the files the leaves can map (the weights'), else any file; none:
+    nothing is let go."""
 
-    def __init__(self, model, names):
+    def __init__(self, model, names, files=None):
         self.ranges, self.kept, self.seconds, self._pagemap = {}, set(), 0.0, None
         self.files = {}   # leaf: (the file it maps, the byte of the file its values start at)
+        if files is not None and not files:   # no file to let go of
+            return
         try:
-            maps, self._libc = _file_maps(), _libc()
+            maps, self._libc = _file_maps(files), _libc()
             self._pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
         except (OSError, AttributeError):
             return

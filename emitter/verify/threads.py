@@ -5,8 +5,21 @@ default 2 (torch's and the BLAS's pools fight for the cores), so the default is 
 throughput, run more checks at once, not more threads per check."""
 
 import contextlib
+import functools
 
 DEFAULT_THREADS = 1
+
+
+@functools.lru_cache(maxsize=None)
+def _controller():
+    """threadpoolctl's view of the BLAS libraries loaded (numpy's and torch's are, by the time a
+    check starts), found once per process: finding them walks every loaded library (2 ms a
+    check); None without threadpoolctl."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:   # the BLAS keeps what its environment variables gave it at start
+        return None
+    return ThreadpoolController()
 
 
 @contextlib.contextmanager
@@ -15,12 +28,9 @@ def thread_limits(n):
     import torch
     before = torch.get_num_threads()
     torch.set_num_threads(n)
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:   # the BLAS keeps what its environment variables gave it at start
-        blas, limiter = "environment", contextlib.nullcontext()
-    else:
-        blas, limiter = "threadpoolctl", threadpool_limits(n)
+    controller = _controller()
+    blas, limiter = ("environment", contextlib.nullcontext()) if controller is None else \
+        ("threadpoolctl", controller.limit(limits=n))
     try:
         with limiter:
             yield {"threads": n, "torch_threads": torch.get_num_threads(), "blas_limit": blas}
