@@ -65,6 +65,20 @@ class Fingerprints:
                 self.files[new] = entry
                 self.dirty = True
 
+    def entry(self, path):
+        """The entry on record for `path`, or None: what a driver hands its workers (`known`)."""
+        e = self.files.get(path)
+        return e if type(e) is str else None
+
+    def known(self, entries):
+        """Entries another process holds ({path: entry}: a driver's, handed to a worker with its
+        job), taken where this record has none: a lookup checks the stamp against this process's
+        own stat all the same, so a file that is not the same here is hashed."""
+        with self._lock:
+            for p, e in entries.items():
+                if type(e) is str and p not in self.files:
+                    self.files[p] = e
+
     def save(self):
         if not (self.path and self.dirty):
             return
@@ -106,6 +120,14 @@ def sha256_or_none(path, st=None):
 def moved(old, new):
     """`old`'s hash on record is `new`'s (a file renamed, or a folder's file under its new name)."""
     _CURRENT[0].moved(old, new)
+
+
+def entry(path):
+    return _CURRENT[0].entry(path)
+
+
+def known(entries):
+    _CURRENT[0].known(entries)
 
 
 def sha256_text(text):

@@ -124,6 +124,45 @@ def test_a_worker_loads_all_of_the_lock_code_with_its_first_check(tmp_path):
     assert got["unloaded"] == [] and got["code"] == got["now"], got
 
 
+HASHED = """
+import hashlib, json, sys
+from emitter import fingerprint
+hashed, real = [], hashlib.file_digest
+fingerprint.hashlib.file_digest = lambda f, name: hashed.append(f.name) or real(f, name)
+from emitter.pipeline import check_worker
+out = check_worker.run_check(json.loads(sys.argv[1]))
+print(json.dumps({"verdict": out["result"]["verdict"], "hashed": hashed}))
+"""
+
+
+def test_a_worker_takes_the_drivers_hashes_of_the_weights_where_its_stat_agrees(tmp_path, monkeypatch):
+    """A job carries the driver's hash record of its weights files: a worker whose stat of a file
+    agrees reads it only to compute (the check's weights are not hashed a second time); a file
+    whose stamp differs there is hashed."""
+    from emitter import fingerprint
+    monkeypatch.setattr(fingerprint, "RACY_S", 0.0)   # a file just written is recorded all the same
+    monkeypatch.chdir(tmp_path)
+    job = _job(tmp_path, "a", PROG_A, remote=True)
+    _weights(str(tmp_path / "w" / "w.f64"), 1)
+    record = fingerprint.Fingerprints()
+    sha = record.sha256(os.path.join("w", "w.f64"))
+    job.update(weights="w", stamps={"w.f64": record.entry(os.path.join("w", "w.f64"))})
+    job["kwargs"] = {**job["kwargs"], "weights_shas": {"w.f64": sha}}
+
+    def run(job):
+        p = subprocess.run([sys.executable, "-c", HASHED, json.dumps(job)], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+        assert p.returncode == 0, p.stderr[-2000:]
+        got = json.loads(p.stdout.splitlines()[-1])   # (the lock code's and the bundle's files too)
+        return {**got, "hashed": [h for h in got["hashed"] if h.startswith("w" + os.sep)]}
+    assert run(job) == {"verdict": "pass", "hashed": []}
+    # (a file written under RACY_S ago is hashed at each look, as the lock looks more than once)
+    alone = run({**job, "stamps": {}})
+    assert alone["verdict"] == "pass" and set(alone["hashed"]) == {os.path.join("w", "w.f64")}
+    moved = {"w.f64": "1:2:3:4:" + sha}    # a record whose stamp is not this file's: hashed here
+    assert set(run({**job, "stamps": moved})["hashed"]) == {os.path.join("w", "w.f64")}
+
+
 def _in_worker():
     import sys
     return {m: m in sys.modules for m in ("torch", "emitter.verify.lock", "emitter.pipeline.dask_executor")}

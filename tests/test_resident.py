@@ -101,3 +101,34 @@ def test_an_untouched_map_of_the_vms_own_bytes_is_known_without_reading_it(made)
         assert not resident.maps_as("W", os.path.join(weights, "x.f64"), 0)   # another file
         model.leaf_W[3, 5] += 1.0                                           # now the module's own page
         assert not resident.maps_as("W", path, 0)
+
+
+TABLE = """Let E be a 300 by 64 tensor of Real.
+Let x be a 1 by 64 tensor of Real.
+Let t be transpose of E.
+Let y be x matmul t.
+"""
+
+
+def test_a_view_of_a_table_mapped_from_the_vms_bytes_is_known_equal_unread(tmp_path, monkeypatch):
+    """A transposed table the module maps from the very bytes the VM maps is the VM's, bit for bit,
+    without a read of either; once the module has written into the table it is compared in full,
+    and the write is found."""
+    from emitter.verify import compare, probe, resident
+    monkeypatch.setattr(resident, "RELEASE_FROM", 0)       # the weights count, however few
+    read = []
+    monkeypatch.setattr(probe, "same_in_dtype", lambda got, want: read.append(1) or compare.same_in_dtype(got, want))
+    (tmp_path / "p.logos").write_text(TABLE)
+    weights = write_weights(read_file(str(tmp_path / "p.logos")), tmp_path / "w", seed=5)
+    bundle = emit_bundle(TABLE, tmp_path / "b")
+    r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "float64", 2)
+    assert r["verdict"] == "pass" and read == [], (r["reason"], read)
+    assert r["stages"][0]["op"] == "transpose" and r["stages"][0]["max_abs"] == 0.0
+    path = os.path.join(bundle, "model.py")
+    text = open(path).read()
+    old = "E.transpose(0, 1)"
+    assert text.count(old) == 1
+    open(path, "w").write(text.replace(old, "E.mul_(1.5).transpose(0, 1)"))
+    r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "float64", 2)
+    assert r["verdict"] == "fail" and read, r["first_divergence"]
+    assert r["first_divergence"]["op"] == "transpose" and r["first_divergence"]["step"] == 1

@@ -9,6 +9,7 @@ recorded in its result."""
 import os
 import time
 
+from .. import fingerprint
 from ..verify.environment import THREAD_VARS
 from ..verify.threads import thread_limits
 
@@ -29,8 +30,8 @@ def run_check(job, worker=None):
     "execution"}.
 
     `job`: {"root", "bundle", "source", "weights", "kwargs" (lock_bundle's), "golden" (tolerances,
-    or None), "threads", "thread_env" (the driver's *_NUM_THREADS), "key", "remote" (run by a
-    worker, not the driver)}. Paths are relative to `root`, the driver's folder (a worker elsewhere
+    or None), "threads", "thread_env" (the driver's *_NUM_THREADS), "stamps" (the driver's hash
+    record of the weights files), "key", "remote" (run by a worker, not the driver)}. Paths are relative to `root`, the driver's folder (a worker elsewhere
     sees it through a shared filesystem). `worker`: the worker's address, as its executor knows it."""
     remote = job.get("remote", False)
     code = loaded_code()   # all of the lock code, before this check imports any of it
@@ -48,6 +49,8 @@ def run_check(job, worker=None):
 
     def path(p):
         return p if p is None or here or os.path.isabs(p) else os.path.join(root, p)
+    if remote and job["weights"] is not None:   # the driver's hashes, each checked by a stat here
+        fingerprint.known({os.path.join(path(job["weights"]), f): e for f, e in (job.get("stamps") or {}).items()})
     golden = {} if job.get("golden") is not None else None
     kwargs = dict(job["kwargs"])
     if kwargs.get("trace"):   # the VM's trace file: only by the code its key names, and here

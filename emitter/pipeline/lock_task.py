@@ -17,7 +17,7 @@ import sys
 from doit.exceptions import TaskFailed
 
 from ..files import json_lines, read_json, write_atomic, write_files
-from ..fingerprint import sha256_or_none
+from ..fingerprint import entry as recorded, sha256_or_none
 from . import digests
 from .guards import freeze_heap
 from .keys import check_key, check_parts, trace_key
@@ -82,12 +82,16 @@ def trace_spec(parts, traces, min_bytes=0):
 def _job(entry, check, parts, run, golden, traces):
     from . import executors
     pc = entry.pc
+    shas = _weights_shas(entry, parts)
     kwargs = dict(dtype=check.dtype, steps=pc.steps, atol=check.atol, rtol=check.rtol,
                   allow_nonfinite=tuple(pc.allow_nonfinite), max_tensor_bytes=pc.limits["tensor_bytes"],
-                  bf16_bounds=pc.bf16, precision=pc.precision, weights_shas=_weights_shas(entry, parts),
+                  bf16_bounds=pc.bf16, precision=pc.precision, weights_shas=shas,
                   trace=trace_spec(parts, traces, pc.limits.get("trace_bytes", 0)))
+    # the driver's hash record of those files: a worker whose stat agrees does not hash them again
+    stamps = {f: recorded(os.path.join(pc.weights, f)) for f in shas or ()}
     return {"code": digests.code("lock"), "name": pc.name, "root": os.getcwd(), "bundle": entry.bundle, "source": pc.source,
             "weights": pc.weights, "kwargs": kwargs, "golden": golden, "threads": run["threads"],
+            "stamps": {f: e for f, e in stamps.items() if e},
             "thread_env": {k: os.environ[k] for k in executors.POOL_VARS if k in os.environ},
             "memory": executors.memory_need(os.path.join(entry.bundle, "manifest.json"))}
 

@@ -170,6 +170,20 @@ def _same_bytes(torch, got, want, name, resident):
             and resident.maps_as(name, want.filename, want.offset))
 
 
+def same_view_bytes(torch, got, want, leaf, vm_leaf, name, resident):
+    """Whether `got`, a view the module made of its leaf `leaf` (a transposed table), selects the
+    very elements of the very bytes that `want`, the VM's same view of its leaf `vm_leaf`, does:
+    the leaf an untouched map of the VM's bytes (`_same_bytes`), the view at the same offset with
+    the same shape and strides. Then they are equal bit for bit, unread."""
+    if not isinstance(want, np.ndarray) or got.dtype != leaf.dtype or leaf.numel() != vm_leaf.size \
+            or tuple(got.shape) != want.shape or got.element_size() != want.itemsize:
+        return False
+    offset = want.__array_interface__["data"][0] - vm_leaf.__array_interface__["data"][0]
+    return (got.data_ptr() - leaf.data_ptr() == offset
+            and tuple(s * want.itemsize for s in got.stride()) == want.strides
+            and _same_bytes(torch, leaf, vm_leaf, name, resident))
+
+
 def load_stage(torch, model, program, leaves, dtype, tol, resident):
     """Every leaf buffer against the VM's leaf rounded to the dtype the module holds it in: equal,
     bit for bit. Returns {"pass", "leaves", "failed": [{leaf, line, figures}]} (rows in blocks: a

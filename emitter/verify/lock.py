@@ -27,7 +27,7 @@ from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
 from . import environment, trace as trace_file, verdict, vm
-from .compare import KEYS, compare, figures, load_stage, worse  # noqa: F401 (compare: for callers)
+from .compare import KEYS, compare, figures, load_stage, same_view_bytes, worse  # noqa: F401 (compare: for callers)
 from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .probe import CouldNotRun, Probe, Raised, run_module
@@ -125,6 +125,11 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             stages_worst[i] = worse(stages_worst.get(i), m)
             if first is None and not m["pass"]:
                 first = {"step": step, **_label(program, i), **figures(m)}
+    def known_view(index, value, want):   # a view of one leaf mapped from the VM's own bytes
+        read = stage_reads.get(index) or ()
+        leaf = getattr(model, "leaf_" + read[0], None) if len(read) == 1 else None
+        return leaf is not None and same_view_bytes(torch, value, want, leaf.detach(), leaves[read[0]],
+                                                    read[0], resident)
     vm_steps = iter(vm_steps or trace_file.steps(program, leaves, steps, timings))
     for step in range(1, steps + 1):
         trace = next(vm_steps)
@@ -132,7 +137,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             golden.add(step, trace)
 
         probe = Probe(torch, dtype, trace.stages, judge.tol, judge.precisions,
-                      {st.index for st in program.stages if st.op.view})
+                      {st.index for st in program.stages if st.op.view}, known_view)
         try:
             with torch.no_grad():
                 _set_states(torch, model, program, current)
