@@ -83,21 +83,26 @@ def compare(got, want, tol):
     sq = power = gg = gw = 0.0
     with np.errstate(all="ignore"):
         for g, w in _blocks(got, want):
-            fin_g, fin_w = np.isfinite(g), np.isfinite(w)
-            if not (fin_g.all() and fin_w.all()):  # NaN/Inf on one side only, or of another kind
+            diff = np.subtract(g, w)
+            np.abs(diff, out=diff)
+            top = diff.max() if diff.size else 0.0
+            if not np.isfinite(top):   # NaN/Inf on one side only, or of another kind: counted apart
+                fin_g, fin_w = np.isfinite(g), np.isfinite(w)
                 same = (g == w) | (np.isnan(g) & np.isnan(w))
                 mismatch += int(np.count_nonzero(fin_g != fin_w) + np.count_nonzero(~fin_g & ~fin_w & ~same))
                 g, w = g[fin_g & fin_w], w[fin_g & fin_w]
+                diff = np.abs(g - w)
+                top = diff.max() if diff.size else 0.0
             if not g.size:
                 continue
             size += g.size
-            diff, aw = np.abs(g - w), np.abs(w)
-            max_abs = max(max_abs, float(diff.max()))
+            aw = np.abs(w)
+            max_abs = max(max_abs, float(top))
             scale = max(scale, float(aw.max()))
-            nz = aw > 0
-            if nz.any():
-                max_rel = max(max_rel, float((diff[nz] / aw[nz]).max()))
-            guarded = max(guarded, float(np.where(diff == 0, 0.0, diff / (tol["abs"] + tol["rel"] * aw)).max()))
+            max_rel = max(max_rel, float(np.divide(diff, aw, out=np.zeros_like(diff), where=aw > 0).max()))
+            np.multiply(aw, tol["rel"], out=aw)
+            aw += tol["abs"]   # each value's own bound; a difference of 0 is within any
+            guarded = max(guarded, float(np.divide(diff, aw, out=np.zeros_like(diff), where=diff != 0).max()))
             sq += float(np.dot(diff, diff))
             power += float(np.dot(w, w))
             gg += float(np.dot(g, g))

@@ -1,0 +1,66 @@
+"""The figures of a module's tensor against the VM's, against a plain element-by-element reading
+of their definitions (emitter.verify.compare's docstring), on finite values, NaN and Inf on
+either side, zeros, an overflowing difference and a zero tolerance."""
+
+import math
+
+import numpy as np
+import pytest
+
+from emitter.verify.compare import compare
+
+torch = pytest.importorskip("torch")
+
+
+def _over(d, bound):
+    return d / bound if bound > 0 else math.inf   # a difference beyond a bound of zero
+
+
+def reference(got, want, tol):
+    g, w = np.asarray(got, dtype=np.float64).ravel(), np.asarray(want, dtype=np.float64).ravel()
+    mismatch, pairs = 0, []
+    for a, b in zip(g.tolist(), w.tolist()):
+        if math.isfinite(a) and math.isfinite(b):
+            pairs.append((a, b))
+        elif math.isfinite(a) != math.isfinite(b) or not (a == b or (math.isnan(a) and math.isnan(b))):
+            mismatch += 1
+    diffs = [abs(a - b) for a, b in pairs]
+    max_abs = max(diffs, default=0.0)
+    scale = max((abs(b) for _, b in pairs), default=0.0)
+    max_rel = max((d / abs(b) for d, (_, b) in zip(diffs, pairs) if b != 0), default=0.0)
+    guarded = max((0.0 if d == 0 else _over(d, tol["abs"] + tol["rel"] * abs(b)) for d, (_, b) in zip(diffs, pairs)),
+                  default=0.0)
+    sq, power = sum(d * d for d in diffs), sum(b * b for _, b in pairs)
+    gg, gw = sum(a * a for a, _ in pairs), sum(a * b for a, b in pairs)
+    bound = tol["abs"] + tol["rel"] * scale
+    norms = math.sqrt(gg) * math.sqrt(power)
+    worst = 0.0 if max_abs == 0 else (max_abs / bound if bound > 0 else math.inf)
+    return {"max_abs": max_abs, "max_rel": max_rel, "guarded_rel": guarded,
+            "scaled_err": max_abs / scale if pairs and scale > 0 else 0.0,
+            "nmse": sq / power if power > 0 else sq,
+            "cosine": gw / norms if norms > 0 else (1.0 if max_abs == 0 else 0.0),
+            "nonfinite_mismatch": mismatch, "worst_ratio": worst,
+            "pass": mismatch == 0 and worst <= 1.0}
+
+
+def _cases():
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((3, 700))
+    yield torch.from_numpy((w + rng.standard_normal(w.shape) * 1e-5).astype(np.float32)), w
+    w = rng.standard_normal(500)
+    w[::9] = 0.0
+    g = w + rng.standard_normal(500) * 1e-3
+    g[2], g[4], w[6], g[6], w[8], g[8], w[10], g[10], g[12] = np.nan, np.inf, np.inf, np.inf, np.nan, np.nan, -np.inf, np.inf, -np.inf
+    g[18] = w[18]   # an exact zero difference where |b| is 0 under a zero tolerance
+    yield torch.from_numpy(g), w
+    yield torch.from_numpy(np.array([-1e308, 1e308, 0.0, 1.5])), np.array([1e308, -1e308, 0.0, 1.0])
+    yield torch.from_numpy(np.array([np.nan, np.inf])), np.array([1.0, 2.0])
+
+
+@pytest.mark.parametrize("tol", [{"abs": 1e-4, "rel": 1e-3}, {"abs": 0.0, "rel": 0.0}, {"abs": 0.0, "rel": 1e-2}])
+@pytest.mark.parametrize("case", range(4))
+def test_figures_are_their_definitions(tol, case):
+    got, want = list(_cases())[case]
+    m, r = compare(got, want, tol), reference(got, want, tol)
+    for k, v in r.items():
+        assert m[k] == pytest.approx(v, rel=1e-12, abs=0.0, nan_ok=True), (k, m[k], v)
