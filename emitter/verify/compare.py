@@ -189,11 +189,29 @@ def same_view_bytes(torch, got, want, leaf, vm_leaf, name, resident):
             and _same_bytes(torch, leaf, vm_leaf, name, resident))
 
 
+def _scratch(torch, buffers, shape, dtype):
+    """A tensor of `shape` and `dtype` over `buffers`' one buffer of that dtype (grown as needed)."""
+    n = math.prod(shape)
+    if dtype not in buffers or buffers[dtype].numel() < n:
+        buffers[dtype] = torch.empty(n, dtype=dtype)
+    return buffers[dtype][:n].view(shape)
+
+
+_BITS = {2: "int16", 4: "int32", 8: "int64"}
+
+
+def _same_bits(torch, a, b):
+    """Whether `a` and `b` hold the same bits (then equal; where not, equal may still hold: -0.0, NaN)."""
+    return (a.dtype == b.dtype and a.shape == b.shape and a.is_contiguous() and b.is_contiguous()
+            and a.element_size() in _BITS and torch.equal(a.view(getattr(torch, _BITS[a.element_size()])),
+                                                           b.view(getattr(torch, _BITS[b.element_size()]))))
+
+
 def load_stage(torch, model, program, leaves, dtype, tol, resident):
     """Every leaf buffer against the VM's leaf rounded to the dtype the module holds it in: equal,
     bit for bit. Returns {"pass", "leaves", "failed": [{leaf, line, figures}]} (rows in blocks: a
     1 GB table costs no copy)."""
-    failed = []
+    failed, scratch = [], {}
     for name in program.leaves:
         want = leaves[name]
         held = _held(torch, program, name, dtype)
@@ -203,10 +221,13 @@ def load_stage(torch, model, program, leaves, dtype, tol, resident):
         rows = 1 + (1 << 20) // max(1, want.shape[1])
         same = ok and _same_bytes(torch, got, want, name, resident)   # then nothing to read
         for r in range(0, want.shape[0], rows) if ok and not same else ():
-            a, b = got[r:r + rows], _viewed(torch, want[r:r + rows]).to(held)   # a view, cast if it must be
+            a, b = got[r:r + rows], _viewed(torch, want[r:r + rows])
+            if b.dtype != held:   # cast into one buffer, reused: no fresh pages for each block
+                b = _scratch(torch, scratch, b.shape, held).copy_(b)
             release(want)
-            if not (torch.equal(a, b) or (torch.equal(torch.isnan(a), torch.isnan(b)) and
-                                          torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))):
+            if not (_same_bits(torch, a, b) or torch.equal(a, b) or (
+                    torch.equal(torch.isnan(a), torch.isnan(b)) and
+                    torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))):
                 ok = False
                 break
         if not ok:
