@@ -8,7 +8,8 @@ what `doit` made (build/weights/NAME, build/bundles/NAME: run `doit` first), run
 `python -m emitter lock BUNDLE --program … --weights … --dtype D --steps N -o R.json` as a child
 (a hand lock: it computes its own VM) and prints the result's own `timings` (total_s: the lock's
 wall time, imports excluded; vm_s, module_s, probe_s: the compute; setup_s: building the module
-and load_weights, the load stage) and `ratio` = (total − (vm + module + probe)) / (vm + module +
+and load_weights, the load stage; judge_s: the judge's own work each step, the bf16 gate's
+rounding floors, part of what the lock spends on itself) and `ratio` = (total − (vm + module + probe)) / (vm + module +
 probe), the target 0.25 (issue 28); and the child's peak RSS (os.wait4) against the weights'
 float32 size.
 
@@ -32,7 +33,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RSS_TARGET, RATIO_TARGET, ZOO_TARGET = 1.5, 0.25, 1.3
 NAMES = ["smollm2", "qwen38", "minilm", "gemma3", "qwen3next"]
-COLUMNS = ("total_s", "vm_s", "module_s", "probe_s", "setup_s")
+COLUMNS = ("total_s", "vm_s", "module_s", "probe_s", "setup_s", "judge_s")
 
 
 def _child(cmd, cwd=ROOT):

@@ -65,6 +65,8 @@ def test_a_good_bundle_passes_from_any_token(qwen, token):
     assert r["verdict"] == "pass", (r["reason"], r["first_divergence"])
     g = r["bf16"]
     assert g["ops_failing"] == 0 and g["worst_excess"]["excess"] <= 4 and g["min_cosine"]["cosine"] > 0.999
+    t = r["timings"]   # the gate's floors are the judge's time, apart from the VM's and the module's
+    assert t["judge_s"] > 0 and t["overhead_s"] >= t["judge_s"] - 1e-9, t
 
 
 # "norm eps x10" is left out here: on this tiny model a tenfold epsilon moves a norm's value by

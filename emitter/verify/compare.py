@@ -42,8 +42,12 @@ def same_in_dtype(got, want):
     import torch
     if tuple(got.shape) != tuple(want.shape):
         return False
+    scratch = {}
     for g, w in _blocks(got, want, widen=False):
-        same = torch.equal(g, torch.from_numpy(np.array(w)).to(g.dtype))
+        b = _viewed(torch, w)
+        if b.dtype != g.dtype:   # cast into one buffer, reused: no fresh pages for each block
+            b = _scratch(torch, scratch, b.shape, g.dtype).copy_(b)
+        same = _same_bits(torch, g, b) or torch.equal(g, b)
         release(want)
         if not same:
             return False

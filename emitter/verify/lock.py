@@ -168,7 +168,9 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             missing = [i for i in range(len(program.stages)) if i not in probe.results]
             raise CouldNotRun(f"the module's forward never tapped stage {missing[0]}: "
                               "the bundle does not match the program")
-        judge.step(torch, program, current, trace, probe, step, _label)
+        t = time.perf_counter()
+        judge.step(torch, program, current, trace, probe, step, _label)   # bf16: the rounding floors
+        timings["judge_s"] += time.perf_counter() - t
 
         out_m = judge.compare(out.double().numpy(), trace.output)
         out_m["argmax_agree"] = bool(out.numel() == trace.output.size and
@@ -227,7 +229,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         "weights": None if weights_dir is None else str(weights_dir), "dtype": dtype, "steps": steps,
         "verdict": "error", "reason": None, "tolerance": tol, "output": None, "worst": None,
         "first_divergence": None, "load": None, "stages": [], "steps_detail": [],
-        "timings": {"vm_s": 0.0, "module_s": 0.0, "probe_s": 0.0},
+        "timings": {"vm_s": 0.0, "module_s": 0.0, "probe_s": 0.0, "judge_s": 0.0},
         "hashes": {"source": None, "bundle": {}, "weights": None}, "environment": None,
         "unmatched_weights": [],
     }
