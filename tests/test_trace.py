@@ -178,13 +178,27 @@ def test_the_zoo_computes_the_vm_once_per_program_and_keys_it_by_what_it_reads(t
 def test_a_program_with_one_check_to_run_writes_no_trace(tmp_path):
     """Nothing to share the VM with: no trace file is written (a zoo of single-dtype programs
     would pay the write for nothing); a trace already there is still read."""
-    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64]\n")})
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64]\nlimits: {trace_bytes: 1}\n")})
     _weights(str(z / "weights/a/w.f64"), 0)
     rc, ran, out = doit(z)
     r = _results(z)
     assert rc == 0 and r["float64"]["verdict"] == "pass" and r["float64"]["timings"]["vm_s"] > 0, out
-    assert not (r["float64"].get("trace") or {}).get("written")
+    assert not r["float64"]["trace"]["written"] and "no other check" in r["float64"]["trace"]["why"]
     assert not list((z / "build/store").glob("traces/*/*.trace"))
+
+
+def test_a_lone_check_reads_a_trace_already_there(tmp_path):
+    """A check that runs alone (its program's others current) still reads the trace they left."""
+    cfg = "dtypes: [float64, float32]\nlimits: {trace_bytes: 1}\n"
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, cfg)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    rc, ran, out = doit(z)
+    assert rc == 0 and _results(z)["float64"]["trace"]["written"], out
+    (z / "programs/a.yaml").write_text(cfg + "tolerances: {float32: {abs: 0.0002}}\n")
+    rc, ran, out = doit(z)
+    r = _results(z)
+    assert rc == 0 and r["float32"]["verdict"] == "pass" and r["float32"]["trace"]["hit"], out
+    assert r["float32"]["timings"]["vm_s"] == 0.0 and r["float32"]["tolerance"]["abs"] == 0.0002
 
 
 def test_a_program_whose_vm_reads_few_weights_is_not_traced(tmp_path):

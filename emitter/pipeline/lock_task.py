@@ -156,10 +156,8 @@ def lock_program(entry, run, db):
         # the VM's outputs are the same for every dtype: golden/ is written once
         jobs.append(_job(entry, c, parts, run, golden, traces))
         golden = golden if (run.get("executor") or "inline") != "inline" else None
-    if len(jobs) == 1:   # no other check to share the VM's trace with: written only when some are
-        spec = jobs[0]["kwargs"]["trace"]
-        if spec and not os.path.exists(spec["path"]):
-            jobs[0]["kwargs"]["trace"] = None
+    if len(jobs) == 1 and jobs[0]["kwargs"]["trace"]:   # no other check to share the VM's trace with
+        jobs[0]["kwargs"]["trace"] = {**jobs[0]["kwargs"]["trace"], "alone": True}
     lost = None
     try:
         ex = executors.executor(run.get("executor"), run.get("workers"))

@@ -244,7 +244,8 @@ def prune(folder, keep, limit=FOLDER_LIMIT):
 
 def shared(spec, result, program, leaves, n, check):
     """The lock's VM steps from the trace file `spec` names ({"path", "key", "source",
-    "environment"}), or None (computed by the lock) where there is none, or where the program the
+    "environment", and what decides whether a trace is worth writing: "min_bytes", the weights its
+    VM must read, and "alone", no other check of the program to read it}), or None (computed by the lock) where there is none, or where the program the
     lock read (`result`'s hashes) or its environment is not the one the key names; `result["trace"]`
     says which. `check()` raises where the weights are no longer those keyed."""
     if spec is None:
@@ -309,6 +310,9 @@ def _open(program, leaves, n, timings, spec, info, check):
             info["why"] = f"damaged ({e}): computed again"
     finally:
         timings["trace_s"] += time.perf_counter() - t
+    if spec.get("alone"):   # read where there is one, but not written for no other check
+        info["why"] = "not stored: no other check of the program runs to read it"
+        return None
     with _Locked(path + ".lock"):
         t = time.perf_counter()
         try:   # another check may have written it while this one waited
