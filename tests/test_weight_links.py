@@ -77,3 +77,18 @@ def test_a_link_into_a_root_named_by_defaults_yaml_is_followed(zoo):
     (zoo / "programs" / "defaults.yaml").write_text("roots: [../elsewhere]\n")
     done, y = _run(zoo)
     assert done.returncode == 1 and "links outside the weights directory" in done.stderr
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("text", [BOMB + "roots: [../outside]\n", "roots: [../outside]\n" + "#" * (2 << 20) + "\n",
+                                  "roots: [../outside]\nroots: [../outside]\n"])
+def test_a_defaults_yaml_refused_as_a_config_names_no_root(zoo, text):
+    """The roots a link may reach are read from defaults.yaml as every config is: an alias bomb,
+    a file over the size limit or a key given twice names no root (in moments, the link refused)."""
+    _link(zoo, os.path.realpath(zoo.parent / "outside" / "W.f64"))
+    (zoo / "programs" / "defaults.yaml").write_text(text)
+    done, y = _run(zoo)
+    assert done.returncode == 1 and "links outside the weights directory" in done.stderr, done.stderr

@@ -20,7 +20,7 @@ from ..verify.tolerances import DEFAULT_TOLERANCES
 from .config_keys import (Problems, check_common, check_derive, check_precision, check_weights,
                           env_roots, leaves_message, _is_num)
 from .paths import Tree, inside
-from .yamlfile import ConfigError, ConfigErrors, ParseCache, load_yaml
+from ..yamlfile import ConfigError, ConfigErrors, ParseCache, load_yaml
 
 DEFAULTS_FILE = "defaults.yaml"
 def _memory_bytes():

@@ -14,7 +14,7 @@ from ..language.hints import did_you_mean, unknown
 from ..verify.links import ROOTS_ENV, env_roots  # noqa: F401  (config reads env_roots here)
 from ..verify.tolerances import DTYPES
 from .paths import inside
-from .yamlfile import ConfigError
+from ..yamlfile import ConfigError
 
 IMPORTER_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
 

@@ -14,7 +14,7 @@ from ..verify import environment
 
 CODE = {
     "emit": ("files.py", "ops", "language", "sambaflow"),
-    "lock": ("files.py", "ops", "language", "sambaflow", "verify", "pipeline/check_worker.py"),
+    "lock": ("files.py", "yamlfile.py", "ops", "language", "sambaflow", "verify", "pipeline/check_worker.py"),
     "import": ("importers", "sambaflow/weight_files.py"),
     # what the VM's trace is computed and stored by (emitter.verify.trace): a trace is shared by a
     # program's checks until this code changes, whatever else of the lock's does

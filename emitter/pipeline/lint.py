@@ -15,7 +15,7 @@ import time
 from ..language.errors import ProgramError
 from .config import DEFAULTS_FILE, load_defaults, load_defaults_builtin, load_program
 from .paths import find_zoo_root
-from .yamlfile import ConfigError
+from ..yamlfile import ConfigError
 
 
 def add_arguments(p):

@@ -27,16 +27,16 @@ def env_roots(root="."):
 
 
 def _named_roots(zoo):
-    """The `roots:` of the zoo's programs/defaults.yaml, resolved; () when it names none or cannot
-    be read (the config's own check reports that, naming its line)."""
+    """The `roots:` of the zoo's programs/defaults.yaml (read as every config is: its size, its
+    nesting and its aliases bounded), resolved; () when it names none or is refused (the config's
+    own check reports that, naming its line)."""
     path = os.path.join(zoo, "programs", "defaults.yaml")
     if not os.path.isfile(path):
         return ()
+    from ..yamlfile import ConfigError, load_yaml
     try:
-        import yaml
-        with open(path, encoding="utf-8") as f:
-            v = (yaml.safe_load(f) or {}).get("roots", ())
-    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        v = load_yaml(path)[0].get("roots", ())
+    except ConfigError:
         return ()
     v = [v] if isinstance(v, str) else v
     if not isinstance(v, list) or not all(isinstance(x, str) and x and "\0" not in x for x in v):

@@ -4,8 +4,8 @@ thousand-config zoo never imports PyYAML."""
 
 import functools
 
-from ..files import StampedCache
-from ..language.errors import ProgramError
+from .files import StampedCache
+from .language.errors import ProgramError
 
 
 MAX_CONFIG_BYTES = 1 << 20   # a config is a few keys: a megabyte is far past any real one
