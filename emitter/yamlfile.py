@@ -165,6 +165,8 @@ def load_yaml(path, shown=None, cache=None):
         mark = getattr(e, "problem_mark", None)
         raise ConfigError(f"not valid YAML: {getattr(e, 'problem', None) or e}",
                           mark.line + 1 if mark else None, shown) from None
+    except (ValueError, TypeError, OverflowError) as e:   # a value its tag cannot make (2001-13-01)
+        raise ConfigError(f"not valid YAML: {e}", None, shown) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -61,6 +61,8 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
     ("derive: {importer: gguf, checkpoint: 'package:yaml/../../x'}\n", "programs/p.yaml:1",
      "a path inside it"),
     ("!!python/object/apply:os.system ['true']\n", "programs/p.yaml", "not valid YAML"),
+    ("steps: 2\nwhen: 2001-13-01\n", "programs/p.yaml", "not valid YAML: month must be in 1..12"),
+    ("steps: !!int abc\n", "programs/p.yaml", "not valid YAML: invalid literal for int()"),
     ("- a\n- b\n", "programs/p.yaml:1", "a mapping of keys"),
     ("steps: 1\ndtypes: [float32]\nsteps: 3\n", "programs/p.yaml:3",
      "the key `steps` is given twice"),

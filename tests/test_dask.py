@@ -138,7 +138,8 @@ print(json.dumps({"verdict": out["result"]["verdict"], "hashed": hashed}))
 def test_a_worker_takes_the_drivers_hashes_of_the_weights_where_its_stat_agrees(tmp_path, monkeypatch):
     """A job carries the driver's hash record of its weights files: a worker whose stat of a file
     agrees reads it only to compute (the check's weights are not hashed a second time); a file
-    whose stamp differs there is hashed."""
+    whose stamp differs there is hashed, and so is every file on a worker of another host (a
+    network filesystem's stat may be stale there)."""
     from emitter import fingerprint
     monkeypatch.setattr(fingerprint, "RACY_S", 0.0)   # a file just written is recorded all the same
     monkeypatch.chdir(tmp_path)
@@ -146,7 +147,8 @@ def test_a_worker_takes_the_drivers_hashes_of_the_weights_where_its_stat_agrees(
     _weights(str(tmp_path / "w" / "w.f64"), 1)
     record = fingerprint.Fingerprints()
     sha = record.sha256(os.path.join("w", "w.f64"))
-    job.update(weights="w", stamps={"w.f64": record.entry(os.path.join("w", "w.f64"))})
+    job.update(weights="w", stamps={"host": socket.gethostname(),
+                                    "files": {"w.f64": record.entry(os.path.join("w", "w.f64"))}})
     job["kwargs"] = {**job["kwargs"], "weights_shas": {"w.f64": sha}}
 
     def run(job):
@@ -157,10 +159,10 @@ def test_a_worker_takes_the_drivers_hashes_of_the_weights_where_its_stat_agrees(
         return {**got, "hashed": [h for h in got["hashed"] if h.startswith("w" + os.sep)]}
     assert run(job) == {"verdict": "pass", "hashed": []}
     # (a file written under RACY_S ago is hashed at each look, as the lock looks more than once)
-    alone = run({**job, "stamps": {}})
-    assert alone["verdict"] == "pass" and set(alone["hashed"]) == {os.path.join("w", "w.f64")}
-    moved = {"w.f64": "1:2:3:4:" + sha}    # a record whose stamp is not this file's: hashed here
-    assert set(run({**job, "stamps": moved})["hashed"]) == {os.path.join("w", "w.f64")}
+    for stamps in ({}, {**job["stamps"], "files": {"w.f64": "1:2:3:4:" + sha}},   # none; not this file's
+                   {**job["stamps"], "host": job["stamps"]["host"] + "-other"}):   # another host's stat
+        alone = run({**job, "stamps": stamps})
+        assert alone["verdict"] == "pass" and set(alone["hashed"]) == {os.path.join("w", "w.f64")}, stamps
 
 
 def _in_worker():

@@ -96,11 +96,12 @@ def test_an_untouched_map_of_the_vms_own_bytes_is_known_without_reading_it(made)
     model = module.LogosModule(module.load_weights(weights, torch.float64), torch.float64)
     path = os.path.join(weights, "W.f64")
     with Resident(model, program.leaves) as resident:
-        assert resident.maps_as("W", path, 0)
-        assert not resident.maps_as("W", path, 8)                        # another offset
-        assert not resident.maps_as("W", os.path.join(weights, "x.f64"), 0)   # another file
+        assert resident.maps_as("W", path, 0, model.leaf_W)
+        assert not resident.maps_as("W", path, 8, model.leaf_W)                        # another offset
+        assert not resident.maps_as("W", os.path.join(weights, "x.f64"), 0, model.leaf_W)   # another file
+        assert not resident.maps_as("W", path, 0, model.leaf_W.clone())                # another buffer
         model.leaf_W[3, 5] += 1.0                                           # now the module's own page
-        assert not resident.maps_as("W", path, 0)
+        assert not resident.maps_as("W", path, 0, model.leaf_W)
 
 
 TABLE = """Let E be a 300 by 64 tensor of Real.
@@ -128,7 +129,12 @@ def test_a_view_of_a_table_mapped_from_the_vms_bytes_is_known_equal_unread(tmp_p
     text = open(path).read()
     old = "E.transpose(0, 1)"
     assert text.count(old) == 1
-    open(path, "w").write(text.replace(old, "E.mul_(1.5).transpose(0, 1)"))
-    r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "float64", 2)
-    assert r["verdict"] == "fail" and read, r["first_divergence"]
-    assert r["first_divergence"]["op"] == "transpose" and r["first_divergence"]["step"] == 1
+    for edit in ("E.mul_(1.5).transpose(0, 1)",   # written into: its pages are the module's own
+                 "self.rebound(E).transpose(0, 1)"):   # the leaf rebound to another buffer
+        read.clear()
+        open(path, "w").write(text.replace(old, edit).replace(
+            "    def forward(", "    def rebound(self, E):\n        self.leaf_E = E * 1.5\n"
+            "        return self.leaf_E\n\n    def forward(", 1))
+        r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "float64", 2)
+        assert r["verdict"] == "fail" and read, (edit, r["first_divergence"])
+        assert r["first_divergence"]["op"] == "transpose" and r["first_divergence"]["step"] == 1, edit

@@ -7,6 +7,7 @@ Every check runs under an explicit thread count (torch's, and the BLAS's through
 recorded in its result."""
 
 import os
+import socket
 import time
 
 from .. import fingerprint
@@ -30,8 +31,8 @@ def run_check(job, worker=None):
     "execution"}.
 
     `job`: {"root", "bundle", "source", "weights", "kwargs" (lock_bundle's), "golden" (tolerances,
-    or None), "threads", "thread_env" (the driver's *_NUM_THREADS), "stamps" (the driver's hash
-    record of the weights files), "key", "remote" (run by a worker, not the driver)}. Paths are relative to `root`, the driver's folder (a worker elsewhere
+    or None), "threads", "thread_env" (the driver's *_NUM_THREADS), "stamps" (the driver's host
+    and its hash record of the weights files), "key", "remote" (run by a worker, not the driver)}. Paths are relative to `root`, the driver's folder (a worker elsewhere
     sees it through a shared filesystem). `worker`: the worker's address, as its executor knows it."""
     remote = job.get("remote", False)
     code = loaded_code()   # all of the lock code, before this check imports any of it
@@ -49,8 +50,10 @@ def run_check(job, worker=None):
 
     def path(p):
         return p if p is None or here or os.path.isabs(p) else os.path.join(root, p)
-    if remote and job["weights"] is not None:   # the driver's hashes, each checked by a stat here
-        fingerprint.known({os.path.join(path(job["weights"]), f): e for f, e in (job.get("stamps") or {}).items()})
+    stamps = job.get("stamps") or {}
+    if remote and job["weights"] is not None and stamps.get("host") == socket.gethostname():
+        # the driver's hashes, each checked by a stat here (on its host: another's may be stale)
+        fingerprint.known({os.path.join(path(job["weights"]), f): e for f, e in stamps["files"].items()})
     golden = {} if job.get("golden") is not None else None
     kwargs = dict(job["kwargs"])
     if kwargs.get("trace"):   # the VM's trace file: only by the code its key names, and here

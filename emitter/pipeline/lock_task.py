@@ -12,6 +12,7 @@ A cluster that lost a check (a dead worker, no scheduler) records an error and f
 a run without the report, a check that fails or errors fails it too (`ChecksFailed`: exit 1)."""
 
 import os
+import socket
 import sys
 
 from doit.exceptions import TaskFailed
@@ -87,11 +88,12 @@ def _job(entry, check, parts, run, golden, traces):
                   allow_nonfinite=tuple(pc.allow_nonfinite), max_tensor_bytes=pc.limits["tensor_bytes"],
                   bf16_bounds=pc.bf16, precision=pc.precision, weights_shas=shas,
                   trace=trace_spec(parts, traces, pc.limits.get("trace_bytes", 0)))
-    # the driver's hash record of those files: a worker whose stat agrees does not hash them again
+    # the driver's hash record of those files: a worker on this host whose stat agrees does not
+    # hash them again (another host's stat of a network filesystem may be stale: it hashes)
     stamps = {f: recorded(os.path.join(pc.weights, f)) for f in shas or ()}
     return {"code": digests.code("lock"), "name": pc.name, "root": os.getcwd(), "bundle": entry.bundle, "source": pc.source,
             "weights": pc.weights, "kwargs": kwargs, "golden": golden, "threads": run["threads"],
-            "stamps": {f: e for f, e in stamps.items() if e},
+            "stamps": {"host": socket.gethostname(), "files": {f: e for f, e in stamps.items() if e}},
             "thread_env": {k: os.environ[k] for k in executors.POOL_VARS if k in os.environ},
             "memory": executors.memory_need(os.path.join(entry.bundle, "manifest.json"))}
 

@@ -2,12 +2,14 @@
 
 import hashlib
 import os
+import threading
 import types
 import uuid
 
 from .probe import CouldNotRun
 
 _CODE, _KEPT = {}, 8   # (path, sha256 of the bytes): their code object, the last few compiled
+_LOCK = threading.Lock()   # (a worker may run checks on several threads)
 
 
 def _compiled(source, path):
@@ -15,12 +17,14 @@ def _compiled(source, path):
     (one lock task, one Dask worker) run the same bytes, and a 3,000-line model.py takes 25 ms to
     compile. Keyed by the bytes' digest, never by the file's stat."""
     key = (path, hashlib.sha256(source).hexdigest())
-    if key not in _CODE:
+    code = _CODE.get(key)
+    if code is None:
         code = compile(source, path, "exec", dont_inherit=True)
-        while len(_CODE) >= _KEPT:
-            _CODE.pop(next(iter(_CODE)))
-        _CODE[key] = code
-    return _CODE[key]
+        with _LOCK:
+            while len(_CODE) >= _KEPT:
+                _CODE.pop(next(iter(_CODE)))
+            _CODE[key] = code
+    return code
 
 
 def load_bundle_module(bundle_dir, source=None):

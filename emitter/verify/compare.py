@@ -176,7 +176,7 @@ def _same_bytes(torch, got, want, name, resident):
     file at the same offset, in the same dtype): equal bit for bit without reading either."""
     return (isinstance(want, np.memmap) and want.filename is not None and want.flags.c_contiguous
             and got.is_contiguous() and _NUMPY.get(str(got.dtype)) == want.dtype
-            and resident.maps_as(name, want.filename, want.offset))
+            and resident.maps_as(name, want.filename, want.offset, got))
 
 
 def same_view_bytes(torch, got, want, leaf, vm_leaf, name, resident):

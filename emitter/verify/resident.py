@@ -64,6 +64,7 @@ class Resident:
     def __init__(self, model, names, files=None):
         self.ranges, self.kept, self.seconds, self._pagemap = {}, set(), 0.0, None
         self.files = {}   # leaf: (the file it maps, the byte of the file its values start at)
+        self.spans = {}   # leaf: (its first byte in memory, its size): the buffer that was found
         if files is not None and not files:   # no file to let go of
             return
         try:
@@ -81,6 +82,7 @@ class Resident:
             if vma is not None:   # pages wholly inside this file's map (it maps nothing else)
                 self.ranges[name] = (max(vma[0], lo - lo % PAGE), min(vma[1], -(-hi // PAGE) * PAGE))
                 self.files[name] = (vma[3], vma[2] + lo - vma[0])
+                self.spans[name] = (lo, hi - lo)
 
     def __enter__(self):
         return self
@@ -91,7 +93,7 @@ class Resident:
     def close(self):
         if self._pagemap is not None:
             os.close(self._pagemap)
-        self._pagemap, self.ranges, self.files = None, {}, {}
+        self._pagemap, self.ranges, self.files, self.spans = None, {}, {}, {}
 
     def _written(self, name):
         """Whether a page of the leaf's map is the module's own (written to, or swapped out)."""
@@ -100,11 +102,14 @@ class Resident:
         flags = np.frombuffer(os.pread(self._pagemap, 8 * n, 8 * (lo // PAGE)), dtype=np.uint64)
         return bool(np.any(((flags & _PRESENT != 0) & (flags & _FILE == 0)) | (flags & _SWAPPED != 0)))
 
-    def maps_as(self, name, path, offset):
-        """Whether the module's leaf `name` is an untouched map of the bytes of `path` from
-        `offset` on (every page of it still the file's): then it holds those bytes, unread."""
+    def maps_as(self, name, path, offset, tensor):
+        """Whether `tensor`, the module's leaf `name`, is still the buffer found at the start and
+        an untouched map of the bytes of `path` from `offset` on (every page of it still the
+        file's): then it holds those bytes, unread. (A leaf the module rebound, or whose .data
+        it swapped, is another buffer.)"""
         where = self.files.get(name)
-        if where is None or name in self.kept or where[1] != offset:
+        if where is None or name in self.kept or where[1] != offset or \
+                self.spans.get(name) != (tensor.data_ptr(), tensor.numel() * tensor.element_size()):
             return False
         try:
             same = os.path.samefile(where[0], path)
