@@ -111,6 +111,9 @@ BAD = [
     ("npy_shape", {"X.npy": X.T.copy(), "W.npy": W, "b.npy": B}, "X.npy: `X` is 3 by 2, the program's `X` is 2 by 3"),
     ("npy_fortran", {"X.f64": X, "W.npy": np.asfortranarray(W), "b.f64": B}, "W.npy: the array is in Fortran"),
     ("npy_garbage", {"X.npy": b"not numpy", "W.f64": W, "b.f64": B}, "X.npy: not a .npy file"),
+    # a header cut short: numpy's own parser raises tokenize's TokenError, no ValueError
+    ("npy_cut", {"X.npy": b"\x93NUMPY\x01\x00\x05\x00{'des\n", "W.f64": W, "b.f64": B},
+     "X.npy: not a .npy file numpy can read (TokenError"),
     ("f64_odd_size", {"X.f64": b"\0" * 17, "W.f64": W, "b.f64": B},
      "X.f64: `X` is 2 by 3: expected 48 bytes of float64, the file has 17"),
     ("twice", {"m.safetensors": {"X": X}, "X.f64": X, "W.f64": W, "b.f64": B},

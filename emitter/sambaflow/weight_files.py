@@ -48,8 +48,8 @@ def npy_place(path):
                 np.lib.format.read_array_header_2_0
             shape, fortran, dtype = read(f)
             return dtype.str, f.tell(), tuple(shape), fortran
-    except (ValueError, EOFError) as e:   # numpy names no file: say which
-        raise WeightsError(path, f"not a .npy file numpy can read ({e})") from None
+    except Exception as e:   # (ValueError, EOFError, tokenize's TokenError...) numpy names no file
+        raise WeightsError(path, f"not a .npy file numpy can read ({type(e).__name__}: {e})") from None
 
 
 def safetensors_places(path):
