@@ -32,8 +32,9 @@ def run_check(job, worker=None):
 
     `job`: {"root", "bundle", "source", "weights", "kwargs" (lock_bundle's), "golden" (tolerances,
     or None), "threads", "thread_env" (the driver's *_NUM_THREADS), "stamps" (the driver's host
-    and its hash record of the weights files), "key", "remote" (run by a worker, not the driver)}. Paths are relative to `root`, the driver's folder (a worker elsewhere
-    sees it through a shared filesystem). `worker`: the worker's address, as its executor knows it."""
+    and its hash record of the weights files), "key", "remote" (run by a worker, not the
+    driver)}. Paths are relative to `root`, the driver's folder (a worker elsewhere sees it
+    through a shared filesystem). `worker`: the worker's address, as its executor knows it."""
     remote = job.get("remote", False)
     code = loaded_code()   # all of the lock code, before this check imports any of it
     from ..verify.lock import lock_bundle

@@ -18,7 +18,7 @@ import sys
 from doit.exceptions import TaskFailed
 
 from ..files import json_lines, read_json, write_atomic, write_files
-from ..fingerprint import entry as recorded, sha256_or_none
+from ..fingerprint import entry as on_record, sha256_or_none
 from . import digests
 from .guards import freeze_heap
 from .keys import check_key, check_parts, trace_key
@@ -90,10 +90,10 @@ def _job(entry, check, parts, run, golden, traces):
                   trace=trace_spec(parts, traces, pc.limits.get("trace_bytes", 0)))
     # the driver's hash record of those files: a worker on this host whose stat agrees does not
     # hash them again (another host's stat of a network filesystem may be stale: it hashes)
-    stamps = {f: recorded(os.path.join(pc.weights, f)) for f in shas or ()}
+    stamps = {f: e for f in shas or () if (e := on_record(os.path.join(pc.weights, f)))}
     return {"code": digests.code("lock"), "name": pc.name, "root": os.getcwd(), "bundle": entry.bundle, "source": pc.source,
             "weights": pc.weights, "kwargs": kwargs, "golden": golden, "threads": run["threads"],
-            "stamps": {"host": socket.gethostname(), "files": {f: e for f, e in stamps.items() if e}},
+            "stamps": {"host": socket.gethostname(), "files": stamps},
             "thread_env": {k: os.environ[k] for k in executors.POOL_VARS if k in os.environ},
             "memory": executors.memory_need(os.path.join(entry.bundle, "manifest.json"))}
 
@@ -243,8 +243,8 @@ def _publish(store, name, dtype, key, r, parts, quiet=False):
         if quiet:
             return
         LOG.warning(f"lock:{name}: [{dtype}] not published to {store.url}: computed in another "
-                         "environment than this checkout's (a worker with other versions or another "
-                         "CPU); the key names this one\n")
+                    "environment than this checkout's (a worker with other versions or another "
+                    "CPU); the key names this one")
         return
     try:
         store.put(key, r)

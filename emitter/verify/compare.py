@@ -44,9 +44,7 @@ def same_in_dtype(got, want):
         return False
     scratch = {}
     for g, w in _blocks(got, want, widen=False):
-        b = _viewed(torch, w)
-        if b.dtype != g.dtype:   # cast into one buffer, reused: no fresh pages for each block
-            b = _scratch(torch, scratch, b.shape, g.dtype).copy_(b)
+        b = _as_dtype(torch, scratch, w, g.dtype)
         same = _same_bits(torch, g, b) or torch.equal(g, b)
         release(want)
         if not same:
@@ -193,12 +191,16 @@ def same_view_bytes(torch, got, want, leaf, vm_leaf, name, resident):
             and _same_bytes(torch, leaf, vm_leaf, name, resident))
 
 
-def _scratch(torch, buffers, shape, dtype):
-    """A tensor of `shape` and `dtype` over `buffers`' one buffer of that dtype (grown as needed)."""
-    n = math.prod(shape)
+def _as_dtype(torch, buffers, block, dtype):
+    """A block of the VM's values as a tensor of `dtype`: viewed as it is, or cast into `buffers`'
+    one buffer of that dtype (grown as needed, reused: no fresh pages for each block)."""
+    b = _viewed(torch, block)
+    if b.dtype == dtype:
+        return b
+    n = math.prod(b.shape)
     if dtype not in buffers or buffers[dtype].numel() < n:
         buffers[dtype] = torch.empty(n, dtype=dtype)
-    return buffers[dtype][:n].view(shape)
+    return buffers[dtype][:n].view(b.shape).copy_(b)
 
 
 _BITS = {2: "int16", 4: "int32", 8: "int64"}
@@ -206,9 +208,9 @@ _BITS = {2: "int16", 4: "int32", 8: "int64"}
 
 def _same_bits(torch, a, b):
     """Whether `a` and `b` hold the same bits (then equal; where not, equal may still hold: -0.0, NaN)."""
-    return (a.dtype == b.dtype and a.shape == b.shape and a.is_contiguous() and b.is_contiguous()
-            and a.element_size() in _BITS and torch.equal(a.view(getattr(torch, _BITS[a.element_size()])),
-                                                           b.view(getattr(torch, _BITS[b.element_size()]))))
+    bits = _BITS.get(a.element_size())
+    return (bits is not None and a.dtype == b.dtype and a.shape == b.shape and a.is_contiguous()
+            and b.is_contiguous() and torch.equal(a.view(getattr(torch, bits)), b.view(getattr(torch, bits))))
 
 
 def load_stage(torch, model, program, leaves, dtype, tol, resident):
@@ -225,9 +227,7 @@ def load_stage(torch, model, program, leaves, dtype, tol, resident):
         rows = 1 + (1 << 20) // max(1, want.shape[1])
         same = ok and _same_bytes(torch, got, want, name, resident)   # then nothing to read
         for r in range(0, want.shape[0], rows) if ok and not same else ():
-            a, b = got[r:r + rows], _viewed(torch, want[r:r + rows])
-            if b.dtype != held:   # cast into one buffer, reused: no fresh pages for each block
-                b = _scratch(torch, scratch, b.shape, held).copy_(b)
+            a, b = got[r:r + rows], _as_dtype(torch, scratch, want[r:r + rows], held)
             release(want)
             if not (_same_bits(torch, a, b) or torch.equal(a, b) or (
                     torch.equal(torch.isnan(a), torch.isnan(b)) and
