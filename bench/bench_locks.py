@@ -18,7 +18,8 @@ a fresh folder, `doit` there timed (`full_s`), then its imports alone timed agai
 removed, `doit weights`: `imports_s`); its floor is the checks' compute (per program the VM once,
 the largest vm_s of its checks, plus every check's module_s + probe_s, from the results the
 build wrote) + the imports + one interpreter start that imports what a run imports (`start_s`);
-`vs_floor` = full_s / floor, the target 1.3.
+`vs_floor` = full_s / floor, the target 1.3. Then the same full `doit` in another fresh copy with
+`executor=dask:local workers=2` (`dask_local_full_s`).
 """
 
 import argparse
@@ -116,7 +117,14 @@ def zoo(keep=None):
             shutil.rmtree(os.path.join(dest, "build", "weights", d))
         _, imports, _ = _child(doit + ["weights"], dest)
         floor = sum(floors.values()) + imports + start
+        dask = tempfile.mkdtemp(prefix="bench-locks-dask-")   # the same, on two Dask workers
+        try:
+            _copy_tree(dask)
+            dask_rc, dask_full, _ = _child(doit + ["executor=dask:local", "workers=2"], dask)
+        finally:
+            shutil.rmtree(dask, ignore_errors=True)
         return {"exit": rc, "checks": checks, "full_s": round(full, 2), "imports_s": round(imports, 2),
+                "dask_local_exit": dask_rc, "dask_local_full_s": round(dask_full, 2),
                 "start_s": round(start, 2), "compute_s": round(sum(floors.values()), 2),
                 "floor_s": round(floor, 2), "vs_floor": round(full / floor, 3), "target": ZOO_TARGET,
                 "compute_by_program": {k: round(v, 3) for k, v in floors.items()}}
@@ -160,8 +168,8 @@ def main(argv=None):
         report["zoo"] = zoo(args.keep)
         z = report["zoo"]
         print(f"zoo: full doit {z['full_s']} s against a floor of {z['floor_s']} s (compute "
-              f"{z['compute_s']}, imports {z['imports_s']}, start {z['start_s']}): {z['vs_floor']}x",
-              file=sys.stderr)
+              f"{z['compute_s']}, imports {z['imports_s']}, start {z['start_s']}): {z['vs_floor']}x; "
+              f"on dask:local with 2 workers {z['dask_local_full_s']} s", file=sys.stderr)
     print(json.dumps(report))
     worst_rss = max((r["rss_ratio"] for r in rows if r["dtype"] == "float32" and r["rss_ratio"]), default=0)
     return 0 if worst_rss <= RSS_TARGET else 3
