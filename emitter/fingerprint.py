@@ -21,6 +21,10 @@ VERSION = 3
 RACY_S = 2.0
 
 
+def _stamp(st):
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:"
+
+
 class Fingerprints:
     """path -> sha256 through the stat cache; `save` writes what changed (best effort). An entry
     is one string, "size:mtime_ns:ctime_ns:inode:sha256" (a thousand-program zoo's cache loads in
@@ -38,18 +42,24 @@ class Fingerprints:
         self.dirty = False
         self._lock = threading.Lock()
 
+    def recorded(self, path, stamp):
+        hit = self.files.get(path)
+        if type(hit) is str and hit.startswith(stamp) and len(hit) == len(stamp) + 64:
+            return hit[len(stamp):]
+        return None
+
     def sha256(self, path, st=None):
         """The sha256 of `path`'s bytes (links followed; `st`: its os.stat when the caller has
         it); OSError when it cannot be read."""
         st = st or os.stat(path)
-        stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:"
-        hit = self.files.get(path)
-        if type(hit) is str and hit.startswith(stamp) and len(hit) == len(stamp) + 64:
-            return hit[len(stamp):]
+        stamp = _stamp(st)
+        hit = self.recorded(path, stamp)
+        if hit is not None:
+            return hit
         with open(path, "rb") as f:
             sha = hashlib.file_digest(f, "sha256").hexdigest()
             after = os.fstat(f.fileno())
-        if f"{after.st_size}:{after.st_mtime_ns}:{after.st_ctime_ns}:{after.st_ino}:" == stamp \
+        if _stamp(after) == stamp \
                 and time.time() - st.st_ctime_ns / 1e9 > RACY_S:
             with self._lock:
                 self.files[path] = stamp + sha
@@ -108,6 +118,15 @@ def sha256(path, st=None):
     """The one fingerprint function: `path`'s sha256 through this process's stat cache (`st`: its
     os.stat, when the caller already has it)."""
     return _CURRENT[0].sha256(path, st)
+
+
+def recorded(path):
+    """`path`'s sha256 where the record holds it under the file's stamp now, else None: nothing
+    is read (what a check may skip because it was done on those very bytes)."""
+    try:
+        return _CURRENT[0].recorded(path, _stamp(os.stat(path)))
+    except OSError:
+        return None
 
 
 def sha256_or_none(path, st=None):

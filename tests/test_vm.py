@@ -86,6 +86,39 @@ def test_bad_weights(tmp_path, files, needle):
     assert str(tmp_path) in str(e.value)
 
 
+def test_leaf_checks_not_repeated_on_bytes_they_passed(tmp_path, monkeypatch):
+    """A program's other checks in one process do not read its weights again for the VM's leaf
+    checks: the same bytes (their sha256 on the hash record under the file's stamp now), checked
+    the same way, passed. An edit that puts size and mtime back, or a check that allows less, reads."""
+    from emitter import fingerprint
+    monkeypatch.setattr(fingerprint, "RACY_S", 0.0)   # a file just written is recorded all the same
+    monkeypatch.setattr(fingerprint, "_CURRENT", [fingerprint.Fingerprints()])
+    p = read_program(RING)
+    path = tmp_path / "x.f64"
+    _write(path, [1, 2, 3], "<f8")
+    real, read = np.isfinite, []
+    monkeypatch.setattr(vm.np, "isfinite", lambda a: read.append(a.size) or real(a))
+    vm.load_leaves(p, str(tmp_path))
+    assert read == [3]   # not on record yet: checked, and nothing remembered (never hashed for it)
+    vm.load_leaves(p, str(tmp_path))
+    assert read == [3, 3]
+    fingerprint.sha256(str(path))   # as a lock's weights digest records it
+    vm.load_leaves(p, str(tmp_path))
+    vm.load_leaves(p, str(tmp_path))
+    assert read == [3, 3, 3]
+    st = os.stat(path)
+    with open(path, "r+b") as f:   # NaN in place, size and mtime put back: its ctime moved
+        f.seek(8)
+        f.write(np.float64(np.nan).tobytes())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(ProgramError, match=r"non-finite value \(nan\) at flat index 1"):
+        vm.load_leaves(p, str(tmp_path))
+    fingerprint.sha256(str(path))
+    vm.load_leaves(p, str(tmp_path), allow_nonfinite=("x",))   # passes where NaN is allowed...
+    with pytest.raises(ProgramError, match="non-finite value"):   # ...and that pass is not this one
+        vm.load_leaves(p, str(tmp_path))
+
+
 def test_int_leaf_file_must_hold_integers(tmp_path):
     p = read_program("Let t be a 1 by 2 tensor of Int.\nLet y be silu of t.\n")
     _write(tmp_path / "t.f64", [1, 2.5], "<f8")

@@ -11,11 +11,14 @@ stage in order; states written back carry into the next step.
 
 import math
 import os
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import fingerprint
 from ..language.errors import ProgramError
 from ..ops import ShapeError, release
 from ..sambaflow.weight_files import WeightsError, weight_array, weight_places
@@ -32,17 +35,31 @@ def declared_value(program, name):
     return value
 
 
+# the leaf checks this process passed, by the checked bytes' sha256 as the hash record holds it
+# (emitter.fingerprint.recorded: never hashed for this) and what was checked of them: a program's
+# other checks in one process (a zoo run, a Dask worker) do not read a checkpoint again for it
+_PASSED, _PASSED_LOCK = OrderedDict(), threading.Lock()
+PASSED_LIMIT = 1 << 14
+
+
 def _read_leaf(program, name, directory, place, nonfinite_ok=False):
     """The leaf's values at `place` (emitter.sambaflow.weight_files: the reader model.py copies),
     a read-only map checked a block at a time for non-finite values and, for an Int leaf,
     non-integers, its pages released after: what the VM holds of a 1 GB checkpoint is the map,
-    not the memory (`release`)."""
+    not the memory (`release`). Bytes this process checked the same way already are not read."""
     d = program.decls[name]
     try:
         value = weight_array(directory, place, name, d.rows, d.cols, "r")
     except WeightsError as e:
         raise ProgramError(e.message, path=e.path) from None
     path = os.path.join(directory, place[0])
+    sha = fingerprint.recorded(path)
+    done = sha and (sha, place[1:], d.rows, d.cols, d.real, nonfinite_ok)
+    if done:
+        with _PASSED_LOCK:
+            if _PASSED.pop(done, False):
+                _PASSED[done] = True   # (the most recently used)
+                return value
     what = f"`{name}` (tensor `{place[1]}`)" if place[1] else f"`{name}`"
     flat = value.reshape(-1)
     for start in range(0, flat.size, BLOCK):
@@ -56,6 +73,11 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
             raise ProgramError(f"{what} is an Int tensor but the file holds non-integers "
                                f"({flat[bad]} at flat index {bad})", path=path)
         release(value)
+    if done:
+        with _PASSED_LOCK:
+            _PASSED[done] = True
+            if len(_PASSED) > PASSED_LIMIT:
+                _PASSED.popitem(last=False)
     return value
 
 
