@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 
+import pytest
+
 from conftest import ROOT
 from test_pipeline import FAKE_IMPORTER, PROG_A, PROG_B, _weights, doit, make_zoo
 
@@ -204,3 +206,45 @@ def test_inputs_that_come_back_take_their_verdict_from_the_store(tmp_path):
     entries = {p.stem: json.loads(p.read_text()) for p in (z / "build/store").rglob("*.json")}
     assert set(entries) == {first["key"], second["key"]}
     assert entries[first["key"]]["schema"] == "logos.verdict-cache"
+
+
+def _emitter_imports(rel):
+    """The emitter package's files that importing `rel` runs: every module it imports (at the top
+    or inside a function, relative or absolute) and the __init__.py of each package on the way."""
+    import ast
+    from emitter.pipeline.digests import PACKAGE
+
+    def found(mod):
+        path = mod.replace(".", "/")
+        return [c for c in (path + ".py", path + "/__init__.py", "__init__.py" if not mod else None)
+                if c and os.path.isfile(os.path.join(PACKAGE, c))][:1]
+
+    here = rel.split("/")[:-1]
+    mods = set()
+    for node in ast.walk(ast.parse(open(os.path.join(PACKAGE, rel), encoding="utf-8").read())):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "emitter"):
+            base = here[:len(here) - node.level + 1] if node.level else []
+            mod = ".".join(base + (node.module.split(".")[node.level == 0:] if node.module else []))
+            mods |= {mod} | {f"{mod}.{a.name}".lstrip(".") for a in node.names}
+        elif isinstance(node, ast.Import):
+            mods |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("emitter.")}
+    files = {f for m in mods for f in found(m)}
+    return files | {"/".join(f.split("/")[:i] + ["__init__.py"]) for f in files | {rel}
+                    for i in range(f.count("/") + 1)}
+
+
+@pytest.mark.parametrize("kind", ["emit", "lock", "import", "vm", "report"])
+def test_each_code_digest_covers_every_module_its_code_imports(kind):
+    """An edit of any code a kind's work runs changes that kind's digest: what its files import,
+    to the end (rope_tables, which writes an import's COS and SIN, is in ops/, not importers/)."""
+    from emitter.pipeline.digests import code_files
+    have = set(code_files(kind))
+    seen, todo = set(), list(have)
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen.add(f)
+            todo += _emitter_imports(f)
+    assert sorted(seen - have) == [], f"{kind}: digests.CODE misses what its code imports"
+    if kind == "import":
+        assert {"ops/rope.py", "language/reader.py"} <= have

@@ -12,14 +12,27 @@ import os
 from ..fingerprint import sha256
 from ..verify import environment
 
+# each kind's code: the files its work runs, every module they import (at the top or in a function)
+# with the packages' __init__ that an import runs (tests/test_keys.py checks the closure)
+_BASE = ("__init__.py", "bytecode.py", "files.py")
 CODE = {
-    "emit": ("files.py", "ops", "language", "sambaflow"),
-    "lock": ("files.py", "yamlfile.py", "ops", "language", "sambaflow", "verify", "pipeline/check_worker.py"),
-    "import": ("importers", "sambaflow/weight_files.py"),
+    "emit": _BASE + ("ops", "language", "sambaflow"),
+    "lock": _BASE + ("fingerprint.py", "yamlfile.py", "ops", "language", "sambaflow", "verify",
+                     "pipeline/__init__.py", "pipeline/check_worker.py", "pipeline/digests.py",
+                     "pipeline/worker_code.py"),
+    "import": _BASE + ("extras.py", "importers", "language", "ops", "sambaflow/__init__.py",
+                       "sambaflow/weight_files.py"),
     # what the VM's trace is computed and stored by (emitter.verify.trace): a trace is shared by a
     # program's checks until this code changes, whatever else of the lock's does
-    "vm": ("ops", "language", "sambaflow/weight_files.py", "verify/vm.py", "verify/trace.py"),
-    "report": ("pipeline/report.py", "pipeline/report_html.py", "pipeline/plot_svg.py", "verify/verdict.py"),
+    "vm": _BASE + ("fingerprint.py", "yamlfile.py", "ops", "language", "sambaflow/__init__.py",
+                   "sambaflow/weight_files.py", "verify/__init__.py", "verify/links.py", "verify/vm.py",
+                   "verify/trace.py"),
+    "report": _BASE + ("fingerprint.py", "importers/__init__.py", "importers/packages.py",
+                       "language/__init__.py", "language/errors.py", "pipeline/__init__.py",
+                       "pipeline/digests.py", "pipeline/files_io.py", "pipeline/keys.py",
+                       "pipeline/plot_svg.py", "pipeline/report.py", "pipeline/report_facts.py",
+                       "pipeline/report_html.py", "sambaflow/__init__.py", "sambaflow/weight_files.py",
+                       "verify/__init__.py", "verify/environment.py", "verify/verdict.py"),
 }
 # the libraries whose code makes an import's numbers as much as the importers' own: a gguf upgrade
 # that dequantises differently must re-derive the weights and change the verdict cache's keys

@@ -16,6 +16,8 @@ _PKG = __name__.rsplit(".", 2)[0]
 
 def _module(rel):
     name = rel[:-len(".py")].replace("/", ".")
+    if name == "__init__":
+        return _PKG
     return f"{_PKG}.{name[:-len('.__init__')]}" if name.endswith(".__init__") else f"{_PKG}.{name}"
 
 
