@@ -239,8 +239,7 @@ class Run:
                     deps.append(f"weights:{e.name}")
             files = []
             if e.pc.weights and not e.pc.derive and os.path.isdir(e.pc.weights):
-                from .keys import listed
-                files = [f"{e.pc.weights}/{n}" for n in sorted(listed(e.pc.weights))]
+                files = [f"{e.pc.weights}/{n}" for n in self._claimable(e)]
             yield {
                 "name": e.name,
                 "doc": f"lock {e.name} ({', '.join(c.dtype for c in e.checks)}, {e.pc.steps} step(s))",
@@ -253,6 +252,18 @@ class Run:
                           (files_io.remove_dir, [f"{e.bundle}/golden"])],
                 **more,
             }
+
+    @staticmethod
+    def _claimable(e):
+        """The files of a weights folder its leaves may read (by name: the emit status's leaves,
+        before an emit every file named as a leaf's could be): what doit orders the lock by. The
+        others count in the key by name and size and are never read, by doit's checker neither."""
+        from ..sambaflow.weight_files import LEAF_SUFFIXES, TENSOR_FILES, claimed_files
+        from .keys import listed
+        names, st = listed(e.pc.weights), read_json(e.status) or {}
+        if st.get("status") == "ok" and isinstance(st.get("leaves"), list):
+            return sorted(claimed_files(names, st["leaves"]))
+        return sorted(n for n in names if n.endswith(LEAF_SUFFIXES + (TENSOR_FILES,)))
 
     def cachelookup_tasks(self):
         if not self.settings["cache"]:
