@@ -164,6 +164,36 @@ def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_aga
     assert " b " not in out
 
 
+def test_results_are_not_current_where_a_bundle_or_derived_weights_were_edited_by_hand(tmp_path):
+    """`logos results` takes a check's bundle and derived weights from the records its key names
+    (the emit status, .derived.json): a hand edit of either on disk, even one that keeps size and
+    mtime, makes its verdicts not current (exit 1), as the next run treats them."""
+    import subprocess
+    import sys
+    z = _derived_zoo(tmp_path)
+    assert doit(z)[0] == 0
+
+    def results(*args):
+        p = subprocess.run([sys.executable, "-m", "emitter", "results", *args], cwd=z,
+                           capture_output=True, text=True)
+        return p.returncode, p.stdout + p.stderr
+    assert results("d")[0] == 0
+    for path, edit in ((z / "build/bundles/d/model.py", lambda b: b.replace(b"eps", b"epz", 1)),
+                       (z / "build/weights/d/w.f64", lambda b: b[:-1] + bytes([b[-1] ^ 0x80]))):
+        before = path.read_bytes()
+        _same_stat_edit(path, edit)
+        rc, out = results("d")
+        assert rc == 1 and "NOT CURRENT" in out, (path, out)
+        rc, out = results("--json")
+        assert rc == 1 and not any(r["current"] for r in json.loads(out)["runs"]), out
+        path.write_bytes(before)
+        assert results("d")[0] == 0, path
+    _same_stat_edit(z / "build/weights/d/w.f64", lambda b: b[:-1] + bytes([b[-1] ^ 0x80]))
+    rc, ran, out = doit(z)
+    assert rc == 0 and "weights:d" in ran, out    # made again: current again
+    assert results("d")[0] == 0
+
+
 def test_a_run_that_does_not_end_leaves_no_report_that_says_pass(tmp_path):
     import signal
     import subprocess

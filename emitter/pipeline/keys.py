@@ -153,11 +153,20 @@ def emit_current(entry, st=None):
     st = read_json(entry.status) if st is None else st
     if not isinstance(st, dict) or st.get("key") != emit_key(entry):
         return False
-    bundle = st.get("bundle")
-    if st.get("status") != "ok":
-        return True
+    return st.get("status") != "ok" or bundle_as_recorded(entry, st)
+
+
+def bundle_as_recorded(entry, st):
+    """The bundle the emit status `st` lists (what a check's key names) is on disk as written."""
+    bundle = st.get("bundle") if isinstance(st, dict) else None
     return isinstance(bundle, dict) and all(
         sha256_or_none(f"{entry.bundle}/{f}") == sha for f, sha in bundle.items())
+
+
+def made_as_recorded(entry, st):
+    """What a check's key takes from records is what is on disk: the bundle its emit status lists,
+    and derived weights as their import made them (a hand edit of either is seen)."""
+    return bundle_as_recorded(entry, st) and (not entry.pc.derive or import_current(entry))
 
 
 def import_current(entry):
