@@ -164,6 +164,38 @@ def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_aga
     assert " b " not in out
 
 
+def test_a_deleted_history_is_made_again_by_the_next_run_whatever_it_runs(tmp_path):
+    """results.sqlite deleted: the next run, a no-op or one lock, makes it again from every
+    check's result before any lock adds to it, so `logos results` covers the whole zoo (a failing
+    check included) and never a part of it."""
+    import subprocess
+    import sys
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "tolerances:\n  float32: {abs: 1.0e-12, rel: 1.0e-12}\n"),
+                                    "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 1    # a fails at its tolerance
+
+    def results(*args):
+        p = subprocess.run([sys.executable, "-m", "emitter", "results", *args], cwd=z,
+                           capture_output=True, text=True)
+        return p.returncode, p.stdout + p.stderr
+    assert results()[0] == 1
+    (z / "build/results.sqlite").unlink()
+    rc, ran, out = doit(z, "lock:b")          # b is current: nothing of it runs
+    assert "lock:b" not in ran, out
+    rc, out = results()
+    assert rc == 1 and "2 programs, 4 checks, 1 not passing" in out, out
+    (z / "build/results.sqlite").unlink()
+    with open(z / "programs/b.logos", "a") as f:
+        f.write("Let z be silu of y.\n")
+    rc, ran, out = doit(z, "lock:b")          # b's lock runs and records after the others are back
+    assert "lock:b" in ran, out
+    rc, out = results()
+    assert rc == 1 and "2 programs, 4 checks, 1 not passing" in out, out
+    rc, out = results("--history", "a")
+    assert rc == 0 and out.count(" a ") == 2, out
+
+
 def test_results_are_not_current_where_a_bundle_or_derived_weights_were_edited_by_hand(tmp_path):
     """`logos results` takes a check's bundle and derived weights from the records its key names
     (the emit status, .derived.json): a hand edit of either on disk, even one that keeps size and

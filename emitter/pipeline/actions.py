@@ -17,7 +17,6 @@ from ..files import BUNDLE_FILES, json_lines, write_atomic
 from ..fingerprint import sha256_text
 from .guards import freeze_heap
 from .keys import emit_key
-from .log import LOG
 
 
 def _too_big(program, limits):
@@ -85,11 +84,6 @@ def make_report(entries, out_dir, threads, failures=None):
     from doit.exceptions import TaskFailed
     from .keys import report_key
     from .report import build_rows, write_reports
-    from . import results as history
-    try:
-        history.refill(os.path.join(out_dir, "results.sqlite"), [c.result for e in entries for c in e.checks])
-    except history.HistoryError as e:
-        LOG.warning(f"report: the history was not made again: {e}")
     key_rows = []
     rows = build_rows(entries, os.path.join(out_dir, ".report-cache.json"), threads, failures, key_rows)
     key = report_key(entries, threads, key_rows)

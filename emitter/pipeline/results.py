@@ -93,7 +93,8 @@ def refill(db, results):
     if os.path.isfile(db):
         return 0
     rs = [r for r in (read_json(p) for p in results) if isinstance(r, dict) and r.get("verdict")]
-    record_all(db, rs)
+    if rs:
+        record_all(db, rs)
     return len(rs)
 
 

@@ -126,6 +126,12 @@ class Run:
             LOG.warning(f"warning: {w}")
         defaults = [f for f in ("programs/defaults.yaml",) if os.path.isfile(f)]
         self.entries = entries(programs, build, defaults)
+        if not os.path.isfile(self.db):   # deleted: made again before any lock of this run adds to it
+            from . import results as history
+            try:
+                history.refill(self.db, [c.result for e in self.entries for c in e.checks])
+            except history.HistoryError as e:
+                LOG.warning(f"warning: the history was not made again: {e}")
         self.handed = None   # None: every task; else the names of those handed beside the report
         self.report_now = None   # the report's key as the pre-check read it, when nothing is handed
         self.own = handing.own_tasks(ours)   # the dodo's own tasks, as their creators make them
