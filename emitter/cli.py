@@ -141,6 +141,9 @@ def _command(name):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get("LOGOS_DIE_WITH"):   # started by a run (an import): it ends with that run
+        from .pipeline.guards import die_with_parent
+        die_with_parent()
     if argv[:1] == ["doit"]:   # doit's own arguments, untouched by argparse
         from .zoo import main as zoo_main
         return zoo_main(argv[1:], COMMANDS)

@@ -130,6 +130,55 @@ def test_a_killed_parallel_run_takes_its_workers_along_and_the_next_run_goes_on(
     assert (rc, ran) == (0, set()), out
 
 
+SLOW_IMPORTER = '''"""A test importer that says its pid, then takes its time."""
+import os, time
+
+
+def add_arguments(p):
+    p.add_argument("checkpoint")
+    p.add_argument("--program", required=True)
+    p.add_argument("-o", "--out", required=True)
+
+
+def main(args):
+    with open(os.path.join(os.path.dirname(args.checkpoint), "importer.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(300)
+    return 0
+'''
+
+
+@linux
+@pytest.mark.parametrize("jobs", [[], ["-n", "2"]])
+def test_a_killed_run_takes_its_import_along(tmp_path, jobs):
+    """An import is a program the run starts (`python -m emitter import-…`), not a fork: SIGKILL
+    the run, inline or with workers, and the import ends too, rather than going on writing under
+    build/tmp after the run is gone (and past the next run's sweep)."""
+    from test_pipeline import PROG_A
+    z = make_zoo(tmp_path / "zoo", {"d": (PROG_A, "derive:\n  importer: slow\n  checkpoint: ckpt/w.bin\n")})
+    (z / "emitter/importers/slow.py").write_text(SLOW_IMPORTER)
+    with open(z / "emitter/importers/__init__.py", "a") as f:
+        f.write('\nIMPORTERS["slow"] = ("emitter.importers.slow", "test importer")\n')
+    (z / "ckpt").mkdir()
+    (z / "ckpt/w.bin").write_bytes(bytes(128))
+    p = subprocess.Popen([sys.executable, "-m", "doit", *jobs], cwd=z, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    pid_file, importer = z / "ckpt/importer.pid", None
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end and not (pid_file.exists() and pid_file.read_text()):
+            time.sleep(0.1)
+        importer = int(pid_file.read_text())
+        assert _alive(importer)
+        p.kill()
+        p.wait()
+        assert _gone([importer], 30), _state(importer)
+    finally:
+        _end([importer] if importer else [])
+        if p.poll() is None:
+            p.kill()
+
+
 @linux
 def test_a_forked_child_that_outlives_its_run_does_not_hold_the_lock(tmp_path):
     """The lock is this process's own: a child it forked (one that clears its death signal and so

@@ -149,7 +149,8 @@ def bind_children():
     when this one ends: a killed run (SIGKILL, the OOM killer) leaves no workers behind to go on
     writing under build/. A child forked from another thread than the main one is left unbound:
     the kernel takes the death of the forking *thread* for its parent's. Children made by
-    `subprocess` (fork and exec in C) are not covered: no Python runs in them before exec."""
+    `subprocess` (fork and exec in C) are not covered: no Python runs in them before exec (a
+    program the run starts binds itself: `die_with_parent`)."""
     global _BOUND
     if _BOUND or not sys.platform.startswith("linux"):
         return
@@ -188,6 +189,22 @@ def _bind_this_child():
     if prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         return
     if os.getppid() != forker:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+DIE_WITH = "LOGOS_DIE_WITH"   # set for a program a run starts (an import): the starting pid
+
+
+def die_with_parent():
+    """In a program a run started with `DIE_WITH` naming the starting process (`subprocess`
+    children are not bound by `bind_children`: no Python runs between their fork and exec): be
+    SIGKILLed when that process ends, so a killed run leaves no import going on under build/tmp.
+    Already gone: end now."""
+    pid = os.environ.pop(DIE_WITH, "")
+    prctl = _prctl() if pid.isdigit() and sys.platform.startswith("linux") else None
+    if prctl is None or prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return
+    if os.getppid() != int(pid):
         os.kill(os.getpid(), signal.SIGKILL)
 
 

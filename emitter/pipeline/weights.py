@@ -12,7 +12,7 @@ import tempfile
 
 from ..files import write_atomic
 from ..fingerprint import moved, sha256
-from .guards import freeze_heap
+from .guards import DIE_WITH, freeze_heap
 from .keys import DERIVED, import_key, listed
 
 def import_weights(derive, source, out_dir, seconds=3600, tmp_root="build/tmp"):
@@ -34,7 +34,8 @@ def import_weights(derive, source, out_dir, seconds=3600, tmp_root="build/tmp"):
                "-o", os.path.join(tmp, "out")]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds,
-                                  env={**os.environ, "TMPDIR": os.path.abspath(tmp)})
+                                  env={**os.environ, "TMPDIR": os.path.abspath(tmp),
+                                       DIE_WITH: str(os.getpid())})   # it ends with this run
         except subprocess.TimeoutExpired:
             return TaskFailed(f"{' '.join(cmd[1:4])} ran past {seconds} s (limits.seconds) and was stopped")
         sys.stdout.write(done.stdout[-20000:])
