@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from test_pipeline import PROG_B, doit, make_zoo, zoo  # noqa: F401  (zoo: the fixture)
+from test_pipeline import FAKE_IMPORTER, PROG_B, doit, make_zoo, zoo  # noqa: F401  (zoo: the fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -130,22 +130,14 @@ def test_a_killed_parallel_run_takes_its_workers_along_and_the_next_run_goes_on(
     assert (rc, ran) == (0, set()), out
 
 
-SLOW_IMPORTER = '''"""A test importer that says its pid, then takes its time."""
-import os, time
-
-
-def add_arguments(p):
-    p.add_argument("checkpoint")
-    p.add_argument("--program", required=True)
-    p.add_argument("-o", "--out", required=True)
-
-
-def main(args):
+# the test importer's arguments, and a main that says its pid, then takes its time
+SLOW_IMPORTER = FAKE_IMPORTER.split("def main")[0].replace("import os, shutil", "import os, time") + \
+    """def main(args):
     with open(os.path.join(os.path.dirname(args.checkpoint), "importer.pid"), "w") as f:
         f.write(str(os.getpid()))
     time.sleep(300)
     return 0
-'''
+"""
 
 
 @linux
