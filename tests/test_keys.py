@@ -271,6 +271,36 @@ def test_inputs_that_come_back_take_their_verdict_from_the_store(tmp_path):
     assert entries[first["key"]]["schema"] == "logos.verdict-cache"
 
 
+def test_golden_is_about_the_verdicts_wherever_they_came_from(tmp_path):
+    """golden/ (what `compile.py test` compares with: the VM's outputs and the checks' tolerances)
+    names the checks' keys: a verdict kept from build/store/ or taken from the shared cache leaves
+    golden/ as a lock of those inputs makes it (its outputs from the VM), never the last lock's.
+    Once a loose tolerance, then put back, and a broken model.py passed `compile.py test`."""
+    url, secret = (tmp_path / "cache").as_uri(), {"LOGOS_CACHE_KEY": "k"}
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64, float32]\n")})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    golden = z / "build/bundles/a/golden"
+
+    def files():
+        return {p.name: p.read_bytes() for p in golden.iterdir()}
+    assert doit(z, f"cache={url}", env=secret)[0] == 0
+    first = files()
+    tol = json.loads(first["golden.json"])["tolerances"]
+    keys = {dt: r["key"] for (n, dt), r in _results(z).items()}
+    assert json.loads(first["golden.json"])["key"] and set(tol) == {"float64", "float32"}
+    (z / "programs/a.yaml").write_text("dtypes: [float64, float32]\ntolerances:\n  float32: {abs: 2000.0, rel: 1.0}\n")
+    rc, ran, out = doit(z, f"cache={url}", env=secret)
+    assert rc == 0 and json.loads((golden / "golden.json").read_text())["tolerances"]["float32"]["abs"] == 2000.0
+    (z / "programs/a.yaml").write_text("dtypes: [float64, float32]\n")   # back: verdicts from the store
+    rc, ran, out = doit(z, f"cache={url}", env=secret)
+    assert rc == 0 and "lock:a" in ran and {dt: r["key"] for (n, dt), r in _results(z).items()} == keys, out
+    assert files() == first
+    shutil.rmtree(z / "build")                                # a fresh clone: verdicts from the cache
+    rc, ran, out = doit(z, f"cache={url}", env=secret)
+    assert rc == 0 and all(r.get("from_cache") for r in _results(z).values()), out
+    assert golden.is_dir() and files() == first, out
+
+
 def _emitter_imports(rel):
     """The emitter package's files that importing `rel` runs: every module it imports (at the top
     or inside a function, relative or absolute) and the __init__.py of each package on the way."""

@@ -12,13 +12,14 @@ A cluster that lost a check (a dead worker, no scheduler) records an error and f
 a run without the report, a check that fails or errors fails it too (`ChecksFailed`: exit 1)."""
 
 import os
+import shutil
 import socket
 import sys
 
 from doit.exceptions import TaskFailed
 
 from ..files import json_lines, read_json, write_atomic, write_files
-from ..fingerprint import entry as on_record, sha256_or_none
+from ..fingerprint import entry as on_record, sha256_or_none, sha256_text
 from . import digests
 from .guards import freeze_heap
 from .keys import check_key, check_parts, trace_key
@@ -166,7 +167,7 @@ def lock_program(entry, run, db):
         outcomes = ex.run(jobs, pc.limits["seconds"]) if jobs else []
     except executors.ExecutorError as e:
         outcomes = [{"error": str(e), "infrastructure": True}] * len(jobs)
-    wrote_golden = False
+    made_golden = None
     for job, o in zip(jobs, outcomes):
         dtype = job["kwargs"]["dtype"]
         o = _refused(o, dtype, own)
@@ -181,9 +182,7 @@ def lock_program(entry, run, db):
             r["execution"]["driver_environment"] = digests.env()
         if r.get("stale_weights"):   # an error this run's inputs caused: the next run tries again
             lost = lost or r["reason"]
-        if o.get("golden") and not wrote_golden:
-            write_files(os.path.join(entry.bundle, "golden"), o["golden"])
-            wrote_golden = True
+        made_golden = made_golden or o.get("golden")
     statuses = {}
     for c in entry.checks:
         r, key, parts = done[c.dtype], keys.get(c.dtype), parts_of.get(c.dtype)
@@ -212,6 +211,9 @@ def lock_program(entry, run, db):
         (sys.stdout if r["verdict"] == "pass" else sys.stderr).write(f"lock:{pc.name} {line}\n")
     write_atomic(entry.lock_status, json_lines({"schema": "logos.pipeline.lock", "version": 1,
                                                 "checks": statuses}))
+    if status.get("status") == "ok":
+        _golden(entry, {c.dtype: done[c.dtype].get("key") for c in entry.checks}, made_golden,
+                parts_of, run, traces)
     stray = next((done[c.dtype]["unmatched_weights"] for c in entry.checks
                   if done[c.dtype].get("unmatched_weights")), ())
     for w in verdict.unmatched(pc.weights, stray):   # a leaf renamed, a file for another program
@@ -231,6 +233,35 @@ def lock_program(entry, run, db):
                             f"pass: {', '.join(bad)}")
     return True
 
+
+def _golden(entry, final, made, parts_of, run, traces):
+    """Keep the bundle's golden/ (what `compile.py test` compares with: the VM's outputs, the
+    checks' tolerances) about the checks as they stand, whatever gave their verdicts: golden.json
+    names the checks' keys (`final`); where no check ran here (verdicts kept from build/store/ or
+    taken from a cache) and it names others, the VM makes it again (from the program's stored
+    trace when there is one). One that cannot be made is removed, never left stale."""
+    from ..verify import golden
+    folder = os.path.join(entry.bundle, "golden")
+    key = digests.digest({"golden": final}) if all(final.values()) else None
+    if made is None:
+        if key is None or golden.recorded_key(folder) == key:
+            return
+        pc = entry.pc
+        try:
+            from ..language.reader import read_file
+            from ..verify.threads import thread_limits
+            program = read_file(pc.source, pc.limits["program_bytes"])
+            parts = next(iter(parts_of.values()))
+            trace = trace_spec(parts, traces) if sha256_text(program.source) == parts["source"] else None
+            with thread_limits(run["threads"]):
+                made = golden.computed(entry.bundle, program, pc.weights,
+                                       {c.dtype: c.tolerance for c in entry.checks}, pc.steps,
+                                       tuple(pc.allow_nonfinite), trace and {**trace, "alone": True})
+        except Exception as e:   # (the verdicts stand; compile.py test says golden/ is missing)
+            LOG.warning(f"lock:{pc.name}: golden/ removed, not made again: {type(e).__name__}: {e}")
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+    write_files(folder, golden.keyed(made, key))
 
 
 def _publish(store, name, dtype, key, r, parts, quiet=False):

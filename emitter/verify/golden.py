@@ -54,7 +54,40 @@ class Golden:
         body = {"schema": SCHEMA, "version": VERSION, "weights": self.weights, "steps": steps,
                 "tolerances": self.tolerances, "output": self.program.output,
                 "outputs": [f"output.{s}.f64" for s in range(1, steps + 1)], "stages": self.stages}
-        return {**self.outputs, "golden.json": (json.dumps(body, indent=1) + "\n").encode("utf-8")}
+        return {**self.outputs, "golden.json": _encoded(body)}
+
+
+def _encoded(body):
+    return (json.dumps(body, indent=1) + "\n").encode("utf-8")
+
+
+def computed(bundle_dir, program, weights_dir, tolerances, steps, allow_nonfinite=(), trace=None):
+    """golden/'s files from the VM alone, for a bundle whose verdicts were not computed here (kept
+    from build/store/, taken from a shared cache): `program` as read, `trace` the program's
+    stored VM trace where its key is this program's (emitter.verify.trace), else the VM runs."""
+    from . import trace as trace_file, vm
+    leaves = vm.load_leaves(program, weights_dir, allow_nonfinite=allow_nonfinite)
+    keep = Golden(bundle_dir, program, weights_dir, tolerances)
+    for step, t in enumerate(trace_file.steps(program, leaves.values, steps, {"vm_s": 0.0}, trace), 1):
+        keep.add(step, t)
+    return keep.files()
+
+
+def keyed(files, key):
+    """golden/'s `files` with golden.json naming `key` (the pipeline's: the checks it is about)."""
+    body = json.loads(files["golden.json"])
+    body["key"] = key
+    return {**files, "golden.json": _encoded(body)}
+
+
+def recorded_key(folder):
+    """The key golden/ in `folder` names, or None."""
+    try:
+        with open(os.path.join(folder, "golden.json"), encoding="utf-8") as f:
+            body = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return body.get("key") if isinstance(body, dict) else None
 
 
 def _read(path):
@@ -72,7 +105,7 @@ def merged(bundle_dir, files, defaults=None):
     if tolerances == new["tolerances"]:
         return files
     new["tolerances"] = tolerances
-    return {**files, "golden.json": (json.dumps(new, indent=1) + "\n").encode("utf-8")}
+    return {**files, "golden.json": _encoded(new)}
 
 
 def _same_run(bundle_dir, new, files):
