@@ -81,12 +81,9 @@ def keyed(files, key):
 
 
 def recorded_key(folder):
-    """The key golden/ in `folder` names, or None."""
-    try:
-        with open(os.path.join(folder, "golden.json"), encoding="utf-8") as f:
-            body = json.load(f)
-    except (OSError, ValueError):
-        return None
+    """The key golden/ in `folder` names, or None (read as every JSON file of build/: bounded)."""
+    from ..files import read_json
+    body = read_json(os.path.join(folder, "golden.json"))
     return body.get("key") if isinstance(body, dict) else None
 
 
