@@ -9,6 +9,7 @@ The cache lives in one JSON file (build/.fingerprints.json) when `bind` names it
 only, so doit's file checker, the keys and the lock share it without loading numpy."""
 
 import atexit
+import contextlib
 import hashlib
 import json
 import os
@@ -112,6 +113,18 @@ def bind(path):
         if not _BOUND:
             _BOUND.append(atexit.register(save))
     return _CURRENT[0]
+
+
+@contextlib.contextmanager
+def reading(path):
+    """The record at `path` for this block's lookups, as a reader's (`logos results`): what it
+    hashes is not saved, the run's record is left to the run, and the binding before comes back."""
+    old = _CURRENT[0]
+    _CURRENT[0] = Fingerprints(path)
+    try:
+        yield
+    finally:
+        _CURRENT[0] = old
 
 
 def sha256(path, st=None):

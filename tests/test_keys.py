@@ -273,9 +273,12 @@ def test_inputs_that_come_back_take_their_verdict_from_the_store(tmp_path):
 
 def test_golden_is_about_the_verdicts_wherever_they_came_from(tmp_path):
     """golden/ (what `compile.py test` compares with: the VM's outputs and the checks' tolerances)
-    names the checks' keys: a verdict kept from build/store/ or taken from the shared cache leaves
-    golden/ as a lock of those inputs makes it (its outputs from the VM), never the last lock's.
-    Once a loose tolerance, then put back, and a broken model.py passed `compile.py test`."""
+    names the checks' keys: verdicts kept from build/store/ bring back the golden/ their lock made
+    (this checkout keeps a copy under the key), a verdict from the shared cache (which holds none)
+    or golden/ that cannot be written leaves none, never the last lock's. Once a loose tolerance,
+    then put back, and a broken model.py passed `compile.py test`."""
+    import subprocess
+    import sys
     url, secret = (tmp_path / "cache").as_uri(), {"LOGOS_CACHE_KEY": "k"}
     z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64, float32]\n")})
     _weights(str(z / "weights/a/w.f64"), 0)
@@ -298,7 +301,15 @@ def test_golden_is_about_the_verdicts_wherever_they_came_from(tmp_path):
     shutil.rmtree(z / "build")                                # a fresh clone: verdicts from the cache
     rc, ran, out = doit(z, f"cache={url}", env=secret)
     assert rc == 0 and all(r.get("from_cache") for r in _results(z).values()), out
-    assert golden.is_dir() and files() == first, out
+    assert not golden.exists(), out
+    p = subprocess.run([sys.executable, "build/bundles/a/compile.py", "test"], cwd=z, capture_output=True,
+                       text=True)
+    assert p.returncode != 0 and "no golden outputs" in p.stderr, p.stderr
+    shutil.rmtree(z / "build/store/golden", ignore_errors=True)
+    (z / "build/store/golden").write_text("not a folder")    # a copy cannot be kept: none is left
+    (z / "programs/a.yaml").write_text("dtypes: [float64, float32]\nsteps: 2\n")
+    rc, ran, out = doit(z, f"cache={url}", env=secret)
+    assert rc == 0 and "lock:a" in ran and not golden.exists() and "golden/ removed" in out, out
 
 
 def _emitter_imports(rel):

@@ -12,15 +12,14 @@ A cluster that lost a check (a dead worker, no scheduler) records an error and f
 a run without the report, a check that fails or errors fails it too (`ChecksFailed`: exit 1)."""
 
 import os
-import shutil
 import socket
 import sys
 
 from doit.exceptions import TaskFailed
 
-from ..files import json_lines, read_json, write_atomic, write_files
-from ..fingerprint import entry as on_record, sha256_or_none, sha256_text
-from . import digests
+from ..files import json_lines, read_json, write_atomic
+from ..fingerprint import entry as on_record, sha256_or_none
+from . import digests, golden_store
 from .guards import freeze_heap
 from .keys import check_key, check_parts, trace_key
 from .log import LOG
@@ -209,11 +208,15 @@ def lock_program(entry, run, db):
                 _publish(shared, pc.name, c.dtype, key, r, parts, quiet=shared is local)
         line = verdict.line(r) + (" (from the cache)" if r.get("from_cache") else "")
         (sys.stdout if r["verdict"] == "pass" else sys.stderr).write(f"lock:{pc.name} {line}\n")
+    if status.get("status") == "ok":   # before the status: a run killed here locks again
+        try:
+            golden_store.settle(entry.bundle, os.path.join(os.path.dirname(db) or ".", "store", "golden"),
+                                {c.dtype: done[c.dtype].get("key") for c in entry.checks}, made_golden)
+        except OSError as e:   # (the verdicts stand; golden/ may be missing, never about others)
+            golden_store.remove(entry.bundle)
+            LOG.warning(f"lock:{pc.name}: golden/ removed, not settled: {e}")
     write_atomic(entry.lock_status, json_lines({"schema": "logos.pipeline.lock", "version": 1,
                                                 "checks": statuses}))
-    if status.get("status") == "ok":
-        _golden(entry, {c.dtype: done[c.dtype].get("key") for c in entry.checks}, made_golden,
-                parts_of, run, traces)
     stray = next((done[c.dtype]["unmatched_weights"] for c in entry.checks
                   if done[c.dtype].get("unmatched_weights")), ())
     for w in verdict.unmatched(pc.weights, stray):   # a leaf renamed, a file for another program
@@ -232,36 +235,6 @@ def lock_program(entry, run, db):
         return ChecksFailed(f"lock:{pc.name}: {len(bad)} of {len(entry.checks)} check(s) did not "
                             f"pass: {', '.join(bad)}")
     return True
-
-
-def _golden(entry, final, made, parts_of, run, traces):
-    """Keep the bundle's golden/ (what `compile.py test` compares with: the VM's outputs, the
-    checks' tolerances) about the checks as they stand, whatever gave their verdicts: golden.json
-    names the checks' keys (`final`); where no check ran here (verdicts kept from build/store/ or
-    taken from a cache) and it names others, the VM makes it again (from the program's stored
-    trace when there is one). One that cannot be made is removed, never left stale."""
-    from ..verify import golden
-    folder = os.path.join(entry.bundle, "golden")
-    key = digests.digest({"golden": final}) if all(final.values()) else None
-    if made is None:
-        if key is None or golden.recorded_key(folder) == key:
-            return
-        pc = entry.pc
-        try:
-            from ..language.reader import read_file
-            from ..verify.threads import thread_limits
-            program = read_file(pc.source, pc.limits["program_bytes"])
-            parts = next(iter(parts_of.values()))
-            trace = trace_spec(parts, traces) if sha256_text(program.source) == parts["source"] else None
-            with thread_limits(run["threads"]):
-                made = golden.computed(entry.bundle, program, pc.weights,
-                                       {c.dtype: c.tolerance for c in entry.checks}, pc.steps,
-                                       tuple(pc.allow_nonfinite), trace and {**trace, "alone": True})
-        except Exception as e:   # (the verdicts stand; compile.py test says golden/ is missing)
-            LOG.warning(f"lock:{pc.name}: golden/ removed, not made again: {type(e).__name__}: {e}")
-            shutil.rmtree(folder, ignore_errors=True)
-            return
-    write_files(folder, golden.keyed(made, key))
 
 
 def _publish(store, name, dtype, key, r, parts, quiet=False):

@@ -12,6 +12,7 @@ import os
 import sqlite3
 import sys
 
+from .. import fingerprint
 from ..files import read_json
 from ..verify.verdict import number, short
 
@@ -161,21 +162,21 @@ def currency(rows, programs_dir):
     from .checks import entries
     from .config import discover
     from .keys import check_key, check_parts, made_as_recorded
-    root = os.path.dirname(os.path.abspath(programs_dir))
     here = os.getcwd()
     try:
-        os.chdir(root)
-        zoo = {e.name: e for e in entries(discover(".", os.path.basename(programs_dir)))}
-        status, made = {}, {}
-        for x in rows:
-            e = zoo.get(x["name"])
-            c = next((c for c in e.checks if c.dtype == x["dtype"]), None) if e else None
-            if c is not None and e.name not in status:
-                status[e.name] = st = read_json(e.status)
-                made[e.name] = made_as_recorded(e, st)
-            parts = c and check_parts(e, c, status[e.name], x.get("threads") or 1)
-            x["current"] = bool(parts) and bool(x.get("key")) and x["key"] == check_key(parts) \
-                and made[e.name]
+        os.chdir(os.path.dirname(os.path.abspath(programs_dir)))
+        with fingerprint.reading(os.path.join("build", ".fingerprints.json")):   # the run's hashes
+            zoo = {e.name: e for e in entries(discover(".", os.path.basename(programs_dir)))}
+            status, made = {}, {}
+            for x in rows:
+                e = zoo.get(x["name"])
+                c = next((c for c in e.checks if c.dtype == x["dtype"]), None) if e else None
+                if c is not None and e.name not in status:
+                    status[e.name] = st = read_json(e.status)
+                    made[e.name] = made_as_recorded(e, st)
+                parts = c and check_parts(e, c, status[e.name], x.get("threads") or 1)
+                x["current"] = bool(parts) and bool(x.get("key")) and x["key"] == check_key(parts) \
+                    and made[e.name]
     finally:
         os.chdir(here)
     return rows

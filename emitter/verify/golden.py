@@ -61,18 +61,6 @@ def _encoded(body):
     return (json.dumps(body, indent=1) + "\n").encode("utf-8")
 
 
-def computed(bundle_dir, program, weights_dir, tolerances, steps, allow_nonfinite=(), trace=None):
-    """golden/'s files from the VM alone, for a bundle whose verdicts were not computed here (kept
-    from build/store/, taken from a shared cache): `program` as read, `trace` the program's
-    stored VM trace where its key is this program's (emitter.verify.trace), else the VM runs."""
-    from . import trace as trace_file, vm
-    leaves = vm.load_leaves(program, weights_dir, allow_nonfinite=allow_nonfinite)
-    keep = Golden(bundle_dir, program, weights_dir, tolerances)
-    for step, t in enumerate(trace_file.steps(program, leaves.values, steps, {"vm_s": 0.0}, trace), 1):
-        keep.add(step, t)
-    return keep.files()
-
-
 def keyed(files, key):
     """golden/'s `files` with golden.json naming `key` (the pipeline's: the checks it is about)."""
     body = json.loads(files["golden.json"])
@@ -84,6 +72,15 @@ def recorded_key(folder):
     """The key golden/ in `folder` names, or None (read as every JSON file of build/: bounded)."""
     from ..files import read_json
     body = read_json(os.path.join(folder, "golden.json"))
+    return body.get("key") if isinstance(body, dict) else None
+
+
+def key_of(files):
+    """The key golden/'s `files` name in their golden.json, or None."""
+    try:
+        body = json.loads(files["golden.json"])
+    except (KeyError, ValueError):
+        return None
     return body.get("key") if isinstance(body, dict) else None
 
 

@@ -221,12 +221,13 @@ class _Locked:
             self.f.close()   # (closing lets the lock go)
 
 
-def prune(folder, keep, limit=FOLDER_LIMIT):
-    """Remove the least recently used traces of `folder` until it holds at most `limit` bytes."""
+def prune(folder, keep, limit=FOLDER_LIMIT, suffix=".trace"):
+    """Remove the least recently used files of `folder` named `*suffix` (traces) until they take
+    at most `limit` bytes; never `keep`."""
     found = []
     for d, _, names in os.walk(folder):
         for n in names:
-            if n.endswith(".trace"):
+            if n.endswith(suffix):
                 p = os.path.join(d, n)
                 try:
                     st = os.stat(p)

@@ -1,0 +1,100 @@
+"""A bundle's golden/ kept about its verdicts, whatever gave them.
+
+golden/ is what `compile.py test` compares model.py with: the VM's outputs and the checks'
+tolerances. Its golden.json names the key it is about (the digest of the program's check keys).
+A check run now makes it, and this checkout keeps a copy under that key in build/store/golden/;
+where no check ran (verdicts kept from build/store/, or inputs that came back to an earlier key)
+the copy is put back; where there is none (a verdict taken from a shared cache, which holds no
+golden/) or a check has no key, golden/ is removed rather than left about other inputs, and
+`compile.py test` says so. The VM is never run for it: a lock task's cost is its checks'."""
+
+import os
+import re
+import zipfile
+
+from ..files import write_atomic, write_files
+from ..verify import golden
+from ..verify.trace import prune
+from .digests import digest
+
+SUFFIX = ".golden"
+NAME = re.compile(r"golden\.json|output\.[0-9]{1,6}\.f64")   # what a copy may hold
+STORE_LIMIT = 1 << 30    # past this, the least recently used copies are removed
+ENTRY_LIMIT = 1 << 30    # what one copy may unpack to
+
+
+def settle(bundle, store, keys, made):
+    """Make `bundle`/golden/ about the checks' `keys` ({dtype: key or None}): `made` (golden/'s
+    files from a check run now: kept in `store` too), else `store`'s copy for those keys, else
+    none. Returns "written", "current", "restored" or "removed"."""
+    folder = os.path.join(bundle, "golden")
+    key = digest({"golden": keys}) if keys and all(keys.values()) else None
+    path = key and os.path.join(store, key[:2], key + SUFFIX)
+    if key is None:
+        made, said = None, "removed"
+    elif made is not None:
+        made, said = golden.keyed(made, key), "written"
+        _put(path, made)
+        prune(store, path, STORE_LIMIT, SUFFIX)
+    elif golden.recorded_key(folder) == key:
+        return "current"
+    else:
+        made = _get(path, key)
+        said = "restored" if made is not None else "removed"
+    if made is None:
+        _clear(folder, ())
+        return said
+    write_files(folder, made)   # golden.json last: beside its outputs only
+    _clear(folder, made)
+    return said
+
+
+def remove(bundle):
+    """golden/ removed (best effort): what cannot be settled is never left about other inputs."""
+    _clear(os.path.join(bundle, "golden"), ())
+
+
+def _put(path, files):
+    """One uncompressed zip of golden/'s files, written whole or not at all."""
+    import io
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    write_atomic(path, buf.getvalue())
+
+
+def _get(path, key):
+    """The files of the copy at `path`, or None: absent, damaged, too big or of another key."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+            if sum(i.file_size for i in infos) > ENTRY_LIMIT or \
+                    not all(NAME.fullmatch(i.filename) for i in infos):
+                return None
+            files = {i.filename: z.read(i) for i in infos}
+        os.utime(path)   # recently used: the last to be pruned
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return None
+    if golden.key_of(files) != key:
+        return None
+    return files
+
+
+def _clear(folder, keep):
+    """Remove golden/'s files that are not in `keep` (and golden/ itself when it is left empty)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for n in names:
+        if n not in keep:
+            try:
+                os.unlink(os.path.join(folder, n))
+            except OSError:
+                pass
+    if not keep:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
