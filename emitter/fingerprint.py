@@ -133,13 +133,15 @@ def sha256(path, st=None):
     return _CURRENT[0].sha256(path, st)
 
 
-def recorded(path):
+def recorded(path, before=None):
     """`path`'s sha256 where the record holds it under the file's stamp now, else None: nothing
-    is read (what a check may skip because it was done on those very bytes)."""
+    is read (what a check may skip because it was done on those very bytes). `before`: its stat
+    before the caller opened it, which must be the stat now (the bytes opened are these)."""
     try:
-        return _CURRENT[0].recorded(path, _stamp(os.stat(path)))
+        stamp = _stamp(os.stat(path))
     except OSError:
         return None
+    return _CURRENT[0].recorded(path, stamp) if before is None or _stamp(before) == stamp else None
 
 
 def sha256_or_none(path, st=None):

@@ -48,12 +48,15 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
     non-integers, its pages released after: what the VM holds of a 1 GB checkpoint is the map,
     not the memory (`release`). Bytes this process checked the same way already are not read."""
     d = program.decls[name]
+    path = os.path.join(directory, place[0])
     try:
+        before = os.stat(path)
         value = weight_array(directory, place, name, d.rows, d.cols, "r")
     except WeightsError as e:
         raise ProgramError(e.message, path=e.path) from None
-    path = os.path.join(directory, place[0])
-    sha = fingerprint.recorded(path)
+    except OSError as e:
+        raise ProgramError(f"cannot be read: {e.strerror}", path=path) from None
+    sha = fingerprint.recorded(path, before)   # the stamp around the map: the bytes mapped
     done = sha and (sha, place[1:], d.rows, d.cols, d.real, nonfinite_ok)
     if done:
         with _PASSED_LOCK:
