@@ -217,3 +217,25 @@ def test_a_program_edit_that_keeps_size_and_mtime_reruns_its_tasks(zoo):
     _same_stat_edit(zoo / "programs/a.yaml", "[float64, float32]", "[float64,bfloat16]")   # a config
     rc, ran, out = doit(zoo)
     assert rc == 0 and "emit:a" in ran and not ran & {"emit:b", "lock:b"}, out
+
+
+NOOP_IMPORTS = """
+import runpy, sys
+sys.argv = ["doit"]
+try:
+    runpy.run_module("doit", run_name="__main__")
+except SystemExit as e:
+    code = e.code
+print("\\nIMPORTED", code, sorted(m for m in ("numpy", "torch", "yaml", "distributed") if m in sys.modules))
+"""
+
+
+def test_a_noop_loads_neither_numpy_nor_torch(zoo):
+    """A run that locks nothing pays for none of the lock's libraries: every task creator (the
+    lock's among them) and the currency checks stay in the standard library (numpy alone costs a
+    1000-program no-op a quarter more)."""
+    import subprocess
+    assert doit(zoo)[0] == 0
+    p = subprocess.run([sys.executable, "-c", NOOP_IMPORTS], cwd=zoo, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(zoo)})
+    assert p.stdout.strip().splitlines()[-1] == "IMPORTED 0 []", p.stdout + p.stderr

@@ -13,8 +13,6 @@ import re
 import zipfile
 
 from ..files import write_atomic, write_files
-from ..verify import golden
-from ..verify.trace import prune
 from .digests import digest
 
 SUFFIX = ".golden"
@@ -27,6 +25,8 @@ def settle(bundle, store, keys, made):
     """Make `bundle`/golden/ about the checks' `keys` ({dtype: key or None}): `made` (golden/'s
     files from a check run now: kept in `store` too), else `store`'s copy for those keys, else
     none. Returns "written", "current", "restored" or "removed"."""
+    from ..verify import golden   # (numpy: loaded by a lock, never by a run that locks nothing)
+    from ..verify.trace import prune
     folder = os.path.join(bundle, "golden")
     key = digest({"golden": keys}) if keys and all(keys.values()) else None
     path = key and os.path.join(store, key[:2], key + SUFFIX)
@@ -76,7 +76,8 @@ def _get(path, key):
         os.utime(path)   # recently used: the last to be pruned
     except (OSError, zipfile.BadZipFile, ValueError):
         return None
-    if golden.key_of(files) != key:
+    from ..verify.golden import key_of
+    if key_of(files) != key:
         return None
     return files
 
