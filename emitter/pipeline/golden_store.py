@@ -17,7 +17,8 @@ from .digests import digest
 
 SUFFIX = ".golden"
 NAME = re.compile(r"golden\.json|output\.[0-9]{1,6}\.f64")   # what a copy may hold
-STORE_LIMIT = 1 << 30    # past this, the least recently used copies are removed
+STORE_LIMIT = 1 << 30    # past this, the least recently used copies are removed (each lock
+#                          prunes the folder of its key's first two hex digits: a 256th of it)
 ENTRY_LIMIT = 1 << 30    # what one copy may unpack to
 
 
@@ -35,7 +36,7 @@ def settle(bundle, store, keys, made):
     elif made is not None:
         made, said = golden.keyed(made, key), "written"
         _put(path, made)
-        prune(store, path, STORE_LIMIT, SUFFIX)
+        prune(os.path.dirname(path), path, STORE_LIMIT >> 8, SUFFIX)   # its key's 1/256th
     elif golden.recorded_key(folder) == key:
         return "current"
     else:
