@@ -312,6 +312,49 @@ def test_golden_is_about_the_verdicts_wherever_they_came_from(tmp_path):
     assert rc == 0 and "lock:a" in ran and not golden.exists() and "golden/ removed" in out, out
 
 
+def test_golden_is_never_left_where_no_lock_settles_it(tmp_path):
+    """A copy in build/store/golden that cannot be read (a broken deflate stream: zlib's error,
+    not zipfile's) is a miss: the lock records its verdicts and golden/ goes, on every run, never
+    a failed task. A refused program, or one that is not locked, has no golden/ once emitted."""
+    import zipfile
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64, float32]\n")})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    golden = z / "build/bundles/a/golden"
+    assert doit(z)[0] == 0
+    key = json.loads((golden / "golden.json").read_text())["key"]
+    copy = z / "build/store/golden" / key[:2] / f"{key}.golden"
+    with zipfile.ZipFile(copy) as f:
+        files = {n: f.read(n) for n in f.namelist()}
+    with zipfile.ZipFile(copy, "w", zipfile.ZIP_DEFLATED) as f:
+        for n, data in files.items():
+            f.writestr(n, data)
+    raw = bytearray(copy.read_bytes())
+    at = raw.index(b"output.1.f64") + len("output.1.f64")
+    raw[at + 4:at + 12] = bytes(b ^ 0xFF for b in raw[at + 4:at + 12])
+    copy.write_bytes(bytes(raw))
+    (z / "programs/a.yaml").write_text("dtypes: [float64, float32]\nsteps: 2\n")
+    assert doit(z)[0] == 0
+    (z / "programs/a.yaml").write_text("dtypes: [float64, float32]\n")   # its verdicts come back
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:a" in ran and not golden.exists(), out
+    assert all(r["verdict"] == "pass" for r in _results(z).values())
+    rc, ran, out = doit(z)
+    assert (rc, ran) == (0, set()), out
+    (z / "programs/a.yaml").write_text("dtypes: [float64, float32]\nsteps: 2\n")
+    assert doit(z)[0] == 0 and golden.exists()
+    (z / "programs/a.yaml").write_text("lock: false\n")
+    with open(z / "programs/a.logos", "a") as f:
+        f.write("Let z be silu of y.\n")
+    rc, ran, out = doit(z)
+    assert rc == 0 and "emit:a" in ran and not golden.exists(), out
+    (z / "programs/a.yaml").write_text("dtypes: [float64]\n")
+    assert doit(z)[0] == 0 and golden.exists()
+    with open(z / "programs/a.logos", "a") as f:
+        f.write("Let q be frobnicate of y.\n")
+    rc, ran, out = doit(z)
+    assert rc != 0 and not golden.exists(), out
+
+
 def _emitter_imports(rel):
     """The emitter package's files that importing `rel` runs: every module it imports (at the top
     or inside a function, relative or absolute) and the __init__.py of each package on the way."""

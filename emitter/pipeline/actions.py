@@ -69,6 +69,9 @@ def emit_bundle(entry):
                 pass
         state.update(status="error", reason=error, bundle=None)
         sys.stderr.write(f"emit:{pc.name}: {error}\n")
+    if error is not None or not entry.locked:   # no lock settles golden/ (golden_store): none
+        from .golden_store import remove
+        remove(entry.bundle)
     # a program edited while it was emitted is not recorded as done: the next run emits it again
     state["key"] = key if key == emit_key(entry) else None
     write_atomic(entry.status, json_lines(state))

@@ -10,15 +10,15 @@ golden/) or a check has no key, golden/ is removed rather than left about other 
 
 import os
 import re
-import zipfile
 
 from ..files import write_atomic, write_files
 from .digests import digest
 
 SUFFIX = ".golden"
 NAME = re.compile(r"golden\.json|output\.[0-9]{1,6}\.f64")   # what a copy may hold
-STORE_LIMIT = 1 << 30    # past this, the least recently used copies are removed (each lock
-#                          prunes the folder of its key's first two hex digits: a 256th of it)
+STORE_LIMIT = 1 << 30    # past this, the least recently used copies are removed
+_PRUNED = []             # (a process prunes at its first copy: a walk of the store per lock costs
+#                          a thousand-program zoo a second)
 ENTRY_LIMIT = 1 << 30    # what one copy may unpack to
 
 
@@ -36,7 +36,9 @@ def settle(bundle, store, keys, made):
     elif made is not None:
         made, said = golden.keyed(made, key), "written"
         _put(path, made)
-        prune(os.path.dirname(path), path, STORE_LIMIT >> 8, SUFFIX)   # its key's 1/256th
+        if not _PRUNED:   # once a process: the store holds at most the limit and one run's copies
+            _PRUNED.append(path)
+            prune(store, path, STORE_LIMIT, SUFFIX)
     elif golden.recorded_key(folder) == key:
         return "current"
     else:
@@ -58,6 +60,7 @@ def remove(bundle):
 def _put(path, files):
     """One uncompressed zip of golden/'s files, written whole or not at all."""
     import io
+    import zipfile
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
         for name, data in files.items():
@@ -66,7 +69,9 @@ def _put(path, files):
 
 
 def _get(path, key):
-    """The files of the copy at `path`, or None: absent, damaged, too big or of another key."""
+    """The files of the copy at `path`, or None: absent, damaged (whatever zipfile, zlib or json
+    make of it), too big or of another key."""
+    import zipfile
     try:
         with zipfile.ZipFile(path) as z:
             infos = z.infolist()
@@ -75,12 +80,10 @@ def _get(path, key):
                 return None
             files = {i.filename: z.read(i) for i in infos}
         os.utime(path)   # recently used: the last to be pruned
-    except (OSError, zipfile.BadZipFile, ValueError):
+        from ..verify.golden import key_of
+        return files if key_of(files) == key else None
+    except Exception:   # (a bad deflate stream, an unknown method, an "encrypted" bit, deep JSON)
         return None
-    from ..verify.golden import key_of
-    if key_of(files) != key:
-        return None
-    return files
 
 
 def _clear(folder, keep):

@@ -212,9 +212,9 @@ def lock_program(entry, run, db):
         try:
             golden_store.settle(entry.bundle, os.path.join(os.path.dirname(db) or ".", "store", "golden"),
                                 {c.dtype: done[c.dtype].get("key") for c in entry.checks}, made_golden)
-        except OSError as e:   # (the verdicts stand; golden/ may be missing, never about others)
+        except Exception as e:   # (the verdicts stand; golden/ may be missing, never about others)
             golden_store.remove(entry.bundle)
-            LOG.warning(f"lock:{pc.name}: golden/ removed, not settled: {e}")
+            LOG.warning(f"lock:{pc.name}: golden/ removed, not settled: {type(e).__name__}: {e}")
     write_atomic(entry.lock_status, json_lines({"schema": "logos.pipeline.lock", "version": 1,
                                                 "checks": statuses}))
     stray = next((done[c.dtype]["unmatched_weights"] for c in entry.checks

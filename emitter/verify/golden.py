@@ -79,7 +79,7 @@ def key_of(files):
     """The key golden/'s `files` name in their golden.json, or None."""
     try:
         body = json.loads(files["golden.json"])
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, RecursionError):
         return None
     return body.get("key") if isinstance(body, dict) else None
 
