@@ -25,31 +25,29 @@ ENTRY_LIMIT = 1 << 30    # what one copy may unpack to
 def settle(bundle, store, keys, made):
     """Make `bundle`/golden/ about the checks' `keys` ({dtype: key or None}): `made` (golden/'s
     files from a check run now: kept in `store` too), else `store`'s copy for those keys, else
-    none. Returns "written", "current", "restored" or "removed"."""
+    none."""
     from ..verify import golden   # (numpy: loaded by a lock, never by a run that locks nothing)
     from ..verify.trace import prune
     folder = os.path.join(bundle, "golden")
     key = digest({"golden": keys}) if keys and all(keys.values()) else None
     path = key and os.path.join(store, key[:2], key + SUFFIX)
     if key is None:
-        made, said = None, "removed"
+        made = None
     elif made is not None:
-        made, said = golden.keyed(made, key), "written"
+        made = golden.keyed(made, key)
         _put(path, made)
         if not _PRUNED:   # once a process: the store holds at most the limit and one run's copies
             _PRUNED.append(path)
             prune(store, path, STORE_LIMIT, SUFFIX)
     elif golden.recorded_key(folder) == key:
-        return "current"
+        return
     else:
         made = _get(path, key)
-        said = "restored" if made is not None else "removed"
     if made is None:
         _clear(folder, ())
-        return said
+        return
     write_files(folder, made)   # golden.json last: beside its outputs only
     _clear(folder, made)
-    return said
 
 
 def remove(bundle):
