@@ -76,7 +76,7 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
             raise ProgramError(f"{what} is an Int tensor but the file holds non-integers "
                                f"({flat[bad]} at flat index {bad})", path=path)
         release(value)
-    if done:
+    if done and fingerprint.recorded(path, before) == sha:   # (not written while it was checked)
         with _PASSED_LOCK:
             _PASSED[done] = True
             if len(_PASSED) > PASSED_LIMIT:
