@@ -355,6 +355,35 @@ def test_golden_is_never_left_where_no_lock_settles_it(tmp_path):
     assert rc != 0 and not golden.exists(), out
 
 
+def test_golden_written_by_a_hand_lock_is_settled_again_by_the_next_run(tmp_path):
+    """`logos lock` by hand on a zoo bundle (a loose --atol) writes golden/ with its own
+    tolerance: the next run is not a no-op, keeps its verdicts (nothing recomputed) and puts the
+    zoo's golden/ back; a hand-deleted golden/ too. Once the hand lock's golden/ stood for good."""
+    import subprocess
+    import sys
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64, float32]\n")})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    golden = z / "build/bundles/a/golden"
+    assert doit(z)[0] == 0
+    zoo_golden = {p.name: p.read_bytes() for p in golden.iterdir()}
+    results = {n: (z / "build/results/a" / f"{n}.json").read_bytes() for n in ("float64", "float32")}
+    p = subprocess.run([sys.executable, "-m", "emitter", "lock", "build/bundles/a", "--program",
+                        "programs/a.logos", "--weights", "weights/a", "--dtype", "float32", "--atol",
+                        "1000", "-o", str(tmp_path / "r.json")], cwd=z, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(z)})
+    assert p.returncode == 0, p.stderr
+    hand = json.loads((golden / "golden.json").read_text())
+    assert "key" not in hand and hand["tolerances"]["float32"]["abs"] == 1000.0
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:a" in ran, out
+    assert {p.name: p.read_bytes() for p in golden.iterdir()} == zoo_golden
+    assert {n: (z / "build/results/a" / f"{n}.json").read_bytes() for n in results} == results   # kept
+    assert doit(z)[:2] == (0, set())
+    shutil.rmtree(golden)
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:a" in ran and {p.name: p.read_bytes() for p in golden.iterdir()} == zoo_golden
+
+
 def _emitter_imports(rel):
     """The emitter package's files that importing `rel` runs: every module it imports (at the top
     or inside a function, relative or absolute) and the __init__.py of each package on the way."""

@@ -33,7 +33,7 @@ class Entry:
     configs: tuple        # the YAML files its config was merged from
     bundle: str
     status: str           # build/status/NAME.emit.json: the emit's key and the bundle's hashes
-    lock_status: str      # build/status/NAME.lock.json: each check's key, verdict, result's sha256
+    lock_status: str      # build/status/NAME.lock.json: each check's key, verdict, result's sha256; golden/
     results: str
     checks: tuple
 

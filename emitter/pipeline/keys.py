@@ -19,7 +19,7 @@ import os
 from ..files import read_json
 from ..fingerprint import sha256_or_none
 from ..sambaflow.weight_files import claimed_files
-from . import digests
+from . import digests, golden_store
 from .digests import digest
 from .files_io import uptodate_check
 
@@ -198,7 +198,7 @@ def current_keys(entry, threads, st=None):
 def lock_current(entry, threads, st=None, lock=None, now=None):
     """Every check's result is a pass recorded under the key of its inputs as they are now, and
     the result file is the one the lock wrote (a failing or erroring check reruns, a refused
-    program's too). `st`, `lock`: the emit and lock statuses, `now` the current keys, worked out
+    program's too), and golden/ is as the lock settled it. `st`, `lock`: the emit and lock statuses, `now` the current keys, worked out
     here when not given."""
     lock = (read_json(entry.lock_status) if lock is None else lock) or {}
     rec = lock.get("checks")
@@ -213,7 +213,7 @@ def lock_current(entry, threads, st=None, lock=None, now=None):
         if not isinstance(r, dict) or r.get("verdict") != "pass" or not now[c.dtype] \
                 or r.get("key") != now[c.dtype] or sha256_or_none(c.result) != r.get("sha256"):
             return False
-    return True
+    return golden_store.as_recorded(entry.bundle, lock.get("golden"))
 
 
 def report_row(e, threads, st, lock, now=None):

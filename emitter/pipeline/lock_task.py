@@ -4,7 +4,8 @@ A check whose key already holds its pass here is kept (its result, or build/stor
 key: inputs that came back to an earlier state); one the shared cache holds (`cache=URL`) is taken
 from it; the rest go to the executor (inline, or a Dask cluster) as jobs. The driver alone
 writes: each result (with its key and the record it was computed from), golden/, the lock status
-(each check's key, verdict and result's sha256: what `keys.lock_current` reads) and the history.
+(each check's key, verdict and result's sha256, and golden/'s files: what `keys.lock_current`
+reads) and the history.
 A result is recorded under its key only when it is about that key: the code that ran is the code
 the key names (a worker reports what it loaded), and the program, bundle and weights files it read
 are those the key hashed; else it is recorded with no key, so the next run checks it again.
@@ -216,7 +217,8 @@ def lock_program(entry, run, db):
             golden_store.remove(entry.bundle)
             LOG.warning(f"lock:{pc.name}: golden/ removed, not settled: {type(e).__name__}: {e}")
     write_atomic(entry.lock_status, json_lines({"schema": "logos.pipeline.lock", "version": 1,
-                                                "checks": statuses}))
+                                                "checks": statuses,
+                                                "golden": golden_store.record(entry.bundle)}))
     stray = next((done[c.dtype]["unmatched_weights"] for c in entry.checks
                   if done[c.dtype].get("unmatched_weights")), ())
     for w in verdict.unmatched(pc.weights, stray):   # a leaf renamed, a file for another program
