@@ -53,15 +53,19 @@ def test_a_hostile_zoo_keeps_the_good_programs_and_says_what_is_wrong(tmp_path):
         assert mine and all(r["verdict"] == "error" for r in mine), (case, mine)
         assert any(expect in (r["reason"] or "") for r in mine), (case, [r["reason"] for r in mine])
     assert "renamed_away" not in by_name
-    # a second run over the same zoo emits nothing and keeps every pass; a lock whose checks ran
-    # and did not pass runs again (as Bazel reruns failed tests), a refused program's too
+    # a second run over the same zoo keeps every pass; a lock whose checks ran and did not pass
+    # runs again (as Bazel reruns failed tests), a refused program's too, and its emit (its
+    # refusal said again); nothing else is emitted again
     p = subprocess.run([sys.executable, "-m", "doit"], cwd=zoo, capture_output=True, text=True,
                        errors="replace", timeout=600, env={**os.environ, "LOGOS_PROGRESS": "names"})
     ran = {x[3:].strip() for x in p.stdout.splitlines() if x.startswith(".  ")} - {"report"}
     erred = {f"lock:{n}" for n, rs in by_name.items() if any(r["verdict"] != "pass" for r in rs)}
-    assert ran and all(t.startswith("lock:") for t in ran), p.stdout
-    assert not ran & {f"lock:{g}" for g in ("good1", "good2", "ok_bom", "ok_crlf", "ok_cr")}, p.stdout
-    assert ran <= erred, (ran - erred, p.stdout)
+    refused = {"emit:" + json.loads(f.read_text())["name"] for f in (zoo / "build/status").glob("*.emit.json")
+               if json.loads(f.read_text())["status"] != "ok"}
+    assert ran and {t for t in ran if t.startswith("lock:")}, p.stdout
+    assert not ran & {f"{k}:{g}" for g in ("good1", "good2", "ok_bom", "ok_crlf", "ok_cr")
+                      for k in ("lock", "emit")}, p.stdout
+    assert ran <= erred | refused, (ran - erred - refused, p.stdout)
 
 
 def _small_zoo(tmp_path):

@@ -131,6 +131,11 @@ def test_the_report_covers_a_check_doit_ignores(tmp_path):
     assert rows[("b", "float64")]["verdict"] == "pass" and rows[("b", "float64")]["current"]
     assert (z / "build/summary.md").read_text().startswith("## ❌")
     assert 'errors="0"' not in (z / "build/junit.xml").read_text()
+    # the program alone, its lock ignored: the refused emit fails the run, each time it is asked
+    for args in (("lock:a",), ("emit:a",), ("emit:a",)):
+        rc, ran, out = doit(z, *args)
+        assert rc == 1 and ran == {"emit:a"} and "programs/a.logos:7: `Let q be nonsense of h.`" in out, out
+    assert doit(z, "lock:b")[:2] == (0, set())
 
 
 def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_again(tmp_path):

@@ -28,13 +28,15 @@ def _too_big(program, limits):
             f"{have / 2**30:.1f} GiB (limits.tensor_bytes; the default is half this machine's memory)")
 
 
-def emit_bundle(entry):
+def emit_bundle(entry, run=None):
     """Write the program's bundle and its status: the emit key it was made under, the source's
     and the bundle's hashes and the leaves (whose files the weights key reads), or the refusal.
 
     A refused program or config leaves no bundle (a stale one is removed, so nothing locks it) and
-    succeeds as a task: its lock records the error, and the report fails the run. So does any
-    other failure to emit: whatever the file holds, no traceback stops the zoo."""
+    succeeds as a task where its lock records the error or the report fails the run; in a run
+    with neither (`doit emit:NAME`, its lock ignored: `run`'s settings say) it fails, so the run
+    exits 1 as it says. So does any other failure to emit: whatever the file holds, no traceback
+    stops the zoo."""
     freeze_heap()
     from ..files import write_files
     from ..language.errors import ProgramError
@@ -75,6 +77,10 @@ def emit_bundle(entry):
     # a program edited while it was emitted is not recorded as done: the next run emits it again
     state["key"] = key if key == emit_key(entry) else None
     write_atomic(entry.status, json_lines(state))
+    if error is not None and run is not None and run.get("report_follows") is False \
+            and pc.name not in run.get("locks_follow", ()):
+        from doit.exceptions import TaskFailed
+        return TaskFailed(f"emit:{pc.name}: refused, and no lock or report of this run records it")
     return True
 
 

@@ -12,7 +12,6 @@ import os
 import re
 
 from ..files import write_atomic, write_files
-from ..fingerprint import sha256_or_none
 from .digests import digest
 
 SUFFIX = ".golden"
@@ -49,23 +48,6 @@ def settle(bundle, store, keys, made):
         return
     write_files(folder, made)   # golden.json last: beside its outputs only
     _clear(folder, made)
-
-
-def record(bundle):
-    """What golden/ holds now, {file: sha256}, golden.json's None where there is none: the lock
-    status keeps it, so that golden/ written since (a hand lock of a zoo bundle) is not current."""
-    folder = os.path.join(bundle, "golden")
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        names = []
-    return {"golden.json": None, **{n: sha256_or_none(os.path.join(folder, n)) for n in sorted(names)}}
-
-
-def as_recorded(bundle, rec):
-    """golden/'s files are those `record` gave (a stat each, through the hash record)."""
-    return isinstance(rec, dict) and "golden.json" in rec and all(
-        sha256_or_none(os.path.join(bundle, "golden", n)) == sha for n, sha in rec.items())
 
 
 def remove(bundle):

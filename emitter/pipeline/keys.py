@@ -19,7 +19,7 @@ import os
 from ..files import read_json
 from ..fingerprint import sha256_or_none
 from ..sambaflow.weight_files import claimed_files
-from . import digests, golden_store
+from . import digests
 from .digests import digest
 from .files_io import uptodate_check
 
@@ -149,11 +149,12 @@ def moved(recorded, parts):
 
 def emit_current(entry, st=None):
     """The emit status (`st`, read here when not given) records this emit's key, and the bundle it
-    lists is on disk as written."""
+    lists is on disk as written. A refused program's emit is never current: as its checks' errors
+    are recorded again by every run, its refusal is said again (and fails an emit run alone)."""
     st = read_json(entry.status) if st is None else st
     if not isinstance(st, dict) or st.get("key") != emit_key(entry):
         return False
-    return st.get("status") != "ok" or bundle_as_recorded(entry, st)
+    return st.get("status") == "ok" and bundle_as_recorded(entry, st)
 
 
 def bundle_as_recorded(entry, st):
@@ -213,7 +214,25 @@ def lock_current(entry, threads, st=None, lock=None, now=None):
         if not isinstance(r, dict) or r.get("verdict") != "pass" or not now[c.dtype] \
                 or r.get("key") != now[c.dtype] or sha256_or_none(c.result) != r.get("sha256"):
             return False
-    return golden_store.as_recorded(entry.bundle, lock.get("golden"))
+    return golden_as_recorded(entry.bundle, lock.get("golden"))
+
+
+def golden_record(bundle):
+    """What the bundle's golden/ holds now, {file: sha256}, golden.json's None where there is none:
+    the lock status keeps it, so that golden/ written since (a hand lock of a zoo bundle, an edit)
+    makes the lock task settle it again (emitter.pipeline.golden_store)."""
+    folder = os.path.join(bundle, "golden")
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        names = []
+    return {"golden.json": None, **{n: sha256_or_none(os.path.join(folder, n)) for n in sorted(names)}}
+
+
+def golden_as_recorded(bundle, rec):
+    """golden/'s files are those `golden_record` gave (a stat each, through the hash record)."""
+    return isinstance(rec, dict) and "golden.json" in rec and all(
+        sha256_or_none(os.path.join(bundle, "golden", n)) == sha for n, sha in rec.items())
 
 
 def report_row(e, threads, st, lock, now=None):

@@ -22,7 +22,7 @@ from ..files import json_lines, read_json, write_atomic
 from ..fingerprint import entry as on_record, sha256_or_none
 from . import digests, golden_store
 from .guards import freeze_heap
-from .keys import check_key, check_parts, trace_key
+from .keys import check_key, check_parts, golden_record, trace_key
 from .log import LOG
 
 RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
@@ -218,7 +218,7 @@ def lock_program(entry, run, db):
             LOG.warning(f"lock:{pc.name}: golden/ removed, not settled: {type(e).__name__}: {e}")
     write_atomic(entry.lock_status, json_lines({"schema": "logos.pipeline.lock", "version": 1,
                                                 "checks": statuses,
-                                                "golden": golden_store.record(entry.bundle)}))
+                                                "golden": golden_record(entry.bundle)}))
     stray = next((done[c.dtype]["unmatched_weights"] for c in entry.checks
                   if done[c.dtype].get("unmatched_weights")), ())
     for w in verdict.unmatched(pc.weights, stray):   # a leaf renamed, a file for another program

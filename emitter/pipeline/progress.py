@@ -112,9 +112,11 @@ class ProgressReporter(ConsoleReporter):
         self.total = len(self.reachable)
         self.work = Work(self.reachable)
         self.line = self.mode == "line" or (self.mode == "auto" and self.total > PROGRESS_THRESHOLD)
-        from .run import current
-        if current() is not None:   # a lock whose checks fail fails the run itself when no report will
-            current().settings["report_follows"] = "report" in self.reachable
+        from .run import _ignored, current
+        if current() is not None:   # a lock whose checks fail fails the run itself when no report
+            s = current().settings  # will; a refused emit when neither its lock nor the report will
+            s["report_follows"] = "report" in self.reachable
+            s["locks_follow"] = {n[5:] for n in self.reachable if n.startswith("lock:") and not _ignored(n)}
         self.start = time.monotonic()
 
     def _maybe_line(self):

@@ -225,7 +225,7 @@ class Run:
             yield {
                 "name": e.name,
                 "doc": f"emit {e.pc.source} to {e.bundle}/",
-                "actions": [(emit_bundle, [e])],
+                "actions": [(emit_bundle, [e, self.settings])],
                 "file_dep": ([] if e.pc.error else [e.pc.source]) + list(e.configs),
                 "uptodate": [(keys.uptodate, ["emit", e])],
                 "clean": [(files_io.remove_files, [[e.status] + e.bundle_files()])],
