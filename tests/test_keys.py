@@ -167,6 +167,22 @@ def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_aga
     rc, out = results()
     assert rc == 0 and "2 programs, 4 checks, 0 not passing, 0 not current" in out, out
     assert " b " not in out
+    with open(z / "programs/c.logos", "a") as f:          # edited, not locked since
+        f.write("# a comment\n")
+    assert results("c")[0] == 1 and results()[0] == 1
+    assert doit(z)[0] == 0 and results()[0] == 0
+    (z / "programs/a.yaml").write_text("dtypes: [float64]\n")    # a dtype dropped: not the zoo's
+    (z / "programs/c.yaml").write_text("lock: false\n")           # not locked: no checks
+    (z / "programs/d e.logos").write_text(PROG_B)                 # a name doit renames; no run yet
+    rc, out = results("--json")
+    runs = {(r["name"], r["dtype"]): (r["verdict"], r["current"]) for r in json.loads(out)["runs"]}
+    d = next(n for n, _ in runs if n.startswith("invalid-name"))
+    assert rc == 1 and runs == {("a", "float64"): ("pass", True), (d, "float64"): ("none", False),
+                                (d, "float32"): ("none", False)}, out
+    assert doit(z)[0] == 1     # `d e` is refused (its name): an error, as the run's report says
+    rc, out = results()
+    assert rc == 1 and "2 programs, 3 checks, 2 not passing" in out and d in out, out
+    assert results("c")[0] == 2 and results("a")[0] == 0
 
 
 def test_a_deleted_history_is_made_again_by_the_next_run_whatever_it_runs(tmp_path):

@@ -159,3 +159,15 @@ done
                                      "logos doit em => emit", "logos doit info em => emit"], r.stdout + r.stderr
     zsh = logos("doit", "tabcompletion", "--shell", "zsh", cwd=tmp_path).stdout
     assert zsh.startswith("#compdef logos\n") and "$(logos doit list" in zsh and "shift words" in zsh
+
+
+def test_a_program_linked_out_of_the_repository_is_refused_unread(tmp_path):
+    """A programs/ entry that links to a file outside the repository is refused by name; no line
+    of the file it points at reaches the output (a CI log, a GitHub annotation)."""
+    write(tmp_path, {"zoo/programs/good.logos": GOOD, "outside/secret.txt": "API_KEY=hunter2\n"})
+    os.symlink(tmp_path / "outside/secret.txt", tmp_path / "zoo/programs/leak.logos")
+    for args in (("check",), ("check", "programs/leak.logos")):
+        r = logos(*args, cwd=tmp_path / "zoo", env={"GITHUB_ACTIONS": "true"})
+        out = r.stdout + r.stderr
+        assert r.returncode == 1 and "programs/leak.logos" in out and "leaves the repository" in out, out
+        assert "hunter2" not in out and "API_KEY" not in out, out

@@ -14,7 +14,7 @@ import time
 
 from ..language.errors import ProgramError
 from .config import DEFAULTS_FILE, load_defaults, load_defaults_builtin, load_program
-from .paths import find_zoo_root
+from .paths import find_zoo_root, inside
 from ..yamlfile import ConfigError
 
 
@@ -117,6 +117,9 @@ def check(paths):
                 report.error(e, root)
                 pc = None
             read += 1
+            if pc is None and inside(root, f"{programs_dir}/{name}.logos", None,
+                                     defaults.get("roots", ())) is None:
+                continue   # a link out of the repository (refused above): never read, never shown
             program = _read(report, os.path.relpath(os.path.join(folder, f"{name}.logos")),
                             pc.limits["program_bytes"] if pc else None)
             if program is not None and pc is not None and program.tensor_bytes > pc.limits["tensor_bytes"]:

@@ -156,30 +156,39 @@ def history(db, name):
 
 
 def currency(rows, programs_dir):
-    """Mark each latest run `current` when its recorded key is the key of its check's inputs as
-    they are now (the zoo whose programs are in `programs_dir`, its build/ beside it): the one
-    rule the pipeline uses. A run of a check the zoo no longer has, or with no key, is not."""
+    """The zoo's checks now (the programs in `programs_dir`, its build/ beside it), each with its
+    latest run in `rows` marked `current` when its recorded key is the key of its inputs as they
+    are now and what the key takes from records is what is on disk (the program the emit read, its
+    bundle, derived weights): the one rule the pipeline uses; a check with no run is a row of
+    verdict `none`. Then the runs of programs the zoo no longer has (not current). A run of a
+    check its program no longer has (a dtype dropped, `lock: false`) is in neither."""
     from .checks import entries
     from .config import discover
-    from .keys import check_key, check_parts, made_as_recorded
-    here = os.getcwd()
+    from .keys import check_key, check_parts, emit_current, made_as_recorded
+    here, runs, zoo, names = os.getcwd(), {(x["name"], x["dtype"]): x for x in rows}, [], set()
     try:
         os.chdir(os.path.dirname(os.path.abspath(programs_dir)))
         with fingerprint.reading(os.path.join("build", ".fingerprints.json")):   # the run's hashes
-            zoo = {e.name: e for e in entries(discover(".", os.path.basename(programs_dir)))}
-            status, made = {}, {}
-            for x in rows:
-                e = zoo.get(x["name"])
-                c = next((c for c in e.checks if c.dtype == x["dtype"]), None) if e else None
-                if c is not None and e.name not in status:
-                    status[e.name] = st = read_json(e.status)
-                    made[e.name] = made_as_recorded(e, st)
-                parts = c and check_parts(e, c, status[e.name], x.get("threads") or 1)
-                x["current"] = bool(parts) and bool(x.get("key")) and x["key"] == check_key(parts) \
-                    and made[e.name]
+            for e in entries(discover(".", os.path.basename(programs_dir))):
+                names.add(e.name)
+                st = read_json(e.status) if e.checks else None
+                made = bool(e.checks) and emit_current(e, st) and made_as_recorded(e, st)
+                for c in e.checks:
+                    x = runs.get((e.name, c.dtype)) or _none(e.name, c.dtype)
+                    parts = made and check_parts(e, c, st, x.get("threads") or 1)
+                    x["current"] = bool(parts) and bool(x.get("key")) and x["key"] == check_key(parts)
+                    zoo.append(x)
     finally:
         os.chdir(here)
-    return rows
+    gone = [{**x, "current": False} for x in rows if x["name"] not in names]
+    return sorted(zoo, key=lambda x: (x["name"], x["dtype"])), gone
+
+
+def _none(name, dtype):
+    """The row of a check the zoo has and the history has no run of."""
+    return {"id": None, "at": "-", "name": name, "dtype": dtype, "verdict": "none", "reason": None,
+            "first_op": None, "max_abs": None, "worst_ratio": None, "source_sha": None,
+            "weights_sha": None, "key": None}
 
 
 def _row_line(x, mark=""):
@@ -187,17 +196,23 @@ def _row_line(x, mark=""):
             f"{x['first_line']}" if x["first_op"] else ""
     why = f" ({short(x['reason'], 160)})" if x["verdict"] == "error" and x["reason"] else ""
     now = "" if x.get("current", True) else "NOT CURRENT "
-    return (f"{mark}#{x['id']:<5} {x['at']}  {x['name']:<24} {x['dtype']:<8} {x['verdict']:<5} {now}"
+    return (f"{mark}#{x['id'] or '-':<5} {x['at']}  {x['name']:<24} {x['dtype']:<8} {x['verdict']:<5} {now}"
             f"max_abs {number(x['max_abs']):<9} worst {number(x.get('worst_ratio')):<8}x tol "
             f"src {str(x['source_sha'] or '-')[:10]} w {str(x['weights_sha'] or '-')[:10]}{first}{why}")
 
 
 def existing(programs_dir):
-    """The names of the programs `programs_dir` holds now, or None when there is no such folder."""
-    try:
-        return {f[:-6] for f in os.listdir(programs_dir) if f.endswith(".logos")}
-    except OSError:
+    """The names of the programs `programs_dir` holds now (as the zoo names them: a file whose name
+    is no task name has the name a run gives it), or None when there is no such folder."""
+    if not os.path.isdir(programs_dir):
         return None
+    from .config import discover
+    here = os.getcwd()
+    try:
+        os.chdir(os.path.dirname(os.path.abspath(programs_dir)))
+        return {pc.name for pc in discover(".", os.path.basename(programs_dir))}
+    finally:
+        os.chdir(here)
 
 
 def prune(db, keep):
@@ -242,8 +257,8 @@ def _main(args):
     if args.history and args.names:
         print("`--history NAME` shows one program's runs: give no other NAME", file=sys.stderr)
         return 2
-    present = existing(args.programs)
     if args.prune:
+        present = existing(args.programs)
         if present is None:
             print(f"{args.programs}: no such folder: nothing to prune against", file=sys.stderr)
             return 2
@@ -268,17 +283,16 @@ def _main(args):
             print(_row_line(x, mark))
         return 0
     rows = latest(args.db)
-    if present is not None and not args.names:   # a deleted program's last verdict is not the zoo's
-        rows = [x for x in rows if x["name"] in present]
+    if os.path.isdir(args.programs):   # the zoo's checks (a deleted program's only asked by name)
+        zoo, gone = currency(rows, args.programs)
+        rows = zoo + gone if args.names else zoo
     if args.names:
         wanted = set(args.names)
-        missing = sorted(wanted - {x["name"] for x in rows})
+        missing = sorted(wanted - {x["name"] for x in rows if x["id"] is not None})
         if missing:
             print(f"{args.db}: no runs of {', '.join(f'`{n}`' for n in missing)}", file=sys.stderr)
             return 2
         rows = [x for x in rows if x["name"] in wanted]
-    if present is not None:
-        currency(rows, args.programs)
     bad = sum(1 for x in rows if x["verdict"] != "pass")
     stale = sum(1 for x in rows if not x.get("current", False))
     if args.json:

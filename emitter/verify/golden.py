@@ -68,13 +68,6 @@ def keyed(files, key):
     return {**files, "golden.json": _encoded(body)}
 
 
-def recorded_key(folder):
-    """The key golden/ in `folder` names, or None (read as every JSON file of build/: bounded)."""
-    from ..files import read_json
-    body = read_json(os.path.join(folder, "golden.json"))
-    return body.get("key") if isinstance(body, dict) else None
-
-
 def key_of(files):
     """The key golden/'s `files` name in their golden.json, or None."""
     try:
