@@ -74,6 +74,10 @@ def emit_bundle(entry, run=None):
     if error is not None or not entry.locked:   # no lock settles golden/ (golden_store): none
         from .golden_store import remove
         remove(entry.bundle)
+    if not entry.locked:   # `lock: false`: no verdict of an earlier lock stays beside the bundle
+        from .files_io import remove_dir, remove_files
+        remove_dir(entry.results)
+        remove_files([entry.lock_status])
     # a program edited while it was emitted is not recorded as done: the next run emits it again
     state["key"] = key if key == emit_key(entry) else None
     write_atomic(entry.status, json_lines(state))

@@ -6,7 +6,8 @@ A check run now makes it, and this checkout keeps a copy under that key in build
 where no check ran (verdicts kept from build/store/, or inputs that came back to an earlier key)
 the copy is put back; where there is none (a verdict taken from a shared cache, which holds no
 golden/) or a check has no key, golden/ is removed rather than left about other inputs, and
-`compile.py test` says so. The VM is never run for it: a lock task's cost is its checks'."""
+`compile.py test` says so; a run without cache= then runs one of the program's checks again
+for it (lock_task). The VM is never run on the driver for it."""
 
 import os
 import re
@@ -22,6 +23,18 @@ _PRUNED = []             # (a process prunes at its first copy: a walk of the st
 ENTRY_LIMIT = 1 << 30    # what one copy may unpack to
 
 
+def copy_path(store, keys):
+    """Where `store` keeps the copy of golden/ about the checks' `keys`, or None (a check has none)."""
+    key = digest({"golden": keys}) if keys and all(keys.values()) else None
+    return key and os.path.join(store, key[:2], key + SUFFIX)
+
+
+def held(store, keys):
+    """Whether `store` keeps a copy of golden/ about the checks' `keys` that can be read."""
+    path = copy_path(store, keys)
+    return bool(path) and _get(path, os.path.basename(path)[:-len(SUFFIX)]) is not None
+
+
 def settle(bundle, store, keys, made):
     """Make `bundle`/golden/ about the checks' `keys` ({dtype: key or None}): `made` (golden/'s
     files from a check run now: kept in `store` too), else `store`'s copy for those keys, else
@@ -29,8 +42,8 @@ def settle(bundle, store, keys, made):
     from ..verify import golden   # (numpy: loaded by a lock, never by a run that locks nothing)
     from ..verify.trace import prune
     folder = os.path.join(bundle, "golden")
-    key = digest({"golden": keys}) if keys and all(keys.values()) else None
-    path = key and os.path.join(store, key[:2], key + SUFFIX)
+    path = copy_path(store, keys)
+    key = path and os.path.basename(path)[:-len(SUFFIX)]
     if key is None:
         made = None
     elif made is not None:

@@ -154,6 +154,8 @@ def emit_current(entry, st=None):
     st = read_json(entry.status) if st is None else st
     if not isinstance(st, dict) or st.get("key") != emit_key(entry):
         return False
+    if not entry.locked and (os.path.exists(f"{entry.bundle}/golden") or os.path.exists(entry.lock_status)):
+        return False   # locked before `lock: false`: the emit removes what its lock left
     return st.get("status") == "ok" and bundle_as_recorded(entry, st)
 
 
@@ -196,14 +198,18 @@ def current_keys(entry, threads, st=None):
     return {dt: p and check_key(p) for dt, p in current_parts(entry, threads, st).items()}
 
 
-def lock_current(entry, threads, st=None, lock=None, now=None):
+def lock_current(entry, threads, st=None, lock=None, now=None, golden=True):
     """Every check's result is a pass recorded under the key of its inputs as they are now, and
     the result file is the one the lock wrote (a failing or erroring check reruns, a refused
-    program's too), and golden/ is as the lock settled it. `st`, `lock`: the emit and lock statuses, `now` the current keys, worked out
-    here when not given."""
+    program's too), the checks are the program's (none dropped), and golden/ is as the lock
+    settled it, and there, unless the run takes verdicts from a shared cache (`golden` False:
+    the cache holds no golden/). `st`, `lock`: the emit and lock statuses, `now` the current
+    keys, worked out here when not given."""
     lock = (read_json(entry.lock_status) if lock is None else lock) or {}
     rec = lock.get("checks")
-    if not entry.checks or not isinstance(rec, dict):
+    if not entry.checks or not isinstance(rec, dict) or set(rec) != {c.dtype for c in entry.checks}:
+        return False
+    if golden and (lock.get("golden") or {}).get("golden.json") is None:
         return False
     st = (read_json(entry.status) if st is None else st) or {}
     if st.get("status") != "ok":   # refused: its checks are errors, recorded again by every run
@@ -253,10 +259,8 @@ def report_key(entries, threads, rows=None):
 
 
 @uptodate_check
-def uptodate(kind, entry, threads=None):
-    """doit's `uptodate` of the zoo's weights, emit and lock tasks."""
-    return CURRENT[kind](entry, threads)
-
-
-CURRENT = {"emit": lambda e, t: emit_current(e), "weights": lambda e, t: import_current(e),
-           "lock": lock_current}
+def uptodate(kind, entry, threads=None, cache=None):
+    """doit's `uptodate` of the zoo's weights, emit and lock tasks (`cache`: the run's cache=)."""
+    if kind == "lock":
+        return lock_current(entry, threads, golden=not cache)
+    return emit_current(entry) if kind == "emit" else import_current(entry)

@@ -156,9 +156,19 @@ def lock_program(entry, run, db):
             done[c.dtype] = error_result(pc.name, pc.source, c.dtype, pc.steps,
                                          f"{pc.weights}: the weights directory does not exist")
             continue
-        # the VM's outputs are the same for every dtype: golden/ is written once
         jobs.append(_job(entry, c, parts, run, golden, traces))
         golden = golden if (run.get("executor") or "inline") != "inline" else None
+    golden_copies = os.path.join(os.path.dirname(db) or ".", "store", "golden")
+    if not jobs and not run.get("cache") and status.get("status") == "ok" and \
+            all(keys.get(c.dtype) for c in entry.checks) and \
+            not golden_store.held(golden_copies, keys):
+        # verdicts known (a shared cache's, a dtype dropped) but no golden/ for them: the first
+        # check runs again, for its golden/ (the VM's outputs are the same for every dtype)
+        c = entry.checks[0]
+        jobs.append(_job(entry, c, parts_of[c.dtype], run, golden, traces))
+        done.pop(c.dtype)
+        intact.discard(c.dtype)
+        restored.discard(c.dtype)
     if len(jobs) == 1 and jobs[0]["kwargs"]["trace"]:   # no other check to share the VM's trace with
         jobs[0]["kwargs"]["trace"] = {**jobs[0]["kwargs"]["trace"], "alone": True}
     lost = None
@@ -211,11 +221,12 @@ def lock_program(entry, run, db):
         (sys.stdout if r["verdict"] == "pass" else sys.stderr).write(f"lock:{pc.name} {line}\n")
     if status.get("status") == "ok":   # before the status: a run killed here locks again
         try:
-            golden_store.settle(entry.bundle, os.path.join(os.path.dirname(db) or ".", "store", "golden"),
+            golden_store.settle(entry.bundle, golden_copies,
                                 {c.dtype: done[c.dtype].get("key") for c in entry.checks}, made_golden)
         except Exception as e:   # (the verdicts stand; golden/ may be missing, never about others)
             golden_store.remove(entry.bundle)
             LOG.warning(f"lock:{pc.name}: golden/ removed, not settled: {type(e).__name__}: {e}")
+    _drop_others(entry)
     write_atomic(entry.lock_status, json_lines({"schema": "logos.pipeline.lock", "version": 1,
                                                 "checks": statuses,
                                                 "golden": golden_record(entry.bundle)}))
@@ -237,6 +248,21 @@ def lock_program(entry, run, db):
         return ChecksFailed(f"lock:{pc.name}: {len(bad)} of {len(entry.checks)} check(s) did not "
                             f"pass: {', '.join(bad)}")
     return True
+
+
+def _drop_others(entry):
+    """Remove the results of checks the program no longer has (a dtype dropped from its config)."""
+    keep = {os.path.basename(c.result) for c in entry.checks}
+    try:
+        names = os.listdir(entry.results)
+    except OSError:
+        return
+    for n in names:
+        if n.endswith(".json") and n not in keep:
+            try:
+                os.unlink(os.path.join(entry.results, n))
+            except OSError:
+                pass
 
 
 def _publish(store, name, dtype, key, r, parts, quiet=False):

@@ -228,6 +228,12 @@ class ProgressReporter(ConsoleReporter):
         self._report_failures()
         self._publish_named()
         from .run import current
+        if "report" not in self.reachable and current() is not None:
+            # a run that names its tasks: the last report, set aside as the run began, comes back
+            # where it is still about every check as it is now (else it stays aside, not current)
+            from .actions import report_current
+            run = current()
+            report_current(run.entries, run.build, run.settings["threads"])
         note = current().say(self.ran) if current() is not None and "report" in self.uptodate else None
         if note:
             LOG.info(note.rstrip("\n"))

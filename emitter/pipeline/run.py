@@ -173,7 +173,8 @@ class Run:
             rows.append(keys.report_row(e, threads, st, lock, now))
             w = e.pc.derive is not None and not e.pc.error and not keys.import_current(e)
             em = not keys.emit_current(e, st)
-            lk = e.locked and (w or em or not keys.lock_current(e, threads, st, lock, now))
+            lk = e.locked and (w or em or not keys.lock_current(e, threads, st, lock, now,
+                                                                golden=not self.settings["cache"]))
             if lk or w or em:
                 out |= {f"emit:{e.name}"} | ({f"weights:{e.name}"} if e.pc.derive and not e.pc.error else set())
             if lk:
@@ -252,7 +253,7 @@ class Run:
                 "actions": [(lock_program, [e, self.settings, self.db])],
                 "task_dep": deps,
                 "file_dep": files,
-                "uptodate": [(keys.uptodate, ["lock", e, self.settings["threads"]])],
+                "uptodate": [(keys.uptodate, ["lock", e, self.settings["threads"], self.settings["cache"]])],
                 # the history in results.sqlite stays: `logos results --prune` drops a program's
                 "clean": [(files_io.remove_files, [[c.result for c in e.checks] + [e.lock_status]]),
                           (files_io.remove_dir, [f"{e.bundle}/golden"])],

@@ -32,8 +32,8 @@ def golden_record(weights=None):
     here = os.path.join(os.path.dirname(os.path.abspath(bundle.__file__)), "golden")
     path = os.path.join(here, "golden.json")
     if not os.path.isfile(path):
-        raise SystemExit(f"{path}: no golden outputs: lock the bundle first (`doit lock:NAME`; where "
-                         "its verdicts came from a shared cache, `python -m emitter lock` on it)")
+        raise SystemExit(f"{path}: no golden outputs: lock the bundle first (`doit lock:NAME`, "
+                         "without cache=: a shared cache holds none; or `python -m emitter lock`)")
     with open(path, encoding="utf-8") as f:
         record = json.load(f)
     if weights is None and record["weights"] is not None:
