@@ -54,6 +54,8 @@ def test_a_settled_noop_is_fast_and_whatever_moved_reruns_its_tasks(zoo):
     os.utime(zoo / "programs/a.logos", (now, now))
     rc, ran, out = doit(zoo)
     assert (rc, ran) == (0, set()) and FAST in out, out
+    rc, ran, out = doit(zoo, "-n", "2", "--continue")   # how it runs: the same pre-check
+    assert (rc, ran) == (0, set()) and FAST in out, out
 
 
 def test_a_failing_zoo_hands_doit_what_failed_each_run(zoo):

@@ -1,5 +1,5 @@
 """Which of the zoo's tasks a run hands doit. A plain run (`doit` or `logos doit` with nothing but
-command-line variables) hands doit the tasks that are not current by their keys (`keys`: the same
+command-line variables and options of how it runs, `-n 2`) hands doit the tasks that are not current by their keys (`keys`: the same
 functions doit's up-to-date checks call, so nothing current is left out by construction), what
 they name, and the report; a no-op then costs a stat per input file and doit one task. Any other
 run (tasks named, another command, a doit config file, a dodo whose own task creators may name
@@ -32,11 +32,25 @@ def is_run(args):
     return not any(a in NOT_RUNS for a in args or ())
 
 
+# doit's options that change how a run runs, never what it runs or finds current: a run with
+# them is plain too (`doit -n 2` hands doit the same tasks as `doit`)
+HOW = {"-n": True, "--process": True, "-P": True, "--parallel-type": True, "-v": True,
+       "--verbosity": True, "-c": False, "--continue": False}
+
+
 def plain(args):
-    """A run of the default tasks with no option (command-line variables allowed) and no doit
-    config file that could set one."""
-    if args is None or any(not ("=" in a and not a.startswith("-")) for a in args):
+    """A run of the default tasks with no option but how it runs (HOW; command-line variables
+    allowed) and no doit config file that could set one."""
+    if args is None:
         return False
+    rest = iter(args)
+    for a in rest:
+        if a.startswith("-"):
+            name, joined = (a.split("=", 1)[0], "=" in a) if a.startswith("--") else (a[:2], len(a) > 2)
+            if name not in HOW or (HOW[name] and not joined and next(rest, None) is None):
+                return False
+        elif "=" not in a:
+            return False
     if os.path.exists("doit.cfg"):
         return False
     try:
