@@ -139,7 +139,11 @@ def test_only_a_plain_doit_hands_doit_fewer_tasks(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     doit_main = os.path.join(os.sep, "venv", "lib", "doit", "__main__.py")
     for argv, plain in ((["/venv/bin/doit"], True), ([doit_main], True),
-                        (["/venv/bin/doit", "-n", "2"], False),
+                        (["/venv/bin/doit", "-n", "2"], True),           # how it runs: plain
+                        (["/venv/bin/doit", "-n2", "-v", "2", "--continue"], True),
+                        (["/venv/bin/doit", "-n", "2", "lock:a"], False),
+                        (["/venv/bin/doit", "-a"], False),               # always: not plain
+                        (["/venv/bin/doit", "-s", "lock:a"], False),
                         (["/venv/bin/doit", "lock:a"], False),
                         (["/venv/bin/doit", "cache=file:///c"], True),   # a variable: still plain
                         (["pytest", "tests"], False),
