@@ -245,3 +245,24 @@ def test_the_committed_weights_are_what_make_small_makes():
     total = sum(os.path.getsize(os.path.join(ROOT, "weights", n, f))
                 for n in SMALL for f in os.listdir(os.path.join(ROOT, "weights", n)))
     assert total < 200_000
+
+
+def test_the_repos_weights_check_names_the_file_that_differs(tmp_path):
+    """The repository's small_weights task (dodo.py) fails naming each weights file that is not
+    what make_small.py makes, missing or edited, never a bare `returned False`."""
+    import shutil
+    import subprocess
+    import sys
+    shutil.copytree(os.path.join(ROOT, "weights"), tmp_path / "weights",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(ROOT, "dodo.py"), tmp_path / "dodo.py")
+    shutil.copytree(os.path.join(ROOT, "programs"), tmp_path / "programs")
+    os.unlink(tmp_path / "weights/mlp/W1.f64")
+    data = bytearray((tmp_path / "weights/norms/Lw.f64").read_bytes())
+    data[0] ^= 1
+    (tmp_path / "weights/norms/Lw.f64").write_bytes(bytes(data))
+    p = subprocess.run([sys.executable, "-m", "doit", "small_weights"], cwd=tmp_path, capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": ROOT})
+    out = p.stdout + p.stderr
+    assert p.returncode == 1 and "weights/mlp/W1.f64" in out and "weights/norms/Lw.f64" in out, out
+    assert "not what weights/make_small.py makes" in out, out

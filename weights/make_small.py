@@ -97,28 +97,36 @@ def values(name):
     return out
 
 
+def differing():
+    """The files of weights/ that are not what this script makes (missing ones too)."""
+    out = []
+    for name in PROGRAMS:
+        for var, value in values(name).items():
+            path = os.path.join(HERE, name, f"{var}.f64")
+            if not os.path.isfile(path) or open(path, "rb").read() != value.tobytes():
+                out.append(path)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare instead of writing")
     args = ap.parse_args(argv)
-    stale = []
+    if args.check:
+        stale = differing()
+        for path in stale:
+            print(f"{path}: differs from what weights/make_small.py makes", file=sys.stderr)
+        return 1 if stale else 0
     for name in PROGRAMS:
         directory = os.path.join(HERE, name)
         os.makedirs(directory, exist_ok=True)
         for var, value in values(name).items():
             path = os.path.join(directory, f"{var}.f64")
-            data = value.tobytes()
-            if args.check:
-                if not os.path.isfile(path) or open(path, "rb").read() != data:
-                    stale.append(path)
-                continue
             tmp = path + ".tmp"
             with open(tmp, "wb") as f:
-                f.write(data)
+                f.write(value.tobytes())
             os.replace(tmp, path)
-    for path in stale:
-        print(f"{path}: differs from what weights/make_small.py makes", file=sys.stderr)
-    return 1 if stale else 0
+    return 0
 
 
 if __name__ == "__main__":
