@@ -75,15 +75,19 @@ def _small_zoo(tmp_path):
     return z
 
 
-def test_deleted_programs_leave_the_results_and_prune_drops_their_history(tmp_path):
+def test_deleted_programs_leave_their_history_and_prune_drops_it(tmp_path):
     from conftest import run_cli
     from test_pipeline import doit
     z = _small_zoo(tmp_path)
     rc, _, out = doit(z)
     assert rc == 0, out
+    assert (z / "build/bundles/b/model.py").is_file() and (z / "build/results/b").is_dir()
     (z / "programs" / "b.logos").unlink()             # deleted (or renamed away)
     rc, _, out = doit(z)
     assert rc == 0, out
+    for gone in ("bundles/b", "results/b", "status/b.emit.json", "status/b.lock.json"):
+        assert not (z / "build" / gone).exists(), gone   # nothing of b is left to test itself
+    assert (z / "build/bundles/a/model.py").is_file() and (z / "build/status/a.lock.json").is_file()
     db = str(z / "build/results.sqlite")
     p = run_cli("results", "--db", db, "--programs", str(z / "programs"))
     assert p.returncode == 0 and "1 programs, 2 checks, 0 not passing" in p.stdout, p.stdout + p.stderr

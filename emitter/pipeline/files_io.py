@@ -1,5 +1,5 @@
 """doit's side of files: its file checker as the one fingerprint rule, the marker of an `uptodate`
-callable, and `doit clean`'s removers."""
+callable, `doit clean`'s removers, and what a run removes of programs gone."""
 
 import inspect
 import os
@@ -40,3 +40,28 @@ def remove_files(paths):
     for p in paths:
         if os.path.exists(p):
             os.unlink(p)
+
+
+def drop_gone(build, names):
+    """Remove the bundles, results and statuses of programs the zoo no longer has (deleted or
+    renamed: a bundle of a program that is gone, its golden/ beside it, would still test itself).
+    Their history stays (`logos results --prune` drops it)."""
+    for folder in ("bundles", "results"):
+        try:
+            found = os.listdir(os.path.join(build, folder))
+        except OSError:
+            continue
+        for n in found:
+            if n not in names:
+                remove_dir(os.path.join(build, folder, n))
+    try:
+        found = os.listdir(os.path.join(build, "status"))
+    except OSError:
+        return
+    for n in found:
+        for suffix in (".emit.json", ".lock.json"):
+            if n.endswith(suffix) and n[:-len(suffix)] not in names:
+                try:
+                    os.unlink(os.path.join(build, "status", n))
+                except OSError:
+                    pass

@@ -126,6 +126,8 @@ class Run:
             LOG.warning(f"warning: {w}")
         defaults = [f for f in ("programs/defaults.yaml",) if os.path.isfile(f)]
         self.entries = entries(programs, build, defaults)
+        if handing.is_run(args):
+            files_io.drop_gone(build, {e.name for e in self.entries})
         if not os.path.isfile(self.db):   # deleted: made again before any lock of this run adds to it
             from . import results as history
             try:
