@@ -133,3 +133,18 @@ def test_a_program_linked_inside_the_repository_is_followed(tmp_path):
                                      "`roots:` or LOGOS_ROOTS) (a link?)"], r.stdout
     os.unlink(tmp_path / "programs" / "up.logos")
     assert logos("check", cwd=tmp_path).returncode == 0
+
+
+def test_a_character_that_is_not_printable_is_shown_as_its_escape(tmp_path):
+    """A NUL in a name or a value reaches neither the terminal raw nor as a blank: it is `\\x00`."""
+    from emitter.language.errors import ProgramError
+    from emitter.language.reader import read_program
+    for text, shown in (("Let x be a 1 by 2 tensor of Real.\nLet h\0 be silu of x.\n", "`h\\x00`"),
+                        ("Let x be a 1 by 2 tensor of Real.\nSet item 1 of x to 3\0.\n", "got `3\\x00`"),
+                        ("Let x be a 1 by 2 tensor of Real.\nLet y\x07 be silu of x.\n", "`y\\x07`")):
+        try:
+            read_program(text)
+        except ProgramError as e:
+            assert shown in str(e) and "\0" not in str(e) and "\x07" not in str(e), str(e)
+        else:
+            raise AssertionError(f"read: {text!r}")

@@ -4,10 +4,11 @@ MAX_MESSAGE = 4000   # a message quotes a bounded excerpt: a 50 MB line never be
 
 
 def excerpt(text, limit=160):
-    """`text` as at most `limit` printable characters (an ellipsis where it was cut)."""
+    """`text` as at most `limit` printable characters (an ellipsis where it was cut); a character
+    that is not printable (a NUL, a line separator) is shown as its escape, `\x00`."""
     if isinstance(text, str) and len(text) <= limit and text.isprintable():
         return text     # (the common case, at C speed: the reader quotes every sentence it reads)
-    text = "".join(c if c.isprintable() else " " for c in str(text)[:limit + 1])
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(text)[:limit + 1])
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 

@@ -128,7 +128,7 @@ def _positive_real(line, word, what):
     value = float(word) if _POSITIVE_REAL.fullmatch(word) else 0.0
     if not 0.0 < value < math.inf:
         raise line.error(f"{what} must be a positive finite number written like `1e-5`, `0.00001` or "
-                         f"`1.0e-12`, got `{word}`")
+                         f"`1.0e-12`, got `{excerpt(word, 40)}`")
     return value
 
 
@@ -184,9 +184,9 @@ def _read_set(line, words):
             raise line.expected(FILL_FORM)
         if not _UINT.fullmatch(words[2]):
             raise line.error(f"the item number must be an integer literal (at most 15 digits), "
-                             f"got `{words[2]}`")
+                             f"got `{excerpt(words[2], 40)}`")
         if len(words[6]) > 64 or not _REAL.fullmatch(words[6]):
-            raise line.error(f"VALUE must be a numeric literal (`3`, `-0.25`, `1e-3`), got `{words[6]}`")
+            raise line.error(f"VALUE must be a numeric literal (`3`, `-0.25`, `1e-3`), got `{excerpt(words[6], 40)}`")
         return Fill(_name(line, words[4]), int(words[2]), words[6], line.number)
     if len(words) > 1 and words[1] == "row":
         bound = _SET_ROW_MATCH(words[1:])
