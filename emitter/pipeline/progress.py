@@ -275,7 +275,9 @@ class ProgressReporter(ConsoleReporter):
         action = self.tasks["report"].actions[0]
         entries, build_dir, threads = action.args[:3]
         make_report(entries, build_dir, threads, failed)
-        why = [f"{len(failed)} failed task(s) as errors"] if failed else []
+        after = sum(1 for m in failed.values() if m.startswith("UnmetDependency"))
+        why = [f"{len(failed) - after} failed task(s)" + (f" and {after} that could not run after "
+                                                          "one" if after else "") + " as errors"] if failed else []
         why += ["the checks that did not pass"] if self.verdicts_failed else []
         why += ["ignored tasks' checks as current or not"] if ignored else []
         LOG.info(f"report: written with {' and '.join(why)} (see {build_dir}/summary.md)")
