@@ -326,11 +326,17 @@ def test_golden_is_about_the_verdicts_wherever_they_came_from(tmp_path):
     p = subprocess.run([sys.executable, "build/bundles/a/compile.py", "test"], cwd=z, capture_output=True,
                        text=True)
     assert p.returncode != 0 and "no golden outputs" in p.stderr, p.stderr
+    rc, ran, out = doit(z)            # without cache=: the cache's verdicts stand, one check runs again
+    assert rc == 0 and "lock:a" in ran and files() == first, out
+    results = _results(z)
+    assert results[("a", "float64")].get("from_cache") and not results[("a", "float32")].get("from_cache")
+    assert doit(z)[:2] == (0, set())
     shutil.rmtree(z / "build/store/golden", ignore_errors=True)
-    (z / "build/store/golden").write_text("not a folder")    # a copy cannot be kept: none is left
+    (z / "build/store/golden").write_text("not a folder")    # a copy cannot be kept: golden/ is made
     (z / "programs/a.yaml").write_text("dtypes: [float64, float32]\nsteps: 2\n")
     rc, ran, out = doit(z, f"cache={url}", env=secret)
-    assert rc == 0 and "lock:a" in ran and not golden.exists() and "golden/ removed" in out, out
+    assert rc == 0 and "lock:a" in ran and json.loads((golden / "golden.json").read_text())["steps"] == 2, out
+    assert doit(z)[:2] == (0, set())                         # and nothing runs again for it
 
 
 def test_golden_is_never_left_where_no_lock_settles_it(tmp_path):

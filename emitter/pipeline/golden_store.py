@@ -48,10 +48,13 @@ def settle(bundle, store, keys, made):
         made = None
     elif made is not None:
         made = golden.keyed(made, key)
-        _put(path, made)
-        if not _PRUNED:   # once a process: the store holds at most the limit and one run's copies
-            _PRUNED.append(path)
-            prune(store, path, STORE_LIMIT, SUFFIX)
+        try:   # the copy is best effort: golden/ itself is written all the same
+            _put(path, made)
+            if not _PRUNED:   # once a process: the store holds at most the limit and one run's copies
+                _PRUNED.append(path)
+                prune(store, path, STORE_LIMIT, SUFFIX)
+        except OSError:
+            pass
     else:
         made = _get(path, key)
     if made is None:

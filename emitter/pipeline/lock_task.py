@@ -208,7 +208,7 @@ def lock_program(entry, run, db):
             r["hashes"].update(code=own, config=c.spec and digests.digest(c.spec),
                                weights_manifest=parts and digests.digest(parts["weights"]),
                                environment=(r.get("environment") or {}).get("digest"))
-        elif r.get("from_cache"):
+        elif r.get("from_cache") and store is not None:   # (kept from an earlier cache= run: as it was)
             r["cache"]["url"] = store.url
         elif c.dtype in restored:   # this checkout's own verdict under this key, as recorded then
             r["cache"] = {"url": store and store.url, "key": key}
