@@ -468,6 +468,10 @@ def test_a_run_that_names_its_tasks_leaves_the_report_where_it_is_current(tmp_pa
     assert rc == 0 and "lock:b" in ran and not (z / "build/junit.xml").exists(), out
     rc, ran, out = doit(z)
     assert rc == 0 and ran == {"report"} and (z / "build/junit.xml").exists(), out
+    with open(z / "build/bundles/a/model.py", "a") as f:   # a's bundle edited: a's verdicts not current
+        f.write("# edited\n")
+    rc, ran, out = doit(z, "lock:b")
+    assert rc == 0 and not ran and not (z / "build/junit.xml").exists(), out
 
 
 def _emitter_imports(rel):

@@ -172,6 +172,13 @@ def made_as_recorded(entry, st):
     return bundle_as_recorded(entry, st) and (not entry.pc.derive or import_current(entry))
 
 
+def made_current(entry):
+    """The program's emit is current and what its checks' keys take from records is on disk (its
+    bundle, its derived weights): the rule `logos results` and a restored report follow."""
+    st = read_json(entry.status)
+    return emit_current(entry, st) and made_as_recorded(entry, st)
+
+
 def import_current(entry):
     """The derived folder holds what an import of the inputs as they are now makes: its
     .derived.json names the current import key, and each file it lists is still that file."""

@@ -232,8 +232,10 @@ class ProgressReporter(ConsoleReporter):
             # a run that names its tasks: the last report, set aside as the run began, comes back
             # where it is still about every check as it is now (else it stays aside, not current)
             from .actions import report_current
+            from .keys import made_current
             run = current()
-            report_current(run.entries, run.build, run.settings["threads"])
+            if all(made_current(e) for e in run.entries):   # (what the report key takes from records)
+                report_current(run.entries, run.build, run.settings["threads"])
         note = current().say(self.ran) if current() is not None and "report" in self.uptodate else None
         if note:
             LOG.info(note.rstrip("\n"))
