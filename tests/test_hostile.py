@@ -87,6 +87,11 @@ def test_deleted_programs_leave_their_history_and_prune_drops_it(tmp_path):
     assert rc == 0, out
     for gone in ("bundles/b", "results/b", "status/b.emit.json", "status/b.lock.json"):
         assert not (z / "build" / gone).exists(), gone   # nothing of b is left to test itself
+    (z / "build/bundles/notes").mkdir()                 # what the zoo did not make there stays
+    (z / "build/bundles/notes/README").write_text("mine\n")
+    (z / "build/status/x.emit.json").write_text("{}")
+    rc, _, out = doit(z)
+    assert rc == 0 and (z / "build/bundles/notes/README").is_file() and (z / "build/status/x.emit.json").is_file()
     assert (z / "build/bundles/a/model.py").is_file() and (z / "build/status/a.lock.json").is_file()
     db = str(z / "build/results.sqlite")
     p = run_cli("results", "--db", db, "--programs", str(z / "programs"))

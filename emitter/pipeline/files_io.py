@@ -43,25 +43,50 @@ def remove_files(paths):
 
 
 def drop_gone(build, names):
-    """Remove the bundles, results and statuses of programs the zoo no longer has (deleted or
-    renamed: a bundle of a program that is gone, its golden/ beside it, would still test itself).
+    """Remove what the zoo made for programs it no longer has (deleted or renamed: a bundle of a
+    program that is gone, its golden/ beside it, would still test itself): a bundle's files and
+    golden/, results and statuses by their schema; anything else there (a dodo's own) stays.
     Their history stays (`logos results --prune` drops it)."""
-    for folder in ("bundles", "results"):
-        try:
-            found = os.listdir(os.path.join(build, folder))
-        except OSError:
-            continue
-        for n in found:
-            if n not in names:
-                remove_dir(os.path.join(build, folder, n))
+    from ..files import BUNDLE_FILES
+    for n in _others(os.path.join(build, "bundles"), names):
+        folder = os.path.join(build, "bundles", n)
+        remove_files([os.path.join(folder, f) for f in BUNDLE_FILES])
+        remove_dir(os.path.join(folder, "golden"))
+        _rmdir(folder)
+    for n in _others(os.path.join(build, "results"), names):
+        folder = os.path.join(build, "results", n)
+        remove_files([os.path.join(folder, f) for f in _listdir(folder) if f.endswith(".json") and
+                      _schema(os.path.join(folder, f)) == "logos.lock.result"])
+        _rmdir(folder)
+    status = os.path.join(build, "status")
+    for n in _listdir(status):
+        for kind in ("emit", "lock"):
+            if n.endswith(f".{kind}.json") and n[:-len(f".{kind}.json")] not in names and \
+                    _schema(os.path.join(status, n)) == f"logos.pipeline.{kind}":
+                remove_files([os.path.join(status, n)])
+
+
+def _schema(path):
+    from ..files import read_json
+    body = read_json(path)
+    return body.get("schema") if isinstance(body, dict) else None
+
+
+def _listdir(folder):
     try:
-        found = os.listdir(os.path.join(build, "status"))
+        return os.listdir(folder)
     except OSError:
-        return
-    for n in found:
-        for suffix in (".emit.json", ".lock.json"):
-            if n.endswith(suffix) and n[:-len(suffix)] not in names:
-                try:
-                    os.unlink(os.path.join(build, "status", n))
-                except OSError:
-                    pass
+        return []
+
+
+def _others(folder, names):
+    """The folders (not links) in `folder` that name no program of `names`."""
+    return [n for n in _listdir(folder) if n not in names and not os.path.islink(os.path.join(folder, n))
+            and os.path.isdir(os.path.join(folder, n))]
+
+
+def _rmdir(folder):
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
