@@ -136,6 +136,9 @@ def test_the_report_covers_a_check_doit_ignores(tmp_path):
         rc, ran, out = doit(z, *args)
         assert rc == 1 and ran == {"emit:a"} and "programs/a.logos:7: `Let q be nonsense of h.`" in out, out
     assert doit(z, "lock:b")[:2] == (0, set())
+    for args in (("--reporter", "executed-only", "emit:a"), ("-r", "json", "lock:a")):   # another reporter
+        assert doit(z, *args)[0] == 1, args
+    assert doit(z, "--reporter", "executed-only", "lock:b")[0] == 0
 
 
 def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_again(tmp_path):

@@ -38,6 +38,28 @@ HOW = {"-n": True, "--process": True, "-P": True, "--parallel-type": True, "-v":
        "--verbosity": True, "-c": False, "--continue": False}
 
 
+def selection(args):
+    """The task names (and patterns) `doit ARGS` selects, [] for the default tasks; None when the
+    arguments cannot be told. Options and their values, and command-line variables, are skipped."""
+    if args is None or not is_run(args):
+        return None
+    valued = set()
+    if any(a.startswith("-") for a in args):   # (doit's options that take a value, from doit)
+        from doit.cmd_base import DodoTaskLoader
+        from doit.cmd_run import Run
+        for o in Run(task_loader=DodoTaskLoader(), config={}, bin_name="doit").get_options():
+            if o.type is not bool:
+                valued |= {f"-{o.short}" if o.short else None, f"--{o.long}" if o.long else None}
+    out, rest = [], iter(a for a in args if a != "run")
+    for a in rest:
+        if a.startswith("-"):
+            if a in valued:
+                next(rest, None)
+        elif "=" not in a:
+            out.append(a)
+    return out
+
+
 def plain(args):
     """A run of the default tasks with no option but how it runs (HOW; command-line variables
     allowed) and no doit config file that could set one."""

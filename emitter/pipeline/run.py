@@ -134,6 +134,7 @@ class Run:
                 history.refill(self.db, [c.result for e in self.entries for c in e.checks])
             except history.HistoryError as e:
                 LOG.warning(f"warning: the history was not made again: {e}")
+        self._follows(args)
         self.handed = None   # None: every task; else the names of those handed beside the report
         self.report_now = None   # the report's key as the pre-check read it, when nothing is handed
         self.own = handing.own_tasks(ours)   # the dodo's own tasks, as their creators make them
@@ -145,6 +146,20 @@ class Run:
         locks = [e for e in self.entries if e.locked and self._hands(f"lock:{e.name}")]
         if self.settings["kind"] != "inline" and locks and handing.is_run(args):
             executors.executor(self.settings["executor"], self.settings["workers"]).warm()
+
+    def _follows(self, args):
+        """Whether the report, and which programs' locks, this run's selection reaches: a lock
+        whose checks fail and a refused emit fail the run themselves where neither does. Told
+        from the arguments here; the zoo's progress reporter tells it from doit's own selection."""
+        from fnmatch import fnmatch
+        sel = handing.selection(args)
+        if sel is None:
+            return
+        follows = not sel or any(fnmatch(t, n) for n in sel for t in ("report", "cache"))
+        self.settings["report_follows"] = follows
+        if not follows:
+            self.settings["locks_follow"] = {e.name for e in self.entries if e.locked and any(
+                n == "lock" or fnmatch(f"lock:{e.name}", n) for n in sel) and not _ignored(f"lock:{e.name}")}
 
     # --- what is handed ------------------------------------------------------------------------
     def _inputs(self):
