@@ -168,8 +168,10 @@ def bundle_as_recorded(entry, st):
 
 def made_as_recorded(entry, st):
     """What a check's key takes from records is what is on disk: the bundle its emit status lists,
-    and derived weights as their import made them (a hand edit of either is seen)."""
-    return bundle_as_recorded(entry, st) and (not entry.pc.derive or import_current(entry))
+    and derived weights as their import made them (a hand edit of either is seen), where they were
+    made (a verdict from a shared cache needs none: its key names what the import reads)."""
+    return bundle_as_recorded(entry, st) and (
+        not entry.pc.derive or not os.path.isdir(entry.pc.weights) or import_current(entry))
 
 
 def made_current(entry):
