@@ -282,7 +282,7 @@ def _main(args):
             last[x["dtype"]] = x["verdict"]
             print(_row_line(x, mark))
         return 0
-    rows = latest(args.db)
+    rows = ran = latest(args.db)
     if os.path.isdir(args.programs):   # the zoo's checks (a deleted program's only asked by name)
         zoo, gone = currency(rows, args.programs)
         rows = zoo + gone if args.names else zoo
@@ -290,7 +290,11 @@ def _main(args):
         wanted = set(args.names)
         missing = sorted(wanted - {x["name"] for x in rows if x["id"] is not None})
         if missing:
-            print(f"{args.db}: no runs of {', '.join(f'`{n}`' for n in missing)}", file=sys.stderr)
+            unchecked = {x["name"] for x in ran} - {x["name"] for x in rows}
+            print(f"{args.db}: no runs of {', '.join(f'`{n}`' for n in missing)}" + (
+                f" (runs of {', '.join(f'`{n}`' for n in sorted(unchecked & set(missing)))} are in the "
+                "history, but the zoo locks it no more: `lock: false`)" if unchecked & set(missing) else ""),
+                file=sys.stderr)
             return 2
         rows = [x for x in rows if x["name"] in wanted]
     bad = sum(1 for x in rows if x["verdict"] != "pass")
