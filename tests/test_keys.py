@@ -478,6 +478,23 @@ def test_a_run_that_names_its_tasks_leaves_the_report_where_it_is_current(tmp_pa
     assert rc == 0 and not ran and not (z / "build/junit.xml").exists(), out
 
 
+def test_golden_whose_copy_was_evicted_is_kept_again_not_recomputed(tmp_path):
+    """build/store/golden emptied (evicted past its limit): a lock task that runs keeps golden/ as
+    the lock settled it (its key, its files as recorded) as the copy again, running no check."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64, float32]\n")})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    golden = z / "build/bundles/a/golden"
+    assert doit(z)[0] == 0
+    before = {n: r["timings"] for n, r in _results(z).items()}
+    settled = {p.name: p.read_bytes() for p in golden.iterdir()}
+    shutil.rmtree(z / "build/store/golden")
+    (z / "build/results/a/float32.json").unlink()        # the lock task runs: its result from the store
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:a" in ran and {n: r["timings"] for n, r in _results(z).items()} == before, out
+    assert {p.name: p.read_bytes() for p in golden.iterdir()} == settled
+    assert len(list((z / "build/store/golden").rglob("*.golden"))) == 1 and doit(z)[:2] == (0, set())
+
+
 def _emitter_imports(rel):
     """The emitter package's files that importing `rel` runs: every module it imports (at the top
     or inside a function, relative or absolute) and the __init__.py of each package on the way."""

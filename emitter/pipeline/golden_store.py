@@ -29,10 +29,29 @@ def copy_path(store, keys):
     return key and os.path.join(store, key[:2], key + SUFFIX)
 
 
-def held(store, keys):
-    """Whether `store` keeps a copy of golden/ about the checks' `keys` that can be read."""
+def held(store, keys, bundle=None):
+    """Whether `store` keeps a copy of golden/ about the checks' `keys` that can be read; else,
+    with `bundle` (whose golden/ is as the lock settled it: the caller knows), whether golden/
+    there is about those keys: then it is kept as the copy again (one evicted from the store)."""
     path = copy_path(store, keys)
-    return bool(path) and _get(path, os.path.basename(path)[:-len(SUFFIX)]) is not None
+    key = path and os.path.basename(path)[:-len(SUFFIX)]
+    if not path or _get(path, key) is not None:
+        return bool(path)
+    folder = os.path.join(bundle, "golden") if bundle else None
+    try:
+        files = {n: _read(os.path.join(folder, n)) for n in os.listdir(folder)} if folder else {}
+        from ..verify.golden import key_of
+        if not files or not all(NAME.fullmatch(n) for n in files) or key_of(files) != key:
+            return False
+        _put(path, files)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read(ENTRY_LIMIT + 1)
 
 
 def settle(bundle, store, keys, made):

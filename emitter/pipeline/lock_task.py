@@ -22,7 +22,7 @@ from ..files import json_lines, read_json, write_atomic
 from ..fingerprint import entry as on_record, sha256_or_none
 from . import digests, golden_store
 from .guards import freeze_heap
-from .keys import check_key, check_parts, golden_record, trace_key
+from .keys import check_key, check_parts, golden_as_recorded, golden_record, trace_key
 from .log import LOG
 
 RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
@@ -127,7 +127,9 @@ def lock_program(entry, run, db):
     local = cache.LocalStore(os.path.dirname(db) or ".")
     traces = os.path.join(os.path.dirname(db) or ".", "store", "traces")   # the VM's, per program
     status = read_json(entry.status) or {"status": "error", "reason": f"{entry.status}: missing or unreadable"}
-    recorded = (read_json(entry.lock_status) or {}).get("checks") or {}
+    prior = read_json(entry.lock_status)
+    prior = prior if isinstance(prior, dict) else {}
+    recorded = prior.get("checks") or {}
     own = digests.code("lock")
     done, parts_of, keys, jobs, fresh, restored, intact = {}, {}, {}, [], set(), set(), set()
     golden = {c.dtype: c.tolerance for c in entry.checks}
@@ -161,7 +163,8 @@ def lock_program(entry, run, db):
     golden_copies = os.path.join(os.path.dirname(db) or ".", "store", "golden")
     if not jobs and not run.get("cache") and status.get("status") == "ok" and \
             all(keys.get(c.dtype) for c in entry.checks) and \
-            not golden_store.held(golden_copies, keys):
+            not golden_store.held(golden_copies, keys, golden_as_recorded(entry.bundle, prior.get("golden"))
+                                  and entry.bundle):
         # verdicts known (a shared cache's, a dtype dropped) but no golden/ for them: one check
         # runs again, for its golden/ (the VM's outputs are the same for every dtype): float32's,
         # the cheapest, where there is one
