@@ -90,8 +90,14 @@ def test_deleted_programs_leave_their_history_and_prune_drops_it(tmp_path):
     (z / "build/bundles/notes").mkdir()                 # what the zoo did not make there stays
     (z / "build/bundles/notes/README").write_text("mine\n")
     (z / "build/status/x.emit.json").write_text("{}")
+    (z / "build/bundles/extra").mkdir()                 # a dodo's own model.py: no manifest of ours
+    (z / "build/bundles/extra/model.py").write_text("# mine\n")
+    (z / "build/bundles/odd/model.py").mkdir(parents=True)   # what cannot be removed stays, no traceback
+    (z / "build/bundles/odd/manifest.json").write_text('{"schema": "logos.sambaflow.manifest"}')
     rc, _, out = doit(z)
     assert rc == 0 and (z / "build/bundles/notes/README").is_file() and (z / "build/status/x.emit.json").is_file()
+    assert (z / "build/bundles/extra/model.py").is_file() and (z / "build/bundles/odd/model.py").is_dir(), out
+    assert not (z / "build/bundles/odd/manifest.json").exists() and "Traceback" not in out
     assert (z / "build/bundles/a/model.py").is_file() and (z / "build/status/a.lock.json").is_file()
     db = str(z / "build/results.sqlite")
     p = run_cli("results", "--db", db, "--programs", str(z / "programs"))

@@ -495,6 +495,25 @@ def test_golden_whose_copy_was_evicted_is_kept_again_not_recomputed(tmp_path):
     assert len(list((z / "build/store/golden").rglob("*.golden"))) == 1 and doit(z)[:2] == (0, set())
 
 
+def test_a_failing_check_fails_the_run_whatever_reaches_the_report(tmp_path):
+    """The report ignored, `cache` named without a cache, another reporter: a failing check
+    exits 1 all the same; with cache=, a failing check is one fail (exit 1), never an error of
+    the cache task that follows."""
+    url, secret = (tmp_path / "cache").as_uri(), {"LOGOS_CACHE_KEY": "k"}
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "tolerances:\n  float32: {abs: 1.0e-30, rel: 1.0e-30}\n"),
+                                    "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 1
+    for args in (("-r", "json", "lock:a", "cache"), ("-r", "json", "lock:a", "ca*")):
+        assert doit(z, *args)[0] == 1, args
+    rc, ran, out = doit(z, f"cache={url}", env=secret)
+    assert rc == 1 and "cache task" not in out and "3 pass, 1 fail" in out, out
+    assert "cache" not in (z / "build/summary.md").read_text().split("### All checks")[0]
+    assert doit(z, "ignore", "report")[0] == 0
+    for args in ((), ("-r", "json"), ("lock:a", "report")):
+        assert doit(z, *args)[0] == 1, args
+
+
 def _emitter_imports(rel):
     """The emitter package's files that importing `rel` runs: every module it imports (at the top
     or inside a function, relative or absolute) and the __init__.py of each package on the way."""

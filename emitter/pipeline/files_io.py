@@ -44,26 +44,36 @@ def remove_files(paths):
 
 def drop_gone(build, names):
     """Remove what the zoo made for programs it no longer has (deleted or renamed: a bundle of a
-    program that is gone, its golden/ beside it, would still test itself): a bundle's files and
-    golden/, results and statuses by their schema; anything else there (a dodo's own) stays.
-    Their history stays (`logos results --prune` drops it)."""
+    program that is gone, its golden/ beside it, would still test itself): a bundle (a folder whose
+    manifest.json is the emitter's) with its golden/, results and statuses, each by its schema;
+    anything else there (a dodo's own) stays. Best effort: what cannot be removed stays. Their
+    history stays (`logos results --prune` drops it)."""
     from ..files import BUNDLE_FILES
     for n in _others(os.path.join(build, "bundles"), names):
         folder = os.path.join(build, "bundles", n)
-        remove_files([os.path.join(folder, f) for f in BUNDLE_FILES])
-        remove_dir(os.path.join(folder, "golden"))
-        _rmdir(folder)
+        if _schema(os.path.join(folder, "manifest.json")) == "logos.sambaflow.manifest":
+            _unlink([os.path.join(folder, f) for f in BUNDLE_FILES])
+            remove_dir(os.path.join(folder, "golden"))
+            _rmdir(folder)
     for n in _others(os.path.join(build, "results"), names):
         folder = os.path.join(build, "results", n)
-        remove_files([os.path.join(folder, f) for f in _listdir(folder) if f.endswith(".json") and
-                      _schema(os.path.join(folder, f)) == "logos.lock.result"])
+        _unlink([os.path.join(folder, f) for f in _listdir(folder)
+                 if f.endswith(".json") and _schema(os.path.join(folder, f)) == "logos.lock.result"])
         _rmdir(folder)
     status = os.path.join(build, "status")
     for n in _listdir(status):
         for kind in ("emit", "lock"):
             if n.endswith(f".{kind}.json") and n[:-len(f".{kind}.json")] not in names and \
                     _schema(os.path.join(status, n)) == f"logos.pipeline.{kind}":
-                remove_files([os.path.join(status, n)])
+                _unlink([os.path.join(status, n)])
+
+
+def _unlink(paths):
+    for p in paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
 
 
 def _schema(path):

@@ -115,7 +115,7 @@ class ProgressReporter(ConsoleReporter):
         from .run import _ignored, current
         if current() is not None:   # a lock whose checks fail fails the run itself when no report
             s = current().settings  # will; a refused emit when neither its lock nor the report will
-            s["report_follows"] = "report" in self.reachable
+            s["report_follows"] = "report" in self.reachable and not _ignored("report")
             s["locks_follow"] = {n[5:] for n in self.reachable if n.startswith("lock:") and not _ignored(n)}
         self.start = time.monotonic()
 

@@ -155,7 +155,10 @@ class Run:
         sel = handing.selection(args)
         if sel is None:
             return
-        follows = not sel or any(fnmatch(t, n) for n in sel for t in ("report", "cache"))
+        if not sel:   # the default tasks: the dodo's own list where it sets one
+            cfg = getattr(handing.dodo(), "DOIT_CONFIG", None)
+            sel = list((cfg.get("default_tasks") if isinstance(cfg, dict) else None) or ["report"])
+        follows = any(fnmatch("report", n) for n in sel) and not _ignored("report")
         self.settings["report_follows"] = follows
         if not follows:
             self.settings["locks_follow"] = {e.name for e in self.entries if e.locked and any(
@@ -309,21 +312,25 @@ class Run:
         (a dependency doit ignores would have it ignore the report too: it covers every check
         all the same, each by its currency)."""
         from .actions import make_report, report_current
-        deps = []
-        for e in self.entries:
-            for n in ([f"lock:{e.name}"] if e.locked else []) + [f"emit:{e.name}"]:
-                if self._hands(n) and not _ignored(n):
-                    deps.append(n)   # its lock if doit runs it, else its emit
-                    break
         return {
             "doc": f"report {len(self.entries)} programs into {self.build}/report.json, junit.xml, "
                    "summary.md, report.html",
             "actions": [(make_report, [self.entries, self.build, self.settings["threads"]])],
-            "task_dep": deps,
+            "task_dep": self._last_of_each(),
             "uptodate": [(report_current, [self.entries, self.build, self.settings["threads"],
                                            self.report_now])],
             "clean": [(clean_report, [self.build])],
         }
+
+    def _last_of_each(self):
+        """Each program's last task doit is handed and does not ignore: its lock, else its emit."""
+        deps = []
+        for e in self.entries:
+            for n in ([f"lock:{e.name}"] if e.locked else []) + [f"emit:{e.name}"]:
+                if self._hands(n) and not _ignored(n):
+                    deps.append(n)
+                    break
+        return deps
 
     def cache_task(self):
         """Always a task (the default tasks name it); with no cache=URL, one with nothing to do."""
@@ -334,6 +341,7 @@ class Run:
             "actions": [(cache_publish, [[e for e in self.entries if e.locked and not e.pc.error],
                                               self.settings["threads"], self.settings["cache"],
                                               f"{self.build}/.cache-published.json"])],
-            "task_dep": ["report"],
+            # after the locks, not the report: a report that fails (a check did) publishes all the same
+            "task_dep": self._last_of_each(),
             "verbosity": 2,
         }
