@@ -236,7 +236,8 @@ class ProgressReporter(ConsoleReporter):
             run = current()
             if all(made_current(e) for e in run.entries):   # (what the report key takes from records)
                 report_current(run.entries, run.build, run.settings["threads"])
-        note = current().say(self.ran) if current() is not None and "report" in self.uptodate else None
+        own = self.ran - ("cache" in self.settled and "cache" not in self.uptodate)   # (the zoo's cache
+        note = current().say(own) if current() is not None and "report" in self.uptodate else None   # task ran)
         if note:
             LOG.info(note.rstrip("\n"))
         super().complete_run()
