@@ -330,8 +330,15 @@ def test_golden_is_about_the_verdicts_wherever_they_came_from(tmp_path):
     p = subprocess.run([sys.executable, "build/bundles/a/compile.py", "test"], cwd=z, capture_output=True,
                        text=True)
     assert p.returncode != 0 and "no golden outputs" in p.stderr, p.stderr
+    import sqlite3
+
+    def rows():
+        with sqlite3.connect(z / "build/results.sqlite") as con:
+            return [tuple(r) for r in con.execute("SELECT dtype FROM runs ORDER BY id")]
+    before = rows()
     rc, ran, out = doit(z)            # without cache=: the cache's verdicts stand, one check runs again
     assert rc == 0 and "lock:a" in ran and files() == first, out
+    assert rows() == before + [("float32",)]     # the kept one is in the history already
     results = _results(z)
     assert results[("a", "float64")].get("from_cache") and not results[("a", "float32")].get("from_cache")
     assert doit(z)[:2] == (0, set())

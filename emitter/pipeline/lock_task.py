@@ -131,7 +131,7 @@ def lock_program(entry, run, db):
     prior = prior if isinstance(prior, dict) else {}
     recorded = prior.get("checks") or {}
     own = digests.code("lock")
-    done, parts_of, keys, jobs, fresh, restored, intact = {}, {}, {}, [], set(), set(), set()
+    done, parts_of, keys, jobs, fresh, restored, intact, taken = {}, {}, {}, [], set(), set(), set(), set()
     golden = {c.dtype: c.tolerance for c in entry.checks}
     for c in entry.checks:
         if status.get("status") != "ok":
@@ -153,6 +153,7 @@ def lock_program(entry, run, db):
         hit = store.get(key) if key and store is not None else None
         if hit is not None:
             done[c.dtype] = hit
+            taken.add(c.dtype)
             continue
         if pc.weights and not os.path.isdir(pc.weights):
             done[c.dtype] = error_result(pc.name, pc.source, c.dtype, pc.steps,
@@ -238,8 +239,8 @@ def lock_program(entry, run, db):
                   if done[c.dtype].get("unmatched_weights")), ())
     for w in verdict.unmatched(pc.weights, stray):   # a leaf renamed, a file for another program
         LOG.warning(f"lock:{pc.name} {w}")
-    new = [done[c.dtype] for c in entry.checks if c.dtype in fresh | restored
-           or done[c.dtype].get("from_cache") or status.get("status") != "ok"]
+    new = [done[c.dtype] for c in entry.checks if c.dtype in fresh | restored | taken
+           or status.get("status") != "ok"]   # (a result kept as it was is in the history already)
     try:
         if new:
             history.record_all(db, new)
