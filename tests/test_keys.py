@@ -521,6 +521,25 @@ def test_a_failing_check_fails_the_run_whatever_reaches_the_report(tmp_path):
         assert doit(z, *args)[0] == 1, args
 
 
+def test_a_program_edit_never_imports_its_checkpoint_again(tmp_path):
+    """The import is current by its key whatever doit's DB holds: a derived program's text edited,
+    or build/ restored without its statuses and doit's DB (a CI cache of build/weights alone),
+    reruns what moved and never the import (gemma3's: 30 s, 1 GB)."""
+    z = _derived_zoo(tmp_path)
+    assert doit(z)[0] == 0
+    derived = (z / "build/weights/d/.derived.json").stat().st_mtime_ns
+    with open(z / "programs/d.logos", "a") as f:
+        f.write("# a comment\n")
+    rc, ran, out = doit(z)
+    assert rc == 0 and "emit:d" in ran and "weights:d" not in ran, out
+    for gone in ("status", ".doit.db"):
+        p = z / "build" / gone
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    rc, ran, out = doit(z)
+    assert rc == 0 and "emit:d" in ran and "weights:d" not in ran, out
+    assert (z / "build/weights/d/.derived.json").stat().st_mtime_ns == derived
+
+
 def _emitter_imports(rel):
     """The emitter package's files that importing `rel` runs: every module it imports (at the top
     or inside a function, relative or absolute) and the __init__.py of each package on the way."""

@@ -122,6 +122,19 @@ def own_tasks(ours):
     return out
 
 
+def writes_inputs(own, inputs):
+    """Whether a task of the dodo's own (`own`, from `own_tasks`; None: not known) writes one of
+    the zoo's `inputs` (files, or folders ending in os.sep): doit must then order the two by the
+    files (file_dep)."""
+    if dodo() is None:
+        return False
+    if own is None:
+        return True
+    targets = {os.path.normpath(str(f)) for _, made in own for t in made for f in t.get("targets", ())}
+    dirs = tuple(i for i in inputs if i.endswith(os.sep))
+    return bool(targets & set(inputs)) or any(f.startswith(dirs) for f in targets)
+
+
 def dodo_ok(own, config, own_keys, inputs):
     """Whether the dodo doit loaded (if any) lets a plain run hand doit fewer tasks: each task of
     its own (`own`, from `own_tasks`) names none of the zoo's tasks but those always handed
@@ -131,16 +144,11 @@ def dodo_ok(own, config, own_keys, inputs):
     mod = dodo()
     if mod is None:
         return True   # `logos doit`: the zoo's tasks alone
-    if own is None:
+    if own is None or writes_inputs(own, inputs):
         return False
-    targets = set()
     for t in (t for _, made in own for t in made):
         named = [str(d).split(":")[0] for k in ("task_dep", "setup", "calc_dep") for d in t.get(k, ())]
         if any(n in ZOO_TASKS for n in named):
             return False
-        targets.update(os.path.normpath(str(f)) for f in t.get("targets", ()))
-    dirs = tuple(i for i in inputs if i.endswith(os.sep))
-    if targets & set(inputs) or any(f.startswith(dirs) for f in targets):
-        return False
     cfg = vars(mod).get("DOIT_CONFIG")
     return isinstance(cfg, dict) and all(cfg.get(k) == config[k] for k in own_keys)

@@ -138,7 +138,11 @@ class Run:
         self.handed = None   # None: every task; else the names of those handed beside the report
         self.report_now = None   # the report's key as the pre-check read it, when nothing is handed
         self.own = handing.own_tasks(ours)   # the dodo's own tasks, as their creators make them
-        if handing.plain(args) and handing.dodo_ok(self.own, config, own_config, self._inputs()):
+        # a dodo task that writes the zoo's inputs: doit orders the two by the files (file_dep),
+        # and then decides by them too; else the keys alone decide (`uptodate`), whatever doit's DB
+        inputs = self._inputs()
+        self.ordered = handing.writes_inputs(self.own, inputs)
+        if handing.plain(args) and handing.dodo_ok(self.own, config, own_config, inputs):
             self.handed = self._not_current()
         LOG.debug(f"{len(self.entries)} programs, {sum(len(e.checks) for e in self.entries)} checks; "
                   + ("every task handed to doit (not a plain run, or a dodo task names the zoo's)"
@@ -197,7 +201,9 @@ class Run:
             lk = e.locked and (w or em or not keys.lock_current(e, threads, st, lock, now,
                                                                 golden=not self.settings["cache"]))
             if lk or w or em:
-                out |= {f"emit:{e.name}"} | ({f"weights:{e.name}"} if e.pc.derive and not e.pc.error else set())
+                out.add(f"emit:{e.name}")
+            if w or (lk and self.settings["cache"] and e.pc.derive and not e.pc.error):
+                out.add(f"weights:{e.name}")   # (what cachelookup may name)
             if lk:
                 out.add(f"lock:{e.name}")
                 if self.settings["cache"] and e.pc.derive and not e.pc.error:
@@ -234,7 +240,7 @@ class Run:
                 "actions": [(import_weights, [d, e.pc.source, e.pc.weights, e.pc.limits["seconds"],
                                               f"{self.build}/tmp"])],
                 # (what doit orders by: a dodo task that writes one of these runs first)
-                "file_dep": self._reads(e) + [e.pc.source] + list(e.configs),
+                "file_dep": self._reads(e) + [e.pc.source] + list(e.configs) if self.ordered else [],
                 "uptodate": [(keys.uptodate, ["weights", e])],
                 "clean": [(files_io.remove_dir, [e.pc.weights])],
             }
@@ -248,7 +254,7 @@ class Run:
                 "name": e.name,
                 "doc": f"emit {e.pc.source} to {e.bundle}/",
                 "actions": [(emit_bundle, [e, self.settings])],
-                "file_dep": ([] if e.pc.error else [e.pc.source]) + list(e.configs),
+                "file_dep": ([] if e.pc.error else [e.pc.source]) + list(e.configs) if self.ordered else [],
                 "uptodate": [(keys.uptodate, ["emit", e])],
                 "clean": [(files_io.remove_files, [[e.status] + e.bundle_files()])],
             }
@@ -263,10 +269,10 @@ class Run:
             if e.pc.derive and not e.pc.error:
                 if self.settings["cache"]:
                     more = {"calc_dep": [f"cachelookup:{e.name}"]}
-                else:
+                elif self._hands(f"weights:{e.name}"):
                     deps.append(f"weights:{e.name}")
             files = []
-            if e.pc.weights and not e.pc.derive and os.path.isdir(e.pc.weights):
+            if self.ordered and e.pc.weights and not e.pc.derive and os.path.isdir(e.pc.weights):
                 files = [f"{e.pc.weights}/{n}" for n in self._claimable(e)]
             yield {
                 "name": e.name,
