@@ -16,7 +16,13 @@ def _stage(directory, fname, data):
     try:
         with os.fdopen(fd, "wb") as f:
             if hasattr(data, "tofile"):
-                data.tofile(f)
+                try:
+                    data.tofile(f)
+                except OSError as e:
+                    if e.errno is not None:
+                        raise
+                    import errno   # numpy's short write ("N requested and 0 written") names nothing
+                    raise OSError(errno.ENOSPC, f"{e}: is the disk full?", os.path.join(directory, fname)) from None
             else:
                 f.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.chmod(tmp, 0o644)

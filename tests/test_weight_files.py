@@ -257,3 +257,23 @@ def test_state_out_in_place_replaces_a_npy_state_and_refuses_a_safetensors_one(t
     p = run_cli("run", str(prog), "--weights", s, "--out", str(tmp_path / "o"), "--state-out", s)
     assert p.returncode == 1 and "the state `T` is a tensor of `m.safetensors`" in p.stderr, p.stderr
     assert sorted(os.listdir(s)) == ["m.safetensors"]
+
+
+def test_a_short_write_of_a_leaf_names_the_file_and_the_full_disk(tmp_path):
+    """numpy's tofile on a full disk says only "N requested and 0 written": the writer's error
+    names the file and ENOSPC, and leaves no partial file behind."""
+    import errno
+
+    from emitter.files import write_atomic
+
+    class Full:
+        def tofile(self, f):
+            raise OSError("655360 requested and 0 written")
+    try:
+        write_atomic(str(tmp_path / "W.f32"), Full())
+    except OSError as e:
+        assert e.errno == errno.ENOSPC and e.filename == str(tmp_path / "W.f32"), e
+        assert "655360 requested and 0 written: is the disk full?" in str(e), e
+    else:
+        raise AssertionError("no error")
+    assert list(tmp_path.iterdir()) == []
