@@ -52,23 +52,24 @@ def drop_gone(build, names):
     for n in _others(os.path.join(build, "bundles"), names):
         folder = os.path.join(build, "bundles", n)
         if _schema(os.path.join(folder, "manifest.json")) == "logos.sambaflow.manifest":
-            _unlink([os.path.join(folder, f) for f in BUNDLE_FILES])
+            unlink_quietly([os.path.join(folder, f) for f in BUNDLE_FILES])
             remove_dir(os.path.join(folder, "golden"))
             _rmdir(folder)
     for n in _others(os.path.join(build, "results"), names):
         folder = os.path.join(build, "results", n)
-        _unlink([os.path.join(folder, f) for f in _listdir(folder)
+        unlink_quietly([os.path.join(folder, f) for f in listing(folder)
                  if f.endswith(".json") and _schema(os.path.join(folder, f)) == "logos.lock.result"])
         _rmdir(folder)
     status = os.path.join(build, "status")
-    for n in _listdir(status):
+    for n in listing(status):
         for kind in ("emit", "lock"):
             if n.endswith(f".{kind}.json") and n[:-len(f".{kind}.json")] not in names and \
                     _schema(os.path.join(status, n)) == f"logos.pipeline.{kind}":
-                _unlink([os.path.join(status, n)])
+                unlink_quietly([os.path.join(status, n)])
 
 
-def _unlink(paths):
+def unlink_quietly(paths):
+    """Unlink each of `paths`, best effort."""
     for p in paths:
         try:
             os.unlink(p)
@@ -82,7 +83,8 @@ def _schema(path):
     return body.get("schema") if isinstance(body, dict) else None
 
 
-def _listdir(folder):
+def listing(folder):
+    """`folder`'s names, none where it cannot be listed."""
     try:
         return os.listdir(folder)
     except OSError:
@@ -91,7 +93,7 @@ def _listdir(folder):
 
 def _others(folder, names):
     """The folders (not links) in `folder` that name no program of `names`."""
-    return [n for n in _listdir(folder) if n not in names and not os.path.islink(os.path.join(folder, n))
+    return [n for n in listing(folder) if n not in names and not os.path.islink(os.path.join(folder, n))
             and os.path.isdir(os.path.join(folder, n))]
 
 

@@ -23,20 +23,25 @@ _PRUNED = []             # (a process prunes at its first copy: a walk of the st
 ENTRY_LIMIT = 1 << 30    # what one copy may unpack to
 
 
-def copy_path(store, keys):
-    """Where `store` keeps the copy of golden/ about the checks' `keys`, or None (a check has none)."""
-    key = digest({"golden": keys}) if keys and all(keys.values()) else None
-    return key and os.path.join(store, key[:2], key + SUFFIX)
+def _key(keys):
+    """The key golden/ about the checks' `keys` ({dtype: key or None}) names, or None (a check has none)."""
+    return digest({"golden": keys}) if keys and all(keys.values()) else None
+
+
+def _path(store, key):
+    return os.path.join(store, key[:2], key + SUFFIX)
 
 
 def held(store, keys, bundle=None):
     """Whether `store` keeps a copy of golden/ about the checks' `keys` that can be read; else,
     with `bundle` (whose golden/ is as the lock settled it: the caller knows), whether golden/
     there is about those keys: then it is kept as the copy again (one evicted from the store)."""
-    path = copy_path(store, keys)
-    key = path and os.path.basename(path)[:-len(SUFFIX)]
-    if not path or _get(path, key) is not None:
-        return bool(path)
+    key = _key(keys)
+    if key is None:
+        return False
+    path = _path(store, key)
+    if _get(path, key) is not None:
+        return True
     folder = os.path.join(bundle, "golden") if bundle else None
     try:
         files = {n: _read(os.path.join(folder, n)) for n in os.listdir(folder)} if folder else {}
@@ -61,8 +66,8 @@ def settle(bundle, store, keys, made):
     from ..verify import golden   # (numpy: loaded by a lock, never by a run that locks nothing)
     from ..verify.trace import prune
     folder = os.path.join(bundle, "golden")
-    path = copy_path(store, keys)
-    key = path and os.path.basename(path)[:-len(SUFFIX)]
+    key = _key(keys)
+    path = key and _path(store, key)
     if key is None:
         made = None
     elif made is not None:

@@ -174,10 +174,11 @@ def made_as_recorded(entry, st):
         not entry.pc.derive or not os.path.isdir(entry.pc.weights) or import_current(entry))
 
 
-def made_current(entry):
+def made_current(entry, st=None):
     """The program's emit is current and what its checks' keys take from records is on disk (its
-    bundle, its derived weights): the rule `logos results` and a restored report follow."""
-    st = read_json(entry.status)
+    bundle, its derived weights): the rule `logos results` and a restored report follow (`st`:
+    the emit status, read here when not given)."""
+    st = read_json(entry.status) if st is None else st
     return emit_current(entry, st) and made_as_recorded(entry, st)
 
 
@@ -216,9 +217,10 @@ def lock_current(entry, threads, st=None, lock=None, now=None, golden=True):
     keys, worked out here when not given."""
     lock = (read_json(entry.lock_status) if lock is None else lock) or {}
     rec = lock.get("checks")
+    settled = lock.get("golden")   # golden/ as the lock left it
     if not entry.checks or not isinstance(rec, dict) or set(rec) != {c.dtype for c in entry.checks}:
         return False
-    if golden and (lock.get("golden") or {}).get("golden.json") is None:
+    if golden and not (isinstance(settled, dict) and settled.get("golden.json")):
         return False
     st = (read_json(entry.status) if st is None else st) or {}
     if st.get("status") != "ok":   # refused: its checks are errors, recorded again by every run
@@ -229,7 +231,7 @@ def lock_current(entry, threads, st=None, lock=None, now=None, golden=True):
         if not isinstance(r, dict) or r.get("verdict") != "pass" or not now[c.dtype] \
                 or r.get("key") != now[c.dtype] or sha256_or_none(c.result) != r.get("sha256"):
             return False
-    return golden_as_recorded(entry.bundle, lock.get("golden"))
+    return golden_as_recorded(entry.bundle, settled)
 
 
 def golden_record(bundle):

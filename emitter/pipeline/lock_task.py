@@ -257,17 +257,10 @@ def lock_program(entry, run, db):
 
 def _drop_others(entry):
     """Remove the results of checks the program no longer has (a dtype dropped from its config)."""
+    from .files_io import listing, unlink_quietly
     keep = {os.path.basename(c.result) for c in entry.checks}
-    try:
-        names = os.listdir(entry.results)
-    except OSError:
-        return
-    for n in names:
-        if n.endswith(".json") and n not in keep:
-            try:
-                os.unlink(os.path.join(entry.results, n))
-            except OSError:
-                pass
+    unlink_quietly([os.path.join(entry.results, n) for n in listing(entry.results)
+                    if n.endswith(".json") and n not in keep])
 
 
 def _publish(store, name, dtype, key, r, parts, quiet=False):

@@ -164,7 +164,7 @@ def currency(rows, programs_dir):
     check its program no longer has (a dtype dropped, `lock: false`) is in neither."""
     from .checks import entries
     from .config import discover
-    from .keys import check_key, check_parts, emit_current, made_as_recorded
+    from .keys import check_key, check_parts, made_current
     here, runs, zoo, names = os.getcwd(), {(x["name"], x["dtype"]): x for x in rows}, [], set()
     try:
         os.chdir(os.path.dirname(os.path.abspath(programs_dir)))
@@ -172,7 +172,7 @@ def currency(rows, programs_dir):
             for e in entries(discover(".", os.path.basename(programs_dir))):
                 names.add(e.name)
                 st = read_json(e.status) if e.checks else None
-                made = bool(e.checks) and emit_current(e, st) and made_as_recorded(e, st)
+                made = bool(e.checks) and made_current(e, st)
                 for c in e.checks:
                     x = runs.get((e.name, c.dtype)) or _none(e.name, c.dtype)
                     parts = made and check_parts(e, c, st, x.get("threads") or 1)
