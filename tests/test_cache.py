@@ -82,14 +82,18 @@ def test_bad_entries_are_misses_said_once(store):
     # signed with another key (a foreign cache), and an entry copied under another key's name
     other = vc.VerdictCache(store.url, "not-ours", lambda s: None)
     other.put("f" * 64, _result())
-    assert store.get("f" * 64) is None and "another key" in store.said[-1]
+    assert store.get("f" * 64) is None and "signed with another key" in store.said[-1]
+    assert f"ours {store.key_id}" in store.said[-1] and other.key_id in store.said[-1]
     store.put("e" * 64, _result())
     store.fs.makedirs(store.path("d" * 64).rsplit("/", 1)[0], exist_ok=True)
     store.fs.pipe_file(store.path("d" * 64), store.fs.cat_file(store.path("e" * 64)))
     assert store.get("d" * 64) is None and "signed for another key" in store.said[-1]
-    # a bad entry is replaced by a good one
-    store.put("f" * 64, _result())
-    assert store.get("f" * 64)["verdict"] == "pass"
+    # a bad entry of ours is replaced by a good one; another key's is never replaced (a run with
+    # a stale LOGOS_CACHE_KEY would empty the cache of those who hold the right one)
+    store.put("0" * 64, _result())
+    assert store.get("0" * 64)["verdict"] == "pass"
+    assert not store.put("f" * 64, _result("fail"))
+    assert other.get("f" * 64)["verdict"] == "pass"
 
 
 def test_a_run_reads_and_verifies_each_entry_once(store):
@@ -196,6 +200,13 @@ def test_ci_fills_the_cache_and_a_fresh_clone_takes_its_verdicts(tmp_path):
     rc, ran, out = doit(dev, f"cache={url}", env=key)
     assert rc == 0, out
     assert out.count("signature does not match") == 6 and "weights:d" in ran, out
+    assert not any(r.get("from_cache") for r in _results(dev).values())
+    assert all(vc.VerdictCache(url, "ci-secret").verified(e.stem, e.read_bytes()) for e in entries)
+
+    # a run with another key: every entry a miss said once, none overwritten
+    shutil.rmtree(dev / "build")
+    rc, ran, out = doit(dev, f"cache={url}", env={"LOGOS_CACHE_KEY": "stale"})
+    assert rc == 0 and out.count("signed with another key") == 6, out
     assert not any(r.get("from_cache") for r in _results(dev).values())
     assert all(vc.VerdictCache(url, "ci-secret").verified(e.stem, e.read_bytes()) for e in entries)
 

@@ -521,15 +521,16 @@ def test_a_failing_check_fails_the_run_whatever_reaches_the_report(tmp_path):
         assert doit(z, *args)[0] == 1, args
 
 
-def test_a_program_edit_never_imports_its_checkpoint_again(tmp_path):
-    """The import is current by its key whatever doit's DB holds: a derived program's text edited,
-    or build/ restored without its statuses and doit's DB (a CI cache of build/weights alone),
-    reruns what moved and never the import (gemma3's: 30 s, 1 GB)."""
+def test_a_program_comment_edit_never_imports_its_checkpoint_again(tmp_path):
+    """The import is current by its key whatever doit's DB holds: a derived program's comments
+    and blank lines edited, or build/ restored without its statuses and doit's DB (a CI cache of
+    build/weights alone), rerun what moved and never the import (gemma3's: 30 s, 1 GB); an edited
+    sentence (what the importer reads: leaves, shapes, ops) imports again."""
     z = _derived_zoo(tmp_path)
     assert doit(z)[0] == 0
     derived = (z / "build/weights/d/.derived.json").stat().st_mtime_ns
-    with open(z / "programs/d.logos", "a") as f:
-        f.write("# a comment\n")
+    text = (z / "programs/d.logos").read_text()
+    (z / "programs/d.logos").write_text("# a comment\n\n" + text.replace("\n", "\r\n") + "   # another\n")
     rc, ran, out = doit(z)
     assert rc == 0 and "emit:d" in ran and "weights:d" not in ran, out
     for gone in ("status", ".doit.db"):
@@ -538,6 +539,10 @@ def test_a_program_edit_never_imports_its_checkpoint_again(tmp_path):
     rc, ran, out = doit(z)
     assert rc == 0 and "emit:d" in ran and "weights:d" not in ran, out
     assert (z / "build/weights/d/.derived.json").stat().st_mtime_ns == derived
+    (z / "programs/d.logos").write_text(text.replace("Set item 3 of x to -0.5.", "Set item 3 of x to -0.25."))
+    rc, ran, out = doit(z)
+    assert rc == 0 and {"weights:d", "emit:d", "lock:d"} <= ran, out
+    assert (z / "build/weights/d/.derived.json").stat().st_mtime_ns != derived
 
 
 def _emitter_imports(rel):

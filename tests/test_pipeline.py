@@ -4,6 +4,7 @@ Which tasks ran is read from doit's own `.  TASK` lines (the reporter keeps them
 reports are parsed (JSON, JUnit XML), the history is read with sqlite3, exit codes are asserted.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -305,8 +306,8 @@ def test_every_heavy_action_turns_the_paused_collector_back_on(tmp_path, monkeyp
         "emit_bundle": lambda: pipeline.emit_bundle(e),
         "lock_program": lambda: lock_task.lock_program(e, RUN, "build/h.sqlite"),
         "make_report": lambda: pipeline.make_report([], "build/report", 1),
-        "import_weights": lambda: weights.import_weights(
-            Derive("nosuch", e.pc.source, e.pc.source), e.pc.source, "build/imported"),
+        "import_weights": lambda: weights.import_weights(dataclasses.replace(
+            e.pc, derive=Derive("nosuch", e.pc.source, e.pc.source), weights="build/imported")),
     }
     was = gc.isenabled()
     try:

@@ -289,6 +289,27 @@ def test_history_db_versions(tmp_path):
     assert p.returncode == 2 and "not a history" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_locks_that_open_a_new_history_at_once_each_record_their_run(tmp_path):
+    """Several locks (Dask workers' results, threads of one driver) make a new results.sqlite at
+    the same moment: each appends its run; none is refused with `duplicate column` or `locked`."""
+    import threading
+    from emitter.pipeline import results
+    for trial in range(12):
+        db, gate, errors = str(tmp_path / f"h{trial}.sqlite"), threading.Barrier(4), []
+
+        def lock(i):
+            gate.wait()
+            try:
+                results.record_all(db, [{"name": f"p{i}", "dtype": "float32", "verdict": "pass"}])
+            except Exception as e:
+                errors.append(e)
+        threads = [threading.Thread(target=lock, args=(i,)) for i in range(4)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert not errors, errors
+        assert sorted(r["name"] for r in results.latest(db)) == ["p0", "p1", "p2", "p3"]
+
+
 def test_an_edited_target_is_rebuilt_even_after_a_run_that_did_not_select_it(zoo):
     """The per-task check runs only for tasks whose files moved since a run last checked them: a
     run that does not select a task leaves it to be checked by the next one."""

@@ -291,7 +291,10 @@ def main(args, make=None):
         program = read_file(args.program)
         done = import_checkpoint(args.checkpoint, program, args.out, args.token, args.position,
                                  args.dtype)
-    except (ConfigError, OSError) as e:
+    except ConfigError as e:   # (what config.json says)
+        print(f"{os.path.join(checkpoint_files(args.checkpoint)[0], 'config.json')}: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
         print(f"{args.checkpoint}: {e}", file=sys.stderr)
         return 2
     print(json.dumps({"weights": args.out, "written": len(done["written"]),

@@ -5,6 +5,7 @@ import re
 
 from .errors import ProgramError, excerpt
 from .hints import did_you_mean, nearest, ranked
+from .lines import program_lines
 from .names import RESERVED, layer_of, unsafe_name
 from ..ops import OPS, SET_ROW, Args, ShapeError
 from .patterns import compile_pattern, key_of, parse_pattern
@@ -16,7 +17,6 @@ MAX_PROGRAM_BYTES = 64 << 20
 MAX_INT = 1 << 53  # an Int fill must survive float64 (the VM's and the module's number type)
 _UINT = re.compile(r"[0-9]{1,15}")  # counts and indices: well past any shape, far from int()'s limits
 _INT = re.compile(r"[+-]?[0-9]{1,16}")
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _REAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 # a real literal in a pattern slot (an epsilon): unsigned; a point, if any, has digits on both sides
 _POSITIVE_REAL = re.compile(r"[0-9]{1,20}(\.[0-9]{1,20})?([eE][+-]?[0-9]{1,3})?")
@@ -221,9 +221,7 @@ def read_tensor_sentences(source):
     Lines end with LF, CRLF or a bare CR, as editors count them (and the line numbers of errors
     with them); a UTF-8 byte-order mark at the start is not text."""
     out = []
-    source = source.removeprefix("\ufeff")
-    lines = source.split("\n") if "\r" not in source else _LINE_BREAK.split(source)
-    for number, text in enumerate(lines, start=1):
+    for number, text in program_lines(source):
         if len(text) > MAX_LINE:
             raise ProgramError(f"`{excerpt(text)}`: a line of {len(text)} characters; a line holds at "
                                f"most {MAX_LINE}", number)

@@ -8,8 +8,10 @@ hit needs no import): a hit is the key found here.
 Entries are JSON and nothing else (deserialising a poisoned pickle runs code): an envelope holding
 the entry as a string and its HMAC-SHA256 under the key in LOGOS_CACHE_KEY. A reader checks the
 HMAC over the exact bytes before it parses the entry, and that the entry is the one asked for; a
-bad, unsigned, truncated or foreign-key entry is a miss, said once, and recomputed (and then
-replaced). Without LOGOS_CACHE_KEY no cache is used at all: readers and writers are those who hold
+bad, unsigned or truncated entry is a miss, said once, and recomputed (and then replaced). An
+envelope names its key by an id (an HMAC of a constant: it tells keys apart and reveals none): an
+entry signed with another key is a miss too, and is never replaced (one run with a stale key would
+otherwise empty the cache of everyone who holds the right one). Without LOGOS_CACHE_KEY no cache is used at all: readers and writers are those who hold
 the key.
 """
 
@@ -78,6 +80,10 @@ def run_info():
     return _RUN
 
 
+class Foreign(str):
+    """Why an entry is not used when another key signed it (it is then never replaced)."""
+
+
 class VerdictCache:
     """Signed JSON entries under `url`, one per key (`<url>/<key[:2]>/<key>.json`)."""
 
@@ -96,7 +102,9 @@ class VerdictCache:
         # `has` verified and `get` has not yet taken (a derived program's lookup, then its lock),
         # so no entry is read and verified twice in a run
         self._valid, self._checked = set(), {}
+        self._foreign = set()   # keys whose entry another key signed: never overwritten
         self._say = say or LOG.warning
+        self.key_id = hmac.new(self.secret, b"logos.verdict-cache key id", hashlib.sha256).hexdigest()[:16]
 
     def path(self, key):
         return f"{self.root}/{key[:2]}/{key}.json"
@@ -139,6 +147,10 @@ class VerdictCache:
         body, mac = envelope.get("body"), envelope.get("hmac")
         if not isinstance(body, str) or not isinstance(mac, str):
             return "unsigned"
+        if envelope.get("key_id", self.key_id) != self.key_id:
+            return Foreign(f"signed with another key (key id {str(envelope['key_id'])[:16]}, ours "
+                           f"{self.key_id}: is LOGOS_CACHE_KEY the one the cache's writers hold?); "
+                           "kept as it is")
         if not hmac.compare_digest(self._sign(body), mac):
             return "its signature does not match (tampered with, or signed with another key)"
         try:
@@ -163,6 +175,8 @@ class VerdictCache:
         entry = self.verified(key, data)
         with self._lock:
             (self._valid.discard if isinstance(entry, str) else self._valid.add)(key)
+            if isinstance(entry, Foreign):
+                self._foreign.add(key)
         if isinstance(entry, str):
             self._bad(key, entry)
             return None
@@ -191,11 +205,12 @@ class VerdictCache:
 
     def put(self, key, result):
         """Publish `result` under `key` (signed; staged under a temporary name, then moved)."""
-        if result.get("verdict") not in CACHEABLE:
+        if result.get("verdict") not in CACHEABLE or key in self._foreign:
             return False
         r = {k: v for k, v in result.items() if k not in ("from_cache", "cache")}
         body = canonical({"key": key, "written_by": run_info(), "result": r})
-        data = canonical({"schema": SCHEMA, "version": VERSION, "hmac": self._sign(body), "body": body})
+        data = canonical({"schema": SCHEMA, "version": VERSION, "key_id": self.key_id,
+                          "hmac": self._sign(body), "body": body})
         p = self.path(key)
         tmp = f"{p}.{uuid.uuid4().hex[:12]}.partial"
         self.fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)

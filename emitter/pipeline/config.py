@@ -136,6 +136,10 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
                           "and -, at most 128)", None, excerpt(cfg_rel if has_cfg else source, 200))
     if inside(root, source, tree, roots) is None:
         raise ConfigError(f"{leaves_message(source, roots)} (a link?)", None, source)
+    if not tree.is_file(programs_dir, f"{name}.logos"):
+        raise ConfigError(f"cannot read the program: {_unreadable(os.path.join(root, source))}", None, source)
+    if not has_cfg and f"{name}.yaml" in tree.entries(programs_dir):
+        raise ConfigError(f"cannot read the config: {_unreadable(cfg_path)}", None, cfg_rel)
     if has_cfg and inside(root, cfg_rel, tree, roots) is None:
         raise ConfigError(f"`{cfg_rel}` is a link that {leaves_message(cfg_rel, roots).split(' ', 1)[1]}",
                           None, cfg_rel)
@@ -196,6 +200,16 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
     return _finish(p, pc)
 
 
+def _unreadable(path):
+    """Why `path`, listed but not a file, cannot be read as one (a link whose target is gone, a
+    link in a loop, a fifo)."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return f"{e.strerror} (a link to {excerpt(os.readlink(path), 120)})" if os.path.islink(path) else e.strerror
+    return "it is not a regular file"
+
+
 def slug(name):
     """A program name safe as a task name and a path under build/: the name itself when it is a
     plain one, else SLUG_PREFIX and the whole sha256 of its text (any file name: not UTF-8,
@@ -218,11 +232,17 @@ def discover(root, programs_dir="programs", cache_file=None, warnings=None):
     tree = Tree(root)
     cache = ParseCache(cache_file) if cache_file else None
     files = tree.entries(programs_dir)
-    names = {f[:-6] for f, e in files.items() if f.endswith(".logos") and e.is_file()}
+    # every entry a program's name (a link whose target is gone is an error row, never left out);
+    # hidden ones (an editor's `.#NAME.logos` lock link) and folders are not programs
+    names = {f[:-6] for f in files if f.endswith(".logos") and not f.startswith(".")
+             and not tree.is_dir(programs_dir, f)}
     orphans = {f[:-5] for f in files if f.endswith(".yaml") and f != DEFAULTS_FILE} - names
     if warnings is not None:
         warnings += [f"{programs_dir}/{excerpt(n, 80)}.yaml: a config with no program beside it "
                      f"(no {programs_dir}/{excerpt(n, 80)}.logos): ignored" for n in sorted(orphans)]
+        warnings += [f"{programs_dir}/{excerpt(f, 80)}: not read (a config is NAME.yaml, "
+                     f"{DEFAULTS_FILE} the zoo's): rename it to {excerpt(f[:-4], 80)}.yaml"
+                     for f in sorted(files) if f.endswith(".yml")]
     try:
         defaults = load_defaults(root, programs_dir, cache)
         default_error = None

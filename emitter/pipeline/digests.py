@@ -28,11 +28,13 @@ CODE = {
                    "sambaflow/weight_files.py", "verify/__init__.py", "verify/links.py", "verify/vm.py",
                    "verify/trace.py"),
     "report": _BASE + ("fingerprint.py", "importers/__init__.py", "importers/packages.py",
-                       "language/__init__.py", "language/errors.py", "pipeline/__init__.py",
+                       "language/__init__.py", "language/errors.py", "language/lines.py",
+                       "pipeline/__init__.py",
                        "pipeline/digests.py", "pipeline/files_io.py", "pipeline/keys.py",
                        "pipeline/plot_svg.py", "pipeline/report.py", "pipeline/report_facts.py",
                        "pipeline/report_html.py", "sambaflow/__init__.py", "sambaflow/weight_files.py",
-                       "verify/__init__.py", "verify/environment.py", "verify/verdict.py"),
+                       "verify/__init__.py", "verify/environment.py", "verify/links.py",
+                       "verify/verdict.py", "yamlfile.py"),
 }
 # the libraries whose code makes an import's numbers as much as the importers' own: a gguf upgrade
 # that dequantises differently must re-derive the weights and change the verdict cache's keys

@@ -122,6 +122,17 @@ def own_tasks(ours):
     return out
 
 
+def writes_under(own, folder):
+    """The targets of the dodo's own tasks (`own`, from `own_tasks`) inside `folder`, normalised."""
+    inside = os.path.normpath(folder) + os.sep
+    return {t for _, made in own or () for t in map(os.path.normpath, map(str, _targets(made)))
+            if t.startswith(inside)}
+
+
+def _targets(made):
+    return [f for t in made for f in t.get("targets", ())]
+
+
 def writes_inputs(own, inputs):
     """Whether a task of the dodo's own (`own`, from `own_tasks`; None: not known) writes one of
     the zoo's `inputs` (files, or folders ending in os.sep): doit must then order the two by the
@@ -130,7 +141,7 @@ def writes_inputs(own, inputs):
         return False
     if own is None:
         return True
-    targets = {os.path.normpath(str(f)) for _, made in own for t in made for f in t.get("targets", ())}
+    targets = {os.path.normpath(str(f)) for _, made in own for f in _targets(made)}
     dirs = tuple(i for i in inputs if i.endswith(os.sep))
     return bool(targets & set(inputs)) or any(f.startswith(dirs) for f in targets)
 

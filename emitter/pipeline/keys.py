@@ -17,8 +17,9 @@ current, the report, `logos results` and the shared cache. File contents come fr
 import os
 
 from ..files import read_json
-from ..fingerprint import sha256_or_none
+from ..fingerprint import sha256_or_none, sha256_text
 from ..sambaflow.weight_files import claimed_files
+from ..verify.links import refused_links
 from . import digests
 from .digests import digest
 from .files_io import uptodate_check
@@ -61,24 +62,31 @@ def trace_key(parts):
                    "environment": parts["environment"], "threads": parts["threads"]})
 
 
-def import_inputs(derive):
-    """What derived weights are made from: the importer, the checkpoint as the config names it,
-    the sha256 of every file the importer declares it reads, and the importer's code with its
-    libraries' versions. None when a declared file cannot be read (the import then says why)."""
+def import_inputs(pc):
+    """What a program's derived weights are made from: the importer, the checkpoint as the config
+    names it, the sha256 of every file the importer declares it reads, the program's sentences
+    (the importer reads its leaves and ops; its comments and line numbers make nothing) and the
+    importer's code with its libraries' versions. None when one cannot be read (the import then
+    says why)."""
     from ..importers import declared_reads
+    from ..language.lines import sentences_only
+    derive = pc.derive
     try:
         reads = {name: sha256_or_none(path) for name, path in
                  declared_reads(derive.importer, derive.checkpoint, derive.checkpoint_path)}
+        with open(pc.source, "rb") as f:
+            text = f.read(pc.limits["program_bytes"] + 1)
+        program = sentences_only(text.decode("utf-8"))   # (not UTF-8: a ValueError)
     except (OSError, ValueError):
         return None
-    if any(v is None for v in reads.values()):
+    if any(v is None for v in reads.values()) or len(text) > pc.limits["program_bytes"]:
         return None
     return {"importer": derive.importer, "checkpoint": derive.checkpoint, "reads": reads,
-            "code": digests.code("import")}
+            "program": sha256_text(program), "code": digests.code("import")}
 
 
-def import_key(derive):
-    inputs = import_inputs(derive)
+def import_key(pc):
+    inputs = import_inputs(pc)
     return inputs and digest(inputs)
 
 
@@ -97,7 +105,7 @@ def weights_part(entry, leaves):
     of every other file of the folder; None for none."""
     pc = entry.pc
     if pc.derive:
-        key = import_key(pc.derive)
+        key = import_key(pc)
         return key and {"import": key}
     if not pc.weights:
         return None
@@ -106,7 +114,8 @@ def weights_part(entry, leaves):
     except OSError:
         return {"missing": pc.weights}
     claimed = claimed_files(found, leaves)
-    shas, others = {}, {}
+    shas, others, links = {}, {}, [n for n in claimed if found[n].is_symlink()]
+    refused = links and refused_links(pc.weights, links)   # the roots decide those
     for n in sorted(found):
         try:
             st = found[n].stat()
@@ -116,7 +125,7 @@ def weights_part(entry, leaves):
             shas[n] = st and sha256_or_none(found[n].path, st)
         else:
             others[n] = st and st.st_size
-    return {"files": shas, "others": others}
+    return {"files": shas, "others": others, **({"refused_links": refused} if refused else {})}
 
 
 _NONE = object()
@@ -186,7 +195,7 @@ def import_current(entry):
     """The derived folder holds what an import of the inputs as they are now makes: its
     .derived.json names the current import key, and each file it lists is still that file."""
     record = read_json(os.path.join(entry.pc.weights, DERIVED))
-    if not isinstance(record, dict) or record.get("key") != import_key(entry.pc.derive):
+    if not isinstance(record, dict) or record.get("key") != import_key(entry.pc):
         return False
     files = record.get("files")
     return isinstance(files, dict) and listed(entry.pc.weights) == set(files) and all(
@@ -262,11 +271,12 @@ def report_row(e, threads, st, lock, now=None):
 def report_key(entries, threads, rows=None):
     """What the report is made of: every program's emit status and every check's recorded entry
     beside its current key, and the report code (`rows`: those `report_row`s, read here when not
-    given). A report recording this key is current."""
+    given) and the commit its headers name. A report recording this key is current."""
+    from .report_facts import git_head
     if rows is None:
         rows = [report_row(e, threads, read_json(e.status) or {}, read_json(e.lock_status))
                 for e in entries]
-    return digest({"rows": rows, "code": digests.code("report")})
+    return digest({"rows": rows, "code": digests.code("report"), "commit": git_head()})
 
 
 @uptodate_check

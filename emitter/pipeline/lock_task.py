@@ -34,6 +34,12 @@ class ChecksFailed(TaskFailed):
     recorded as any other (not an error of the task)."""
 
 
+class ChecksLost(ChecksFailed):
+    """A lock some of whose checks could not run through no fault of the bundle (a dead worker, an
+    unreachable cluster, weights changed under it): each recorded as an error of its own, its
+    siblings' verdicts standing; the task fails, so the run does not pass."""
+
+
 def error_result(name, source, dtype, steps, reason):
     """The RESULT.json of a check that could not run at all."""
     return {"schema": RESULT_SCHEMA, "version": RESULT_VERSION, "program": None, "name": name,
@@ -53,7 +59,8 @@ def _kept(entry, check, key, recorded):
 
 
 def _weights_shas(entry, parts):
-    """{file: sha256} the check's weights files must still hold when it reads them."""
+    """{file: sha256} the check's weights files must still hold when it reads them (and golden.json
+    records: compile.py test says so when it runs on other weights)."""
     w = (parts or {}).get("weights") or {}
     if "files" in w:
         return w["files"]
@@ -201,7 +208,10 @@ def lock_program(entry, run, db):
     statuses = {}
     for c in entry.checks:
         r, key, parts = done[c.dtype], keys.get(c.dtype), parts_of.get(c.dtype)
-        r["name"] = pc.name
+        r["name"] = pc.name   # (a verdict kept by key may come from a program since renamed)
+        r["program_path"] = pc.source
+        if "bundle" in r:
+            r["bundle"] = entry.bundle
         if c.dtype in fresh:
             if key and (r["verdict"] == "error" or not _about(r, parts)):
                 key = None   # about other inputs than its key's (or no verdict): checked again
@@ -227,7 +237,8 @@ def lock_program(entry, run, db):
     if status.get("status") == "ok":   # before the status: a run killed here locks again
         try:
             golden_store.settle(entry.bundle, golden_copies,
-                                {c.dtype: done[c.dtype].get("key") for c in entry.checks}, made_golden)
+                                {c.dtype: done[c.dtype].get("key") for c in entry.checks}, made_golden,
+                                _weights_shas(entry, next(iter(parts_of.values()), None)))
         except Exception as e:   # (the verdicts stand; golden/ may be missing, never about others)
             golden_store.remove(entry.bundle)
             LOG.warning(f"lock:{pc.name}: golden/ removed, not settled: {type(e).__name__}: {e}")
@@ -247,7 +258,7 @@ def lock_program(entry, run, db):
     except history.HistoryError as e:   # the verdicts stand in their RESULT.json all the same
         LOG.warning(f"lock:{pc.name}: the history was not appended to: {e}")
     if lost:
-        return TaskFailed(f"lock:{pc.name}: {lost} (recorded as an error; the next run tries again)")
+        return ChecksLost(f"lock:{pc.name}: {lost} (recorded as an error; the next run tries again)")
     bad = [f"{c.dtype} {done[c.dtype]['verdict']}" for c in entry.checks if done[c.dtype]["verdict"] != "pass"]
     if bad and not run.get("report_follows"):   # (else the report fails the run, naming them)
         return ChecksFailed(f"lock:{pc.name}: {len(bad)} of {len(entry.checks)} check(s) did not "

@@ -31,12 +31,19 @@ class Tree:
         return self._dirs[rel_dir]
 
     def is_file(self, rel_dir, name):
-        e = self.entries(rel_dir).get(name)
-        return e is not None and e.is_file()
+        return self._is(rel_dir, name, "is_file")
 
     def is_dir(self, rel_dir, name):
+        return self._is(rel_dir, name, "is_dir")
+
+    def _is(self, rel_dir, name, how):
+        """Whether the entry is a file (a folder) by its target; False where it cannot be told (a
+        link in a loop, a target gone)."""
         e = self.entries(rel_dir).get(name)
-        return e is not None and e.is_dir()
+        try:
+            return e is not None and getattr(e, how)()
+        except OSError:
+            return False
 
 
 def inside(root, rel, tree=None, roots=()):

@@ -99,6 +99,7 @@ class ProgressReporter(ConsoleReporter):
         self.last_counts = None
         self.tty = hasattr(outstream, "isatty") and outstream.isatty()
         self.tasks, self.reachable, self.failed_tasks, self.known = {}, [], {}, set()
+        self.reported = False   # the report written here (`_report_failures`)
         self.verdicts_failed = set()   # lock tasks whose recorded checks did not all pass
         self.work, self.bar = Work([]), None
         self.settled = []   # tasks found up to date or run with success
@@ -278,6 +279,7 @@ class ProgressReporter(ConsoleReporter):
         action = self.tasks["report"].actions[0]
         entries, build_dir, threads = action.args[:3]
         make_report(entries, build_dir, threads, failed)
+        self.reported = True
         after = sum(1 for m in failed.values() if m.startswith("UnmetDependency"))
         why = [f"{len(failed) - after} failed task(s)" + (f" and {after} that could not run after "
                                                           "one" if after else "") + " as errors"] if failed else []
@@ -297,6 +299,8 @@ class ProgressReporter(ConsoleReporter):
         rows, bad = None, []
         github = os.environ.get("GITHUB_ACTIONS") == "true"
         if "report" in self.reachable:
+            if not (self.reported or "report" in self.settled or "report" in self.failed_tasks):
+                return None   # (an interrupted run: no report of this run to sum up)
             rows = [tuple(v) for v in (read_json(f"{run.build}/status/report.json") or {}).get("verdicts") or ()
                     if isinstance(v, list) and len(v) == 3]
             bad = ((read_json(f"{run.build}/report.json") or {}).get("failures") or []) if github else []

@@ -25,6 +25,38 @@ def _git(root, *args):
     return p.stdout.strip() if p.returncode == 0 else None
 
 
+def git_head(root="."):
+    """The commit the zoo's checkout is at, read from git's files (no process: a no-op's report key
+    holds it, so a report names the commit it is about), or None where it cannot be told so."""
+    here = os.path.abspath(root)
+    while not os.path.exists(os.path.join(here, ".git")):
+        if os.path.dirname(here) == here:
+            return None
+        here = os.path.dirname(here)
+    git = os.path.join(here, ".git")
+    try:
+        if os.path.isfile(git):   # a worktree or submodule: `gitdir: PATH`
+            with open(git, encoding="utf-8") as f:
+                git = os.path.join(here, f.read(4096).strip().removeprefix("gitdir: "))
+        with open(os.path.join(git, "HEAD"), encoding="utf-8") as f:
+            head = f.read(4096).strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head[5:]
+        common = git
+        if os.path.isfile(os.path.join(git, "commondir")):
+            with open(os.path.join(git, "commondir"), encoding="utf-8") as f:
+                common = os.path.join(git, f.read(4096).strip())
+        for d in dict.fromkeys((git, common)):
+            if os.path.isfile(os.path.join(d, ref)):
+                with open(os.path.join(d, ref), encoding="utf-8") as f:
+                    return f.read(4096).strip()
+        with open(os.path.join(common, "packed-refs"), encoding="utf-8") as f:
+            return next((line.split()[0] for line in f if line.rstrip().endswith(" " + ref)), None)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def context(root="."):
     """What the headers say beyond the rows: the zoo's commit (None outside a git checkout) and
     whether tracked files differ from it, the time (UTC; SOURCE_DATE_EPOCH where set), the host

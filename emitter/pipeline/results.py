@@ -11,6 +11,7 @@ import json
 import os
 import sqlite3
 import sys
+import time
 
 from .. import fingerprint
 from ..files import read_json
@@ -51,6 +52,20 @@ class HistoryError(Exception):
     """A history DB this project cannot read (written by a newer version, or not a DB)."""
 
 
+def _wal(con, seconds=60):
+    """WAL mode: SQLite's switch to it does not wait for another connection's (a new DB opened by
+    several locks at once), so it is tried again until it takes."""
+    end = time.monotonic() + seconds
+    while True:
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+
+
 def connect(db):
     os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
     con = sqlite3.connect(db, timeout=60)
@@ -63,18 +78,30 @@ def connect(db):
         con.execute("PRAGMA synchronous=NORMAL")   # WAL stays consistent; a power cut may lose the last runs
         if version == VERSION:   # made by this version: WAL (kept in the file) and the schema are there
             return con
-        con.execute("PRAGMA journal_mode=WAL")
-        con.executescript(_SCHEMA)
-        have = {row[1] for row in con.execute("PRAGMA table_info(runs)")}
-        with con:
+        _wal(con)
+        # one writer makes or brings up the schema (several locks may open a new DB at once): the
+        # version and columns are read again inside the write lock
+        con.isolation_level = None
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            for statement in (x for x in _SCHEMA.split(";") if x.strip()):
+                con.execute(statement)
+            have = {row[1] for row in con.execute("PRAGMA table_info(runs)")}
             for v in range(version + 1, VERSION + 1):
                 for column, kind in _ADDED.get(v, ()):
                     if column not in have:
                         con.execute(f"ALTER TABLE runs ADD COLUMN {column} {kind}")
             con.execute(f"PRAGMA user_version = {VERSION}")
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        finally:
+            con.isolation_level = ""
     except sqlite3.DatabaseError as e:
         con.close()
-        raise HistoryError(f"{db}: not a history this project can read ({e})") from None
+        raise HistoryError(f"{db}: not a history this project can read ({e})") from e
     except HistoryError:
         con.close()
         raise
@@ -119,6 +146,8 @@ def record_all(db, rs, at=None):
 
 def _row(r, at):
     o = r.get("output") or {}
+    if o.get("integer") and isinstance(o.get("feeding"), dict):   # a token: its logits' figures
+        o = o["feeding"]
     f = r.get("first_divergence") or {}
     h = r.get("hashes") or {}
     w = r.get("worst") or {}
@@ -251,6 +280,9 @@ def main(args):
 
 
 def _main(args):
+    if args.db == DEFAULT_DB and args.programs == "programs" and not os.path.isdir("programs"):
+        from .zoo_cli import enter_zoo   # from a folder inside the zoo, as `logos doit`
+        enter_zoo(who="logos results")
     if not os.path.isfile(args.db):
         print(f"{args.db}: no lock history yet (run `doit`)", file=sys.stderr)
         return 2

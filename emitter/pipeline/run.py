@@ -124,6 +124,11 @@ class Run:
         programs = discover(os.getcwd(), cache_file=f"{build}/.config-cache.json", warnings=warnings)
         for w in warnings:
             LOG.warning(f"warning: {w}")
+        self.own = handing.own_tasks(ours)   # the dodo's own tasks, as their creators make them
+        for pc in programs:   # a weights folder a task of the dodo's own makes: the program's
+            default = f"weights/{pc.name}"
+            if pc.weights is None and not pc.error and handing.writes_under(self.own, default):
+                pc.weights = default
         defaults = [f for f in ("programs/defaults.yaml",) if os.path.isfile(f)]
         self.entries = entries(programs, build, defaults)
         if handing.is_run(args):
@@ -137,7 +142,6 @@ class Run:
         self._follows(args)
         self.handed = None   # None: every task; else the names of those handed beside the report
         self.report_now = None   # the report's key as the pre-check read it, when nothing is handed
-        self.own = handing.own_tasks(ours)   # the dodo's own tasks, as their creators make them
         # a dodo task that writes the zoo's inputs: doit orders the two by the files (file_dep),
         # and then decides by them too; else the keys alone decide (`uptodate`), whatever doit's DB
         inputs = self._inputs()
@@ -237,8 +241,7 @@ class Run:
             yield {
                 "name": e.name,
                 "doc": f"import {d.checkpoint} with import-{d.importer} into {e.pc.weights}",
-                "actions": [(import_weights, [d, e.pc.source, e.pc.weights, e.pc.limits["seconds"],
-                                              f"{self.build}/tmp"])],
+                "actions": [(import_weights, [e.pc, f"{self.build}/tmp"])],
                 # (what doit orders by: a dodo task that writes one of these runs first)
                 "file_dep": self._reads(e) + [e.pc.source] + list(e.configs) if self.ordered else [],
                 "uptodate": [(keys.uptodate, ["weights", e])],
@@ -272,8 +275,10 @@ class Run:
                 elif self._hands(f"weights:{e.name}"):
                     deps.append(f"weights:{e.name}")
             files = []
-            if self.ordered and e.pc.weights and not e.pc.derive and os.path.isdir(e.pc.weights):
-                files = [f"{e.pc.weights}/{n}" for n in self._claimable(e)]
+            if self.ordered and e.pc.weights and not e.pc.derive:   # what is there, what a task makes
+                there = self._claimable(e) if os.path.isdir(e.pc.weights) else ()
+                files = sorted({os.path.normpath(f"{e.pc.weights}/{n}") for n in there}
+                               | handing.writes_under(self.own, e.pc.weights))
             yield {
                 "name": e.name,
                 "doc": f"lock {e.name} ({', '.join(c.dtype for c in e.checks)}, {e.pc.steps} step(s))",

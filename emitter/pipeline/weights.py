@@ -15,18 +15,19 @@ from ..fingerprint import moved, sha256
 from .guards import DIE_WITH, freeze_heap
 from .keys import DERIVED, import_key, listed
 
-def import_weights(derive, source, out_dir, seconds=3600, tmp_root="build/tmp"):
-    """`python -m emitter import-IMPORTER CHECKPOINT --program SOURCE -o DIR` (`derive`: the
-    config's importer and checkpoint) into a fresh folder
+def import_weights(pc, tmp_root="build/tmp"):
+    """`python -m emitter import-IMPORTER CHECKPOINT --program SOURCE -o DIR` (`pc`: the program's
+    config: its importer and checkpoint, its source, its weights folder) into a fresh folder
     under `tmp_root` (the importer's own temporary files go there too), then swapped into place:
     the old weights stay until the new exist, and what a killed import leaves is swept at the next
-    run. An import that runs past `seconds` is stopped and fails; so does one whose inputs changed
-    while it ran (its key, taken before, is what .derived.json records)."""
+    run. An import that runs past limits.seconds is stopped and fails; so does one whose inputs
+    changed while it ran (its key, taken before, is what .derived.json records)."""
+    derive, source, out_dir, seconds = pc.derive, pc.source, pc.weights, pc.limits["seconds"]
     freeze_heap()
     from doit.exceptions import TaskFailed
     os.makedirs(tmp_root, exist_ok=True)
     os.makedirs(os.path.dirname(out_dir) or ".", exist_ok=True)
-    key = import_key(derive)
+    key = import_key(pc)
     tmp = tempfile.mkdtemp(dir=tmp_root, prefix=f"import-{os.path.basename(out_dir)}.")
     try:
         cmd = [sys.executable, "-m", "emitter", f"import-{derive.importer}", derive.checkpoint_path,
@@ -42,8 +43,8 @@ def import_weights(derive, source, out_dir, seconds=3600, tmp_root="build/tmp"):
         sys.stderr.write(done.stderr[-20000:])
         if done.returncode != 0:
             last = [x for x in done.stderr.splitlines() if x.strip()][-1:] or [""]
-            return TaskFailed(f"{' '.join(cmd[1:])} exited {done.returncode}: {last[0][:300]}")
-        if key is None or import_key(derive) != key:
+            return TaskFailed(f"{' '.join(cmd[3:7])} (into {out_dir}) exited {done.returncode}: {last[0][:300]}")
+        if key is None or import_key(pc) != key:
             return TaskFailed(f"the checkpoint {derive.checkpoint} (or a file its importer reads) "
                               "changed or could not be read while it was imported: run doit again")
         made = os.path.join(tmp, "out")

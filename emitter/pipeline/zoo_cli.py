@@ -13,14 +13,14 @@ BIN_NAME = "logos doit"
 _FUNCTION = "logos_doit"    # the completion script's function (a shell name has no space)
 
 
-def enter_zoo(cwd=None):
+def enter_zoo(cwd=None, who=BIN_NAME):
     """chdir to the zoo root (the nearest folder upward holding programs/), saying so on stderr
-    when it is not the current folder; the root, or None when there is none."""
+    (as `who`) when it is not the current folder; the root, or None when there is none."""
     cwd = os.path.abspath(cwd or os.getcwd())
     root = find_zoo_root(cwd)
     if root is not None and root != cwd:
         os.chdir(root)
-        print(f"logos doit: the zoo at {root} (the nearest folder above {cwd} holding programs/)",
+        print(f"{who}: the zoo at {root} (the nearest folder above {cwd} holding programs/)",
               file=sys.stderr)
     return root
 

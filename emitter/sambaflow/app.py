@@ -68,10 +68,35 @@ def ratio(got, want, tol):
     return 0.0 if diff == 0 else diff / bound if bound > 0 else float("inf")
 
 
+def other_weights(record, weights):
+    """The files of `weights` that are not those golden/ was made from (golden.json's
+    `weights_sha256`), each with why; [] where they are, or nothing is recorded."""
+    import hashlib
+    out = []
+    for name, sha in sorted((record.get("weights_sha256") or {}).items()) if weights else ():
+        h = hashlib.sha256()
+        try:
+            with open(os.path.join(weights, name), "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    h.update(block)
+        except OSError as e:
+            out.append(f"{name} ({e.strerror})")
+            continue
+        if h.hexdigest() != sha:
+            out.append(f"{name} (edited since)")
+    return out
+
+
 def cpu_test(args):
     """Each step's output against the golden one and the summarised stages against theirs, within
-    the recorded tolerance of args.dtype; prints the worst and exits 0 or 1."""
+    the recorded tolerance of args.dtype; prints the worst and exits 0 or 1. Weights that are not
+    those golden/ was made from are named first: the outputs compared are then about others."""
     record, here, weights = golden_record(args.weights)
+    moved = other_weights(record, weights)
+    if moved:
+        print(f"note: golden/ was made from other weights than {weights} holds: "
+              f"{', '.join(moved[:3])}{' and more' if moved[3:] else ''}; lock the bundle again "
+              "(`doit lock:NAME`) to compare with these", file=sys.stderr)
     if args.dtype is None:   # float32 where the lock recorded it, else what it recorded
         args.dtype = next((d for d in ("float32", "float64") if d in record["tolerances"]), "float32")
     tol = record["tolerances"].get(args.dtype)

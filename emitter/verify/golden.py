@@ -61,10 +61,13 @@ def _encoded(body):
     return (json.dumps(body, indent=1) + "\n").encode("utf-8")
 
 
-def keyed(files, key):
-    """golden/'s `files` with golden.json naming `key` (the pipeline's: the checks it is about)."""
+def keyed(files, key, weights=None):
+    """golden/'s `files` with golden.json naming `key` (the pipeline's: the checks it is about) and
+    `weights` ({file of the weights folder: sha256}, what compile.py test checks it runs on)."""
     body = json.loads(files["golden.json"])
     body["key"] = key
+    if weights:
+        body["weights_sha256"] = dict(sorted(weights.items()))
     return {**files, "golden.json": _encoded(body)}
 
 

@@ -58,14 +58,29 @@ def under(path, roots):
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def refused_link(weights_dir, fname):
-    """Why `weights_dir/fname`, a link out of its folder, may not be followed, or None when it may."""
+def _outside(weights_dir, fname, roots=None):
+    """(target, roots) where `weights_dir/fname` links outside its folder and every allowed root
+    (`roots`, resolved here when None), else None."""
     target = os.path.realpath(os.path.join(weights_dir, fname))
     if os.path.dirname(target) == os.path.realpath(weights_dir):
         return None
+    roots = allowed_roots(weights_dir) if roots is None else roots
+    return None if under(target, roots) else (target, roots)
+
+
+def refused_links(weights_dir, names):
+    """The names among `names` (files of `weights_dir`) whose link the lock refuses: what a check's
+    key holds of the roots, so naming or dropping a root moves the key of the checks it decides."""
     roots = allowed_roots(weights_dir)
-    if under(target, roots):
+    return sorted(n for n in names if _outside(weights_dir, n, roots))
+
+
+def refused_link(weights_dir, fname):
+    """Why `weights_dir/fname`, a link out of its folder, may not be followed, or None when it may."""
+    out = _outside(weights_dir, fname)
+    if out is None:
         return None
+    target, roots = out
     return (f"`{fname}` links outside the weights directory, to `{target}`, which is outside the "
             f"repository and every named root ({', '.join(roots) or 'none'}); copy the file in, or "
             f"name its folder in programs/defaults.yaml `roots:` or {ROOTS_ENV}")

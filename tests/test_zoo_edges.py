@@ -1,0 +1,260 @@
+"""A zoo from many hands, run with real doit: links in programs/ that lead nowhere, a dodo task of
+the user's that makes a program's weights, a root named then dropped, a commit, a run stopped
+before its report, a config spelt `.yml`, `logos results` from a folder inside the zoo."""
+
+import json
+import os
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+from conftest import logos
+from test_pipeline import PROG_A, PROG_B, ROOT, doit, make_zoo
+
+HELLO = """Let x be a 1 by 2 tensor of Real.
+Set item 1 of x to 3.
+Set item 2 of x to 4.
+Let W be a 2 by 2 tensor of Real.
+Set item 1 of W to 1.
+Set item 2 of W to 0.5.
+Set item 3 of W to -1.
+Set item 4 of W to 2.
+Let h be x matmul W.
+Let y be rmsnorm of h.
+"""
+
+
+def _report(zoo):
+    return {(r["name"], r["check"]): r for r in json.loads((zoo / "build/report.json").read_text())["results"]}
+
+
+def test_links_in_programs_that_lead_nowhere_are_error_rows_beside_the_others(tmp_path):
+    """A program linked in a loop, one whose target is gone and a config linked in a loop each get
+    an error row naming the file and why; the good program still gets its verdicts, and an
+    editor's hidden lock link (`.#NAME.logos`, dangling) is no program."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None), "c": (PROG_B, None)})
+    p = z / "programs"
+    os.symlink("loop.logos", p / "loop.logos")
+    os.symlink("../vendor/gone.logos", p / "gone.logos")
+    os.symlink("c.yaml", p / "c.yaml")
+    os.symlink("/nowhere/at/all", p / ".#b.logos")
+    rc, ran, out = doit(z)
+    assert rc == 1 and "Traceback" not in out, out
+    rows = _report(z)
+    assert sorted({n for n, _ in rows}) == ["b", "c", "gone", "loop"]
+    assert rows[("b", "float64")]["verdict"] == "pass"
+    why = {n: rows[(n, "float64")] for n in ("c", "gone", "loop")}
+    assert all(r["verdict"] == "error" for r in why.values())
+    assert "programs/loop.logos: cannot read the program: Too many levels of symbolic links" in why["loop"]["reason"]
+    assert "programs/gone.logos: cannot read the program: No such file or directory (a link to " \
+           "../vendor/gone.logos)" in why["gone"]["reason"]
+    assert "programs/c.yaml: cannot read the config: Too many levels of symbolic links" in why["c"]["reason"]
+    done = logos("results", cwd=str(z))
+    assert done.returncode == 1 and "no lock history" not in done.stderr
+
+
+def test_a_dodo_task_that_makes_a_programs_weights_runs_before_its_lock(tmp_path):
+    """The user's dodo task writes weights/hello/ (absent when the run starts): doit runs it before
+    the lock, the lock reads what it wrote, and the report is about those weights."""
+    z = make_zoo(tmp_path / "zoo", {"hello": (HELLO, "tolerances:\n  float32: {abs: 1.0e-7, rel: 0}\n")})
+    (z / "gen.py").write_text("import numpy as np, os, sys\nos.makedirs('weights/hello', exist_ok=True)\n"
+                              "np.array([[float(sys.argv[1]), 0.7]]).tofile('weights/hello/x.f64')\n")
+    with open(z / "dodo.py", "a") as f:
+        f.write("\n\ndef task_gen():\n    return {'actions': ['%s gen.py 0.1'], 'file_dep': ['gen.py'],\n"
+                "            'targets': ['weights/hello/x.f64']}\n" % os.sys.executable)
+    rc, ran, out = doit(z)
+    lines = [x[3:] for x in out.splitlines() if x.startswith(".  ")]
+    assert lines.index("gen") < lines.index("lock:hello"), out
+    r = json.loads((z / "build/results/hello/float32.json").read_text())
+    assert r["inputs"]["weights"]["files"].keys() == {"x.f64"}
+    rows = _report(z)
+    assert rc == 1 and rows[("hello", "float32")]["verdict"] == "fail", out   # 1.29x its tolerance
+    assert rows[("hello", "float64")]["verdict"] == "pass"
+    assert rows[("hello", "float64")]["current"] is True
+    done = logos("results", "--json", cwd=str(z))
+    assert all(x["current"] for x in json.loads(done.stdout)["runs"]), done.stdout
+
+
+def test_dropping_the_root_a_weights_link_needs_moves_its_key(tmp_path):
+    """A leaf linked into a root LOGOS_ROOTS names passes; run without the root, the check is not
+    current and is locked again (refused), and with the root back it passes again."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None)})
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    np.random.default_rng(0).standard_normal((4, 4)).astype("<f8").tofile(shared / "w.f64")
+    (z / "weights" / "a").mkdir(parents=True)
+    os.symlink(shared / "w.f64", z / "weights" / "a" / "w.f64")
+    root = {"LOGOS_ROOTS": str(shared)}
+    assert doit(z, env=root)[0] == 0
+    assert doit(z, env=root)[1] == set()
+    rc, ran, out = doit(z)
+    assert rc == 1 and "lock:a" in ran, out
+    assert "links outside the weights directory" in _report(z)[("a", "float64")]["reason"]
+    rc, ran, out = doit(z, env=root)
+    assert rc == 0 and "lock:a" in ran, out
+
+
+def _git(z, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=z, check=True,
+                   capture_output=True)
+
+
+def test_a_commit_rewrites_the_reports_that_name_the_commit(tmp_path):
+    """The report's headers name the commit: after a commit of a file no check reads, a run writes
+    them again (no lock), so junit.xml and report.json name the new HEAD."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    (z / ".gitignore").write_text("build/\n__pycache__/\n")
+    _git(z, "init", "-q")
+    _git(z, "add", "-A")
+    _git(z, "commit", "-qm", "one")
+    _git(z, "pack-refs", "--all")   # HEAD's ref read from packed-refs
+    assert doit(z)[0] == 0
+    (z / "NOTES").write_text("x\n")
+    _git(z, "add", "NOTES")
+    _git(z, "commit", "-qm", "two")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=z, capture_output=True, text=True).stdout.strip()
+    rc, ran, out = doit(z)
+    assert rc == 0 and ran == {"report"}, out
+    props = {p.get("name"): p.get("value") for p in ET.parse(z / "build/junit.xml").iter("property")}
+    assert props["commit"] == head
+    assert doit(z)[1] == set()   # and then a no-op
+
+
+def test_a_run_stopped_before_its_report_sums_up_no_verdicts(tmp_path):
+    """A run interrupted before the report (a task of the user's dodo that makes b's weights, so
+    run before b's lock, stops it) prints no verdict line: the last report's `N checks: N pass`
+    is about an earlier run."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    assert doit(z)[0] == 0
+    with open(z / "dodo.py", "a") as f:
+        f.write("\n\ndef _stop():\n    raise KeyboardInterrupt\n\n\n"
+                "def task_stop():\n    return {'actions': [_stop], 'targets': ['weights/b/x.f64']}\n")
+    rc, ran, out = doit(z)
+    assert rc != 0 and "doit: interrupted" in out and "lock:b" not in ran, out
+    assert "checks:" not in out, out
+
+
+def test_a_config_spelt_yml_is_named_as_not_read(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    (z / "programs" / "b.yml").write_text("dtypes: [float32]\n")
+    rc, ran, out = doit(z)
+    assert rc == 0
+    assert "warning: programs/b.yml: not read (a config is NAME.yaml" in out and "rename it to b.yaml" in out
+
+
+def test_results_from_a_folder_inside_the_zoo_reads_the_zoos(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    assert doit(z)[0] == 0
+    done = logos("results", "--json", cwd=str(z / "programs"))
+    assert done.returncode == 0, done.stderr
+    assert {(r["name"], r["dtype"]) for r in json.loads(done.stdout)["runs"]} == {("b", "float64"), ("b", "float32")}
+    assert f"the zoo at {z}" in done.stderr
+
+
+def test_a_renamed_programs_kept_verdict_names_its_new_files(tmp_path):
+    """A program renamed keeps its verdicts by key; its result names the program and bundle as
+    they are now, not the old name's."""
+    z, new = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)}), "c"
+    assert doit(z)[0] == 0
+    old = json.loads((z / "build/results/b/float32.json").read_text())
+    os.rename(z / "programs" / "b.logos", z / "programs" / f"{new}.logos")
+    rc, ran, out = doit(z)
+    assert rc == 0, out
+    r = json.loads((z / f"build/results/{new}/float32.json").read_text())
+    assert (r["name"], r["program_path"], r["bundle"]) == (new, f"programs/{new}.logos", f"build/bundles/{new}")
+    assert r["key"] == old["key"] and r["timings"] == old["timings"]   # the verdict kept, not run again
+
+
+def test_a_qwen35_config_the_sugar_cannot_spell_is_named_as_config_json(tmp_path):
+    """An importer's refusal of what config.json says names config.json, not the weights file."""
+    ck = tmp_path / "qwen38-tiny"
+    shutil.copytree(os.path.join(ROOT, "checkpoints", "qwen38-tiny"), ck)
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg["rms_norm_eps"] = 1e-5
+    (ck / "config.json").write_text(json.dumps(cfg))
+    done = logos("import-qwen35", str(ck / "model.safetensors"), "--program",
+                 os.path.join(ROOT, "programs", "qwen38.logos"), "-o", str(tmp_path / "out"))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"{ck / 'config.json'}: this Qwen3_5 config cannot be spelt by the "
+                                  "tensor sugar: rms_norm_eps 1e-05 with Gated DeltaNet layers"), done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+DYING = '''
+from emitter.pipeline import executors
+
+
+class Dying(executors.Inline):
+    """The first check of each lock lost with its worker; the others run."""
+    def run(self, jobs, seconds):
+        out = super().run(jobs, seconds)
+        out[0] = {"error": "lock b [float64]: worker tcp://10.0.0.9:4000 died while running it",
+                  "infrastructure": True}
+        return out
+
+
+executors.executor = lambda *a, **k: Dying()
+'''
+
+
+def test_a_check_lost_with_its_worker_leaves_its_siblings_verdicts_standing(tmp_path):
+    """A worker dies under one check of a program: that check is an error naming the worker, in
+    its result and in every report; the program's other checks keep the verdicts they reached
+    (not the lost one's error); the run does not pass, and the next run runs the lost one alone."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    with open(z / "dodo.py", "a") as f:
+        f.write(DYING)
+    rc, ran, out = doit(z)
+    assert rc not in (0, 3) and "Traceback" not in out, out
+    rows = _report(z)
+    assert rows[("b", "float64")]["verdict"] == "error" and "died" in rows[("b", "float64")]["reason"]
+    assert rows[("b", "float32")]["verdict"] == "pass" and rows[("b", "float32")]["reason"] is None
+    assert json.loads((z / "build/results/b/float32.json").read_text())["verdict"] == "pass"
+    junit = (z / "build/junit.xml").read_text()
+    assert junit.count("<error") + junit.count("<failure") == 1, junit
+    assert "2 checks: 1 pass, 1 error (b float64)" in out, out
+    kept = (z / "build/results/b/float32.json").read_bytes()
+    rc, ran, out = doit(z)   # the lost check runs again (its worker dies again), the pass is kept
+    assert "lock:b" in ran and "[float64] ERROR" in out, out
+    assert (z / "build/results/b/float32.json").read_bytes() == kept
+
+
+def test_the_history_of_a_token_output_holds_its_logits_figures(tmp_path):
+    """A decode step's output is a token (0 error whenever it agrees): the history and `logos
+    results` show the figures of the stage that feeds it, as summary.md does."""
+    from emitter.pipeline import results
+    db = str(tmp_path / "h.sqlite")
+    token = {"max_abs": 0.0, "integer": True, "feeding": {"stage": 665, "out": "logits", "max_abs": 6.4e-05,
+                                                          "max_rel": 3.3e-06, "nmse": 2.5e-13, "cosine": 1.0}}
+    tensor = {"max_abs": 2.5e-07, "integer": False}
+    results.record_all(db, [{"name": "lm", "dtype": "float32", "verdict": "pass", "output": token},
+                            {"name": "mlp", "dtype": "float32", "verdict": "pass", "output": tensor}])
+    got = {r["name"]: r["max_abs"] for r in results.latest(db)}
+    assert got == {"lm": 6.4e-05, "mlp": 2.5e-07}
+
+
+def test_compile_py_test_names_weights_other_than_golden_was_made_from(tmp_path):
+    """golden/ records the sha256 of the weights it was made from: `compile.py test` on edited
+    weights says so, naming the file, before its verdict (a fail then reads as what it is); on the
+    weights as locked it says nothing of the kind."""
+    import sys
+    from test_pipeline import _weights
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 0
+    record = json.loads((z / "build/bundles/a/golden/golden.json").read_text())
+    import hashlib
+    assert record["weights_sha256"] == {"w.f64": hashlib.sha256((z / "weights/a/w.f64").read_bytes()).hexdigest()}
+
+    def test():
+        return subprocess.run([sys.executable, "build/bundles/a/compile.py", "test"], cwd=z,
+                              capture_output=True, text=True)
+    p = test()
+    assert p.returncode == 0 and "note:" not in p.stderr, p.stdout + p.stderr
+    _weights(str(z / "weights/a/w.f64"), 1)
+    p = test()
+    assert p.returncode == 1 and "FAIL" in p.stdout, p.stdout + p.stderr
+    assert "note: golden/ was made from other weights than" in p.stderr and "w.f64 (edited since)" in p.stderr
