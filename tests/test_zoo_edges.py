@@ -41,10 +41,12 @@ def test_links_in_programs_that_lead_nowhere_are_error_rows_beside_the_others(tm
     os.symlink("../vendor/gone.logos", p / "gone.logos")
     os.symlink("c.yaml", p / "c.yaml")
     os.symlink("/nowhere/at/all", p / ".#b.logos")
+    (p / "dir.logos").mkdir()
     rc, ran, out = doit(z)
     assert rc == 1 and "Traceback" not in out, out
     rows = _report(z)
-    assert sorted({n for n, _ in rows}) == ["b", "c", "gone", "loop"]
+    assert sorted({n for n, _ in rows}) == ["b", "c", "dir", "gone", "loop"]
+    assert "programs/dir.logos: cannot read the program: it is a folder" in rows[("dir", "float32")]["reason"]
     assert rows[("b", "float64")]["verdict"] == "pass"
     why = {n: rows[(n, "float64")] for n in ("c", "gone", "loop")}
     assert all(r["verdict"] == "error" for r in why.values())

@@ -207,7 +207,7 @@ def _unreadable(path):
         os.stat(path)
     except OSError as e:
         return f"{e.strerror} (a link to {excerpt(os.readlink(path), 120)})" if os.path.islink(path) else e.strerror
-    return "it is not a regular file"
+    return "it is a folder" if os.path.isdir(path) else "it is not a regular file"
 
 
 def slug(name):
@@ -232,10 +232,9 @@ def discover(root, programs_dir="programs", cache_file=None, warnings=None):
     tree = Tree(root)
     cache = ParseCache(cache_file) if cache_file else None
     files = tree.entries(programs_dir)
-    # every entry a program's name (a link whose target is gone is an error row, never left out);
-    # hidden ones (an editor's `.#NAME.logos` lock link) and folders are not programs
-    names = {f[:-6] for f in files if f.endswith(".logos") and not f.startswith(".")
-             and not tree.is_dir(programs_dir, f)}
+    # every entry a program's name (a link whose target is gone, a folder: an error row, never
+    # left out); hidden ones (an editor's `.#NAME.logos` lock link) are not programs
+    names = {f[:-6] for f in files if f.endswith(".logos") and not f.startswith(".")}
     orphans = {f[:-5] for f in files if f.endswith(".yaml") and f != DEFAULTS_FILE} - names
     if warnings is not None:
         warnings += [f"{programs_dir}/{excerpt(n, 80)}.yaml: a config with no program beside it "
