@@ -60,16 +60,16 @@ def test_the_good_bundle_passes(ring):
 
 @pytest.mark.parametrize("old, new, leaf", [
     # a loader that scales one weight: the user's model.py --weights would run with it
-    ("weights[name] = torch.from_numpy(data).reshape(shape).to(held)",
-     "weights[name] = torch.from_numpy(data).reshape(shape).to(held) * (1.5 if name == 'wc' else 1)",
+    ("weights[name] = out.reshape(shape)",
+     "weights[name] = out.reshape(shape) * (1.5 if name == 'wc' else 1)",
      "wc"),
     # a loader that drops a state's file: the state starts from zeros, not from its file
-    ("weights[name] = torch.from_numpy(data).reshape(shape).to(held)",
-     "weights[name] = torch.from_numpy(data).reshape(shape).to(held)\n"
+    ("weights[name] = out.reshape(shape)",
+     "weights[name] = out.reshape(shape)\n"
      "        weights.pop('cs') if name == 'cs' else None", "cs"),
     # a loader that scales a mapped weight in place: its pages are no longer the file's
-    ("weights[name] = torch.from_numpy(data).reshape(shape).to(held)",
-     "weights[name] = torch.from_numpy(data).reshape(shape).to(held)\n"
+    ("weights[name] = out.reshape(shape)",
+     "weights[name] = out.reshape(shape)\n"
      "        weights[name].mul_(1.5) if name == 'wc' else None", "wc"),
     # a wrong fill
     ('"g": ((1, 0.5),),', '"g": ((1, 0.25),),', "g"),

@@ -268,7 +268,8 @@ def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
     `.safetensors` file: weight_places), as a tensor of `dtype` (a copy-on-write map of the file
     when it is of `dtype`: no copy in memory). A leaf in REQUIRED that no file holds, a file of
     another shape, size or dtype, a leaf in two files, NaN or Inf (outside `allow_nonfinite`) and
-    a non-integer in an Int leaf are WeightsErrors naming the file."""
+    a non-integer in an Int leaf are WeightsErrors naming the file. A leaf of another dtype is
+    cast block by block as it is checked: the file is read once."""
     if not os.path.isdir(directory):
         raise WeightsError(directory, "the weights directory does not exist")
     places, _ = weight_places(directory, LEAVES)
@@ -283,14 +284,19 @@ def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
         data = weight_array(directory, places[name], name, shape[0], shape[1], mode="c")
         path = os.path.join(directory, places[name][0])
         what = f"`{name}`" + (f" (tensor `{places[name][1]}`)" if places[name][1] else "")
-        flat, block = data.reshape(-1), 1 << 22   # checked in blocks: no whole-table temporary
-        skip = name in allow_nonfinite and kind != "int"
+        held = torch.float32 if dtype == torch.bfloat16 and kind == "int" else dtype   # ids exact
+        source = torch.from_numpy(data).reshape(-1)
+        out = source if source.dtype == held else torch.empty(data.size, dtype=held)
+        flat, block = data.reshape(-1), 1 << 18   # in blocks: no whole-table temporary
+        check = not (name in allow_nonfinite and kind != "int")
         base = data.offset % mmap.ALLOCATIONGRANULARITY if isinstance(data, np.memmap) else 0
-        for i in range(0, flat.size, block) if not skip else ():
+        for i in range(0, flat.size, block) if check or out is not source else ():
             part = flat[i:i + block]
-            finite = name in allow_nonfinite or bool(np.isfinite(part).all())
-            whole = kind != "int" or bool(np.array_equal(part, np.round(part)))
-            if isinstance(data, np.memmap):   # the pages read come back when the forward reads them
+            finite = not check or name in allow_nonfinite or bool(np.isfinite(part).all())
+            whole = not check or kind != "int" or bool(np.array_equal(part, np.round(part)))
+            if out is not source:
+                out[i:i + part.size].copy_(source[i:i + part.size])
+            if isinstance(data, np.memmap):   # read: a map's pages come back when the forward reads them
                 start = base + i * data.itemsize
                 start -= start % mmap.PAGESIZE
                 data._mmap.madvise(mmap.MADV_DONTNEED, start, base + (i + part.size) * data.itemsize - start)
@@ -299,8 +305,7 @@ def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
             if not whole:
                 raise WeightsError(path, f"{what} is an Int tensor (a row index, a token) but holds "
                                          "a non-integer")
-        held = torch.float32 if dtype == torch.bfloat16 and kind == "int" else dtype   # ids exact
-        weights[name] = torch.from_numpy(data).reshape(shape).to(held)
+        weights[name] = out.reshape(shape)
     return weights
 
 
