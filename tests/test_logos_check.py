@@ -44,7 +44,7 @@ def test_every_error_of_every_file_in_one_run(tmp_path):
     r = logos("check", "programs/op.logos", "programs/good.logos", ".github/workflows/ci.yaml",
               "programs/gone.yaml", cwd=tmp_path)
     assert r.stdout.splitlines() == [EXPECTED[0], EXPECTED[-1]]
-    assert "warning: programs/gone.yaml: a config with no program beside it (no gone.logos): ignored" in r.stderr
+    assert "warning: programs/gone.yaml: a config with no program beside it (no programs/gone.logos): ignored" in r.stderr
     write(tmp_path, {"programs/defaults.yaml": "", "programs/op.logos": GOOD, "programs/name.logos": GOOD,
                      "programs/name.yaml": "steps: 2\n"})
     r = logos("check", cwd=tmp_path)

@@ -260,3 +260,139 @@ def test_compile_py_test_names_weights_other_than_golden_was_made_from(tmp_path)
     p = test()
     assert p.returncode == 1 and "FAIL" in p.stdout, p.stdout + p.stderr
     assert "note: golden/ was made from other weights than" in p.stderr and "w.f64 (edited since)" in p.stderr
+    # a lock by hand records them too (README's workflow)
+    done = logos("lock", "build/bundles/a", "--program", "programs/a.logos", "--weights", "weights/a",
+                 "--dtype", "float32", "-o", str(tmp_path / "lock.json"), cwd=str(z))
+    assert done.returncode == 0, done.stderr
+    assert test().returncode == 0
+    _weights(str(z / "weights/a/w.f64"), 2)
+    p = test()
+    assert p.returncode == 1 and "w.f64 (edited since)" in p.stderr, p.stdout + p.stderr
+
+
+GEN = "import numpy as np, os, sys\nos.makedirs(os.path.dirname(sys.argv[2]), exist_ok=True)\n" \
+      "np.random.default_rng(int(sys.argv[1])).standard_normal((4, 4)).tofile(sys.argv[2])\n"
+
+
+@pytest.mark.parametrize("spelt", ["absolute", "folder", "linked"])
+def test_a_dodo_task_writing_weights_is_waited_for_however_its_target_is_spelt(tmp_path, spelt):
+    """The user's task writes a's weights, its target spelt as an absolute path, as the folder, or
+    through a linked folder: the lock waits for it every run, and the report is about what it wrote
+    (a changed seed: the lock runs again on the new file, the report current)."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None)})
+    (z / "gen.py").write_text(GEN)
+    out_file = "weights/a/w.f64"
+    if spelt == "linked":
+        (z / "data" / "a").mkdir(parents=True)
+        (z / "weights").mkdir()
+        os.symlink("../data/a", z / "weights" / "a")
+        out_file = "data/a/w.f64"
+    target = {"absolute": f"os.path.join(HERE, {out_file!r})", "folder": "'weights/a'",
+              "linked": repr(out_file)}[spelt]
+    with open(z / "dodo.py", "a") as f:
+        f.write(f"\n\nimport os\nHERE = os.path.dirname(os.path.abspath(__file__))\n\n\ndef task_gen():\n"
+                f"    seed = open('seed').read().strip()\n"
+                f"    return {{'actions': ['{os.sys.executable} gen.py ' + seed + ' {out_file}'],\n"
+                f"            'file_dep': ['gen.py', 'seed'], 'targets': [{target}]}}\n")
+    for seed in ("0", "1"):
+        (z / "seed").write_text(seed)
+        rc, ran, out = doit(z)
+        lines = [x[3:] for x in out.splitlines() if x.startswith(".  ")]
+        assert rc == 0 and lines.index("gen") < lines.index("lock:a"), out
+        r = json.loads((z / "build/results/a/float64.json").read_text())
+        import hashlib
+        assert r["inputs"]["weights"]["files"] == {
+            "w.f64": hashlib.sha256((z / "weights/a/w.f64").read_bytes()).hexdigest()}
+        done = logos("results", "--json", cwd=str(z))
+        assert done.returncode == 0 and all(x["current"] for x in json.loads(done.stdout)["runs"]), done.stdout
+
+
+def test_a_config_named_weights_folder_or_checkpoint_a_dodo_task_makes_is_waited_for(tmp_path):
+    """`weights:` and `derive: checkpoint:` name paths a task of the user's dodo makes: no config
+    error on the first run; the import and the lock wait for it."""
+    from test_pipeline import FAKE_IMPORTER
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "weights: weights/custom\n"),
+                                    "d": (PROG_A, "derive:\n  importer: fake\n  checkpoint: ckpt/w.bin\n")})
+    (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER)
+    with open(z / "emitter/importers/__init__.py", "a") as f:
+        f.write('\nIMPORTERS["fake"] = ("emitter.importers.fake", "test importer")\n')
+    (z / "gen.py").write_text(GEN)
+    with open(z / "dodo.py", "a") as f:
+        f.write(f"\n\ndef task_gen():\n    for n, out in (('w', 'weights/custom/w.f64'), ('ck', 'ckpt/w.bin')):\n"
+                f"        yield {{'name': n, 'actions': ['{os.sys.executable} gen.py 3 ' + out],\n"
+                f"               'file_dep': ['gen.py'], 'targets': [out]}}\n")
+    rc, ran, out = doit(z)
+    lines = [x[3:] for x in out.splitlines() if x.startswith(".  ")]
+    assert rc == 0, out
+    assert lines.index("gen:w") < lines.index("lock:a") and lines.index("gen:ck") < lines.index("weights:d"), out
+    rows = _report(z)
+    assert all(rows[(n, dt)]["verdict"] == "pass" for n in ("a", "d") for dt in ("float64", "float32"))
+
+
+def test_a_comment_edit_never_imports_where_a_dodo_task_writes_the_checkpoint(tmp_path):
+    """With a task of the user's writing the derived program's checkpoint, a comment edit of the
+    program re-emits and relocks, and never imports (the import key holds its sentences alone)."""
+    from test_pipeline import FAKE_IMPORTER
+    z = make_zoo(tmp_path / "zoo", {"d": (PROG_A, "derive:\n  importer: fake\n  checkpoint: ckpt/w.bin\n")})
+    (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER)
+    with open(z / "emitter/importers/__init__.py", "a") as f:
+        f.write('\nIMPORTERS["fake"] = ("emitter.importers.fake", "test importer")\n')
+    (z / "gen.py").write_text(GEN)
+    with open(z / "dodo.py", "a") as f:
+        f.write(f"\n\ndef task_gen():\n    return {{'actions': ['{os.sys.executable} gen.py 3 ckpt/w.bin'],\n"
+                f"            'file_dep': ['gen.py'], 'targets': ['ckpt/w.bin']}}\n")
+    assert doit(z)[0] == 0
+    with open(z / "programs/d.logos", "a") as f:
+        f.write("# a comment\n")
+    rc, ran, out = doit(z)
+    assert rc == 0 and "emit:d" in ran and "weights:d" not in ran, out
+
+
+def test_a_programs_folder_that_cannot_be_listed_refuses_the_run_and_sweeps_nothing(tmp_path):
+    """programs/ a link whose target is gone (an uninitialised submodule) or a loop: the run is
+    refused naming it (exit 3), never a green run of no checks that sweeps every result away."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    os.rename(z / "programs", z / "sub")
+    os.symlink("sub", z / "programs")
+    assert doit(z)[0] == 0
+    os.rename(z / "sub", z / "sub.away")
+    rc, ran, out = doit(z)
+    assert rc == 3 and "doit: refused: programs/ cannot be listed: No such file or directory (a link to sub)" in out, out
+    assert (z / "build/results/b/float32.json").is_file() and (z / "build/bundles/b/model.py").is_file()
+    os.unlink(z / "programs")
+    os.symlink("programs", z / "programs")
+    rc, ran, out = doit(z)
+    assert rc == 3 and "Too many levels of symbolic links" in out, out
+
+
+def test_a_defaults_yaml_link_that_leads_nowhere_or_out_is_refused(tmp_path):
+    """programs/defaults.yaml linked to a file that is gone, or out of the repository: every
+    program an error naming it, never the built-in defaults read in its place."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    (z / "shared").mkdir()
+    (z / "shared/defaults.yaml").write_text("dtypes: [float64, float32, bfloat16]\n")
+    os.symlink("../shared/defaults.yaml", z / "programs/defaults.yaml")
+    assert doit(z)[0] == 0 and len(_report(z)) == 3
+    os.rename(z / "shared", z / "gone")
+    rc, ran, out = doit(z)
+    assert rc == 1 and all("programs/defaults.yaml: cannot read the config: No such file or directory"
+                           in r["reason"] for r in _report(z).values()), out
+    outside = tmp_path / "outside.yaml"
+    outside.write_text("dtypes: [float64]\n")
+    os.unlink(z / "programs/defaults.yaml")
+    os.symlink(outside, z / "programs/defaults.yaml")
+    rc, ran, out = doit(z)
+    assert rc == 1 and all("is a link that" in r["reason"] for r in _report(z).values()), out
+
+
+def test_logos_check_names_configs_no_program_reads(tmp_path):
+    """`logos check` of a zoo (the pre-commit hook too) warns of a `.yml` config and an orphaned
+    `.yaml` one, as doit does."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    (z / "programs/b.yml").write_text("dtypes: [float32]\n")
+    (z / "programs/gone.yaml").write_text("dtypes: [float32]\n")
+    for args in ((), ("programs/b.yml",)):
+        done = logos("check", *args, cwd=str(z))
+        assert done.returncode == 0, done.stderr
+        assert "warning: programs/b.yml: not read (a config is NAME.yaml" in done.stderr
+    assert "programs/gone.yaml: a config with no program beside it" in logos("check", cwd=str(z)).stderr

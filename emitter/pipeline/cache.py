@@ -8,10 +8,10 @@ hit needs no import): a hit is the key found here.
 Entries are JSON and nothing else (deserialising a poisoned pickle runs code): an envelope holding
 the entry as a string and its HMAC-SHA256 under the key in LOGOS_CACHE_KEY. A reader checks the
 HMAC over the exact bytes before it parses the entry, and that the entry is the one asked for; a
-bad, unsigned or truncated entry is a miss, said once, and recomputed (and then replaced). An
-envelope names its key by an id (an HMAC of a constant: it tells keys apart and reveals none): an
-entry signed with another key is a miss too, and is never replaced (one run with a stale key would
-otherwise empty the cache of everyone who holds the right one). Without LOGOS_CACHE_KEY no cache is used at all: readers and writers are those who hold
+bad, unsigned or truncated entry is a miss, said once, and recomputed (and then replaced). Entries
+live under their signing key's id (an HMAC of a constant: it tells keys apart and reveals none), so
+holders of another key (a stale or mistyped LOGOS_CACHE_KEY) neither see nor overwrite them: they
+miss, and are told once that the cache holds another key's entries. Without LOGOS_CACHE_KEY no cache is used at all: readers and writers are those who hold
 the key.
 """
 
@@ -80,12 +80,8 @@ def run_info():
     return _RUN
 
 
-class Foreign(str):
-    """Why an entry is not used when another key signed it (it is then never replaced)."""
-
-
 class VerdictCache:
-    """Signed JSON entries under `url`, one per key (`<url>/<key[:2]>/<key>.json`)."""
+    """Signed JSON entries under `url`, one per key (`<url>/<key id>/<key[:2]>/<key>.json`)."""
 
     def __init__(self, url, secret, say=None):
         if url.partition("://")[0] in ("s3", "s3a"):   # (fsspec is always there: build/store/)
@@ -102,12 +98,12 @@ class VerdictCache:
         # `has` verified and `get` has not yet taken (a derived program's lookup, then its lock),
         # so no entry is read and verified twice in a run
         self._valid, self._checked = set(), {}
-        self._foreign = set()   # keys whose entry another key signed: never overwritten
         self._say = say or LOG.warning
         self.key_id = hmac.new(self.secret, b"logos.verdict-cache key id", hashlib.sha256).hexdigest()[:16]
+        self._looked = False   # (whether the first miss looked for another key's entries)
 
     def path(self, key):
-        return f"{self.root}/{key[:2]}/{key}.json"
+        return f"{self.root}/{self.key_id}/{key[:2]}/{key}.json"
 
     def _sign(self, body):
         return hmac.new(self.secret, body.encode("utf-8"), hashlib.sha256).hexdigest()
@@ -119,6 +115,23 @@ class VerdictCache:
             self._said.add(key)
         self._say(f"cache: {self.url} entry {key[:16]}…: {why}; not used, the check is run here")
 
+    def _other_keys(self):
+        """Once, at the first miss: where the cache holds entries under other keys' ids and none
+        under ours, say so (LOGOS_CACHE_KEY may not be the one its writers hold)."""
+        with self._lock:
+            if self._looked:
+                return
+            self._looked = True
+        try:
+            ids = {p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False)}
+        except (OSError, ValueError):
+            return
+        others = sorted(i for i in ids if len(i) == 16 and all(c in "0123456789abcdef" for c in i))
+        if others and self.key_id not in others:
+            self._say(f"cache: {self.url} holds entries signed with another LOGOS_CACHE_KEY (key id "
+                      f"{', '.join(others[:3])}), none with this one (key id {self.key_id}): is it "
+                      "the key the cache's writers hold? Every check is run here")
+
     def _read(self, key):
         """The raw entry, or None when there is none (or it cannot be read)."""
         p = self.path(key)
@@ -126,6 +139,7 @@ class VerdictCache:
             with self.fs.open(p, "rb") as f:
                 data = f.read(MAX_ENTRY + 1)
         except FileNotFoundError:
+            self._other_keys()
             return None
         except OSError as e:
             self._bad(key, f"could not be read ({type(e).__name__}: {str(e)[:200]})")
@@ -147,10 +161,6 @@ class VerdictCache:
         body, mac = envelope.get("body"), envelope.get("hmac")
         if not isinstance(body, str) or not isinstance(mac, str):
             return "unsigned"
-        if envelope.get("key_id", self.key_id) != self.key_id:
-            return Foreign(f"signed with another key (key id {str(envelope['key_id'])[:16]}, ours "
-                           f"{self.key_id}: is LOGOS_CACHE_KEY the one the cache's writers hold?); "
-                           "kept as it is")
         if not hmac.compare_digest(self._sign(body), mac):
             return "its signature does not match (tampered with, or signed with another key)"
         try:
@@ -175,8 +185,6 @@ class VerdictCache:
         entry = self.verified(key, data)
         with self._lock:
             (self._valid.discard if isinstance(entry, str) else self._valid.add)(key)
-            if isinstance(entry, Foreign):
-                self._foreign.add(key)
         if isinstance(entry, str):
             self._bad(key, entry)
             return None
@@ -205,12 +213,11 @@ class VerdictCache:
 
     def put(self, key, result):
         """Publish `result` under `key` (signed; staged under a temporary name, then moved)."""
-        if result.get("verdict") not in CACHEABLE or key in self._foreign:
+        if result.get("verdict") not in CACHEABLE:
             return False
         r = {k: v for k, v in result.items() if k not in ("from_cache", "cache")}
         body = canonical({"key": key, "written_by": run_info(), "result": r})
-        data = canonical({"schema": SCHEMA, "version": VERSION, "key_id": self.key_id,
-                          "hmac": self._sign(body), "body": body})
+        data = canonical({"schema": SCHEMA, "version": VERSION, "hmac": self._sign(body), "body": body})
         p = self.path(key)
         tmp = f"{p}.{uuid.uuid4().hex[:12]}.partial"
         self.fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
@@ -243,6 +250,9 @@ class LocalStore(VerdictCache):
     def get(self, key):
         entry = self._entry(key)
         return None if entry is None else entry["result"]
+
+    def _other_keys(self):
+        """(A new secret of build/ leaves the old entries behind: nothing to say of them.)"""
 
 
 def open_cache(url, env=None, say=None):

@@ -107,8 +107,14 @@ def load_defaults(root, programs_dir="programs", cache=None):
     `roots` are the folders it and LOGOS_ROOTS name."""
     merged = load_defaults_builtin(root)
     path = os.path.join(programs_dir, DEFAULTS_FILE)
-    if not os.path.isfile(os.path.join(root, path)):
+    full = os.path.join(root, path)
+    if not os.path.lexists(full):
         return merged
+    if not os.path.isfile(full):   # a link whose target is gone: never read as no defaults
+        raise ConfigError(f"cannot read the config: {_unreadable(full)}", None, path)
+    if inside(root, path, None, merged["roots"]) is None:
+        raise ConfigError(f"`{path}` is a link that {leaves_message(path, merged['roots']).split(' ', 1)[1]}",
+                          None, path)
     data, lines = load_yaml(os.path.join(root, path), path, cache)
     p = Problems(path, lines)
     given = check_common(p, data, DEFAULT_KEYS, LIMITS, root)
@@ -210,6 +216,16 @@ def _unreadable(path):
     return "it is a folder" if os.path.isdir(path) else "it is not a regular file"
 
 
+def stray_configs(files, names, programs_dir="programs"):
+    """The warnings of a programs folder's configs that no program reads: a YAML file with no
+    program beside it (`names`: the programs of `files`, the folder's entries), a `.yml` one."""
+    orphans = {f[:-5] for f in files if f.endswith(".yaml") and f != DEFAULTS_FILE} - set(names)
+    return [f"{programs_dir}/{excerpt(n, 80)}.yaml: a config with no program beside it (no "
+            f"{programs_dir}/{excerpt(n, 80)}.logos): ignored" for n in sorted(orphans)] + \
+           [f"{programs_dir}/{excerpt(f, 80)}: not read (a config is NAME.yaml, {DEFAULTS_FILE} the "
+            f"zoo's): rename it to {excerpt(f[:-4], 80)}.yaml" for f in sorted(files) if f.endswith(".yml")]
+
+
 def slug(name):
     """A program name safe as a task name and a path under build/: the name itself when it is a
     plain one, else SLUG_PREFIX and the whole sha256 of its text (any file name: not UTF-8,
@@ -223,25 +239,21 @@ def slug(name):
     return SLUG_PREFIX + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def discover(root, programs_dir="programs", cache_file=None, warnings=None):
+def discover(root, programs_dir="programs", cache_file=None, warnings=None, makes=None):
     """Every program of the zoo, sorted by name; a bad config is kept as `error`, never raised.
 
     A YAML file with no program beside it (a renamed or deleted program's) is a warning appended
     to `warnings`, never a failure. `cache_file` (a path under build/) keeps the configs' parses
-    between runs."""
-    tree = Tree(root)
+    between runs; `makes(path)` says whether a task of the run makes a path a config names (then
+    it need not be there yet)."""
+    tree = Tree(root, makes)
     cache = ParseCache(cache_file) if cache_file else None
     files = tree.entries(programs_dir)
     # every entry a program's name (a link whose target is gone, a folder: an error row, never
     # left out); hidden ones (an editor's `.#NAME.logos` lock link) are not programs
     names = {f[:-6] for f in files if f.endswith(".logos") and not f.startswith(".")}
-    orphans = {f[:-5] for f in files if f.endswith(".yaml") and f != DEFAULTS_FILE} - names
     if warnings is not None:
-        warnings += [f"{programs_dir}/{excerpt(n, 80)}.yaml: a config with no program beside it "
-                     f"(no {programs_dir}/{excerpt(n, 80)}.logos): ignored" for n in sorted(orphans)]
-        warnings += [f"{programs_dir}/{excerpt(f, 80)}: not read (a config is NAME.yaml, "
-                     f"{DEFAULTS_FILE} the zoo's): rename it to {excerpt(f[:-4], 80)}.yaml"
-                     for f in sorted(files) if f.endswith(".yml")]
+        warnings += stray_configs(files, names, programs_dir)
     try:
         defaults = load_defaults(root, programs_dir, cache)
         default_error = None

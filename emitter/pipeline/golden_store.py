@@ -59,10 +59,10 @@ def _read(path):
         return f.read(ENTRY_LIMIT + 1)
 
 
-def settle(bundle, store, keys, made, weights=None):
+def settle(bundle, store, keys, made):
     """Make `bundle`/golden/ about the checks' `keys` ({dtype: key or None}): `made` (golden/'s
-    files from a check run now, recording `weights`, {file: sha256}: kept in `store` too), else
-    `store`'s copy for those keys, else none."""
+    files from a check run now: kept in `store` too), else `store`'s copy for those keys, else
+    none."""
     from ..verify import golden   # (numpy: loaded by a lock, never by a run that locks nothing)
     from ..verify.trace import prune
     folder = os.path.join(bundle, "golden")
@@ -71,7 +71,7 @@ def settle(bundle, store, keys, made, weights=None):
     if key is None:
         made = None
     elif made is not None:
-        made = golden.keyed(made, key, weights)
+        made = golden.keyed(made, key)
         try:   # the copy is best effort: golden/ itself is written all the same
             _put(path, made)
             if not _PRUNED:   # once a process: the store holds at most the limit and one run's copies

@@ -122,40 +122,46 @@ def own_tasks(ours):
     return out
 
 
-def writes_under(own, folder):
-    """The targets of the dodo's own tasks (`own`, from `own_tasks`) inside `folder`, normalised."""
-    inside = os.path.normpath(folder) + os.sep
-    return {t for _, made in own or () for t in map(os.path.normpath, map(str, _targets(made)))
-            if t.startswith(inside)}
+class Writers:
+    """The dodo's own tasks (`own`, from `own_tasks`) by what they write: each task's doit name
+    with its targets resolved in `root` (absolute or relative, through links), so a zoo's task
+    waits (task_dep) for those that write what it reads, however the path is spelt."""
+
+    def __init__(self, own, root):
+        self.root, self.tasks = root, []
+        for base, made in own or ():
+            for t in made:
+                b = t.get("basename", base)
+                name = f"{b}:{t['name']}" if t.get("name") else b
+                targets = [self._real(x) for x in t.get("targets", ())]
+                if targets:
+                    self.tasks.append((name, targets))
+
+    def _real(self, path):
+        return os.path.realpath(os.path.join(self.root, os.fspath(path)))
+
+    def of(self, paths):
+        """The names of the tasks that write one of `paths` (files, or folders: a file in one, or
+        a folder holding one, counts)."""
+        real = [self._real(p) for p in paths if p]
+        return sorted({n for n, targets in self.tasks for t in targets for p in real
+                       if t == p or t.startswith(p + os.sep) or p.startswith(t + os.sep)})
+
+    def makes(self, path):
+        """Whether a task of the dodo's own writes `path` (a folder: anything in it)."""
+        return bool(self.of([path]))
 
 
-def _targets(made):
-    return [f for t in made for f in t.get("targets", ())]
-
-
-def writes_inputs(own, inputs):
-    """Whether a task of the dodo's own (`own`, from `own_tasks`; None: not known) writes one of
-    the zoo's `inputs` (files, or folders ending in os.sep): doit must then order the two by the
-    files (file_dep)."""
-    if dodo() is None:
-        return False
-    if own is None:
-        return True
-    targets = {os.path.normpath(str(f)) for _, made in own for f in _targets(made)}
-    dirs = tuple(i for i in inputs if i.endswith(os.sep))
-    return bool(targets & set(inputs)) or any(f.startswith(dirs) for f in targets)
-
-
-def dodo_ok(own, config, own_keys, inputs):
+def dodo_ok(own, config, own_keys, writes):
     """Whether the dodo doit loaded (if any) lets a plain run hand doit fewer tasks: each task of
     its own (`own`, from `own_tasks`) names none of the zoo's tasks but those always handed
-    (`report`, `cache`) as a dependency and writes none of the zoo's `inputs` (files, or folders
-    ending in os.sep: doit must then order the two), and the settings that decide what is current
-    (`own_keys`) are `config`'s."""
+    (`report`, `cache`) as a dependency, none writes what the zoo's tasks read (`writes`: doit
+    must then order the two), and the settings that decide what is current (`own_keys`) are
+    `config`'s."""
     mod = dodo()
     if mod is None:
         return True   # `logos doit`: the zoo's tasks alone
-    if own is None or writes_inputs(own, inputs):
+    if own is None or writes:
         return False
     for t in (t for _, made in own for t in made):
         named = [str(d).split(":")[0] for k in ("task_dep", "setup", "calc_dep") for d in t.get(k, ())]

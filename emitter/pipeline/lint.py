@@ -13,7 +13,7 @@ import sys
 import time
 
 from ..language.errors import ProgramError
-from .config import DEFAULTS_FILE, load_defaults, load_defaults_builtin, load_program
+from .config import DEFAULTS_FILE, load_defaults, load_defaults_builtin, load_program, stray_configs
 from .paths import find_zoo_root, inside
 from ..yamlfile import ConfigError
 
@@ -68,6 +68,8 @@ def _targets(paths):
         if os.path.isdir(path):
             folder = os.path.join(path, "programs") if os.path.isdir(os.path.join(path, "programs")) else path
             folders.setdefault(os.path.normpath(folder), set()).update(_programs_in(folder))
+            for w in stray_configs(os.listdir(folder), _programs_in(folder), os.path.normpath(folder)):
+                print(f"warning: {w}", file=sys.stderr)
             continue
         folder, base = os.path.split(os.path.normpath(path))
         folder = folder or "."
@@ -82,9 +84,9 @@ def _targets(paths):
             folders.setdefault(folder, set()).update(_programs_in(folder))
         elif base.endswith(".yaml") and os.path.isfile(os.path.join(folder, stem + ".logos")):
             folders.setdefault(folder, set()).add(stem)
-        elif base.endswith(".yaml") and in_zoo:
-            print(f"warning: {path}: a config with no program beside it (no {stem}.logos): ignored",
-                  file=sys.stderr)
+        elif base.endswith((".yaml", ".yml")) and in_zoo:
+            for w in stray_configs([base], (), folder):
+                print(f"warning: {w}", file=sys.stderr)
     return folders, loose
 
 

@@ -59,8 +59,7 @@ def _kept(entry, check, key, recorded):
 
 
 def _weights_shas(entry, parts):
-    """{file: sha256} the check's weights files must still hold when it reads them (and golden.json
-    records: compile.py test says so when it runs on other weights)."""
+    """{file: sha256} the check's weights files must still hold when it reads them."""
     w = (parts or {}).get("weights") or {}
     if "files" in w:
         return w["files"]
@@ -237,8 +236,7 @@ def lock_program(entry, run, db):
     if status.get("status") == "ok":   # before the status: a run killed here locks again
         try:
             golden_store.settle(entry.bundle, golden_copies,
-                                {c.dtype: done[c.dtype].get("key") for c in entry.checks}, made_golden,
-                                _weights_shas(entry, next(iter(parts_of.values()), None)))
+                                {c.dtype: done[c.dtype].get("key") for c in entry.checks}, made_golden)
         except Exception as e:   # (the verdicts stand; golden/ may be missing, never about others)
             golden_store.remove(entry.bundle)
             LOG.warning(f"lock:{pc.name}: golden/ removed, not settled: {type(e).__name__}: {e}")

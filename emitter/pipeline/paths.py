@@ -11,8 +11,9 @@ class Tree:
     """What one discovery has learned of the repository: resolved directories and one listing per
     directory, so each of a zoo's thousand programs costs a dictionary lookup, not a path walk."""
 
-    def __init__(self, root):
+    def __init__(self, root, makes=None):
         self.root = root
+        self.makes = makes or (lambda path: False)   # whether a task of this run makes `path`
         self._real, self._dirs = {}, {}
 
     def real(self, path):

@@ -63,6 +63,19 @@ def begin(build):
         set_aside(build)
 
 
+def _listable(folder):
+    """A zoo's programs/ that is there but cannot be listed (a link whose target is gone, a loop)
+    refuses the run (exit 3): read as empty, it would pass with no checks and sweep every result."""
+    if not os.path.lexists(folder):
+        return
+    try:
+        os.listdir(folder)
+    except OSError as e:
+        link = f" (a link to {os.readlink(folder)})" if os.path.islink(folder) else ""
+        sys.stderr.write(f"doit: refused: {folder}/ cannot be listed: {e.strerror}{link}\n")
+        raise guards.BuildBusy(3) from None
+
+
 def settings(get_var):
     """executor=, workers=, threads=, cache= (doit's command-line variables), checked: a bad one,
     or a scheduler nobody answers at, is one line and exit 3."""
@@ -121,13 +134,18 @@ class Run:
         self.build, self.db = build, f"{build}/results.sqlite"
         self.settings = settings(get_var)
         warnings = []
-        programs = discover(os.getcwd(), cache_file=f"{build}/.config-cache.json", warnings=warnings)
+        _listable("programs")
+        self.own = handing.own_tasks(ours)   # the dodo's own tasks, as their creators make them
+        # what they write: the zoo's tasks that read it wait for them (a folder or checkpoint a
+        # config names counts as there when one of them makes it)
+        self.writers = handing.Writers(self.own, os.getcwd())
+        programs = discover(os.getcwd(), cache_file=f"{build}/.config-cache.json", warnings=warnings,
+                            makes=self.writers.makes)
         for w in warnings:
             LOG.warning(f"warning: {w}")
-        self.own = handing.own_tasks(ours)   # the dodo's own tasks, as their creators make them
         for pc in programs:   # a weights folder a task of the dodo's own makes: the program's
             default = f"weights/{pc.name}"
-            if pc.weights is None and not pc.error and handing.writes_under(self.own, default):
+            if pc.weights is None and not pc.error and self.writers.makes(default):
                 pc.weights = default
         defaults = [f for f in ("programs/defaults.yaml",) if os.path.isfile(f)]
         self.entries = entries(programs, build, defaults)
@@ -142,11 +160,13 @@ class Run:
         self._follows(args)
         self.handed = None   # None: every task; else the names of those handed beside the report
         self.report_now = None   # the report's key as the pre-check read it, when nothing is handed
-        # a dodo task that writes the zoo's inputs: doit orders the two by the files (file_dep),
-        # and then decides by them too; else the keys alone decide (`uptodate`), whatever doit's DB
-        inputs = self._inputs()
-        self.ordered = handing.writes_inputs(self.own, inputs)
-        if handing.plain(args) and handing.dodo_ok(self.own, config, own_config, inputs):
+        # the keys alone decide (`uptodate`), whatever doit's DB holds; a zoo task waits for the
+        # dodo's tasks that write what it reads (task_dep). Where those cannot be told (a creator
+        # that cannot be called early), doit orders them by the files (file_dep), and then
+        # decides by them too
+        self.ordered = self.own is None and handing.dodo() is not None
+        writes = self.ordered or bool(self.writers.of(self._inputs()))
+        if handing.plain(args) and handing.dodo_ok(self.own, config, own_config, writes):
             self.handed = self._not_current()
         LOG.debug(f"{len(self.entries)} programs, {sum(len(e.checks) for e in self.entries)} checks; "
                   + ("every task handed to doit (not a plain run, or a dodo task names the zoo's)"
@@ -173,22 +193,23 @@ class Run:
                 n == "lock" or fnmatch(f"lock:{e.name}", n) for n in sel) and not _ignored(f"lock:{e.name}")}
 
     # --- what is handed ------------------------------------------------------------------------
-    def _inputs(self):
-        """The files and folders (os.sep-ended) the zoo's tasks read: a dodo task writing one must
-        be ordered by doit, so every task is handed."""
-        out = {"programs" + os.sep}
-        for e in self.entries:
-            out |= {os.path.normpath(f) for f in (e.pc.source, *e.configs)}
-            if e.pc.weights and not e.pc.derive:
-                out.add(os.path.normpath(e.pc.weights) + os.sep)
-            if e.pc.derive:
-                out |= {os.path.normpath(p) for p in self._reads(e)}
-        return out
+    def _inputs(self, e=None, kind=None):
+        """The files and folders the zoo's tasks read (`e`, `kind`: that task's alone): a dodo task
+        writing one is waited for, and every task is handed."""
+        if e is None:
+            return ["programs"] + [p for e in self.entries for k in ("weights", "emit", "lock")
+                                   for p in self._inputs(e, k)]
+        if kind == "emit":
+            return [e.pc.source, *e.configs]
+        if kind == "weights":
+            return [e.pc.source, *e.configs, *self._reads(e)] if e.pc.derive else []
+        return [e.pc.weights] if e.pc.weights and not e.pc.derive else []
 
     def _reads(self, e):
+        """What a derived program's importer reads: the files of its checkpoint it declares."""
+        d = e.pc.derive
         try:
-            return [p for _, p in declared_reads(e.pc.derive.importer, e.pc.derive.checkpoint,
-                                                 e.pc.derive.checkpoint_path) if not os.path.isabs(p)]
+            return [p for _, p in declared_reads(d.importer, d.checkpoint, d.checkpoint_path)]
         except (OSError, ValueError):
             return []
 
@@ -242,8 +263,7 @@ class Run:
                 "name": e.name,
                 "doc": f"import {d.checkpoint} with import-{d.importer} into {e.pc.weights}",
                 "actions": [(import_weights, [e.pc, f"{self.build}/tmp"])],
-                # (what doit orders by: a dodo task that writes one of these runs first)
-                "file_dep": self._reads(e) + [e.pc.source] + list(e.configs) if self.ordered else [],
+                **self._after(e, "weights"),
                 "uptodate": [(keys.uptodate, ["weights", e])],
                 "clean": [(files_io.remove_dir, [e.pc.weights])],
             }
@@ -257,7 +277,7 @@ class Run:
                 "name": e.name,
                 "doc": f"emit {e.pc.source} to {e.bundle}/",
                 "actions": [(emit_bundle, [e, self.settings])],
-                "file_dep": ([] if e.pc.error else [e.pc.source]) + list(e.configs) if self.ordered else [],
+                **self._after(e, "emit"),
                 "uptodate": [(keys.uptodate, ["emit", e])],
                 "clean": [(files_io.remove_files, [[e.status] + e.bundle_files()])],
             }
@@ -274,23 +294,31 @@ class Run:
                     more = {"calc_dep": [f"cachelookup:{e.name}"]}
                 elif self._hands(f"weights:{e.name}"):
                     deps.append(f"weights:{e.name}")
-            files = []
-            if self.ordered and e.pc.weights and not e.pc.derive:   # what is there, what a task makes
-                there = self._claimable(e) if os.path.isdir(e.pc.weights) else ()
-                files = sorted({os.path.normpath(f"{e.pc.weights}/{n}") for n in there}
-                               | handing.writes_under(self.own, e.pc.weights))
+            after = self._after(e, "lock")
             yield {
                 "name": e.name,
                 "doc": f"lock {e.name} ({', '.join(c.dtype for c in e.checks)}, {e.pc.steps} step(s))",
                 "actions": [(lock_program, [e, self.settings, self.db])],
-                "task_dep": deps,
-                "file_dep": files,
+                "task_dep": deps + after.pop("task_dep", []),
+                **after,
                 "uptodate": [(keys.uptodate, ["lock", e, self.settings["threads"], self.settings["cache"]])],
                 # the history in results.sqlite stays: `logos results --prune` drops a program's
                 "clean": [(files_io.remove_files, [[c.result for c in e.checks] + [e.lock_status]]),
                           (files_io.remove_dir, [f"{e.bundle}/golden"])],
                 **more,
             }
+
+    def _after(self, e, kind):
+        """What a zoo task waits for: the dodo's own tasks that write what it reads (task_dep); or,
+        where those cannot be told, the files themselves (file_dep: doit orders by them)."""
+        if not self.ordered:
+            waits = self.writers.of(self._inputs(e, kind))
+            return {"task_dep": waits} if waits else {}
+        if kind == "lock":
+            there = self._claimable(e) if e.pc.weights and not e.pc.derive and os.path.isdir(e.pc.weights) else ()
+            return {"file_dep": [f"{e.pc.weights}/{n}" for n in there]}
+        files = [p for p in self._inputs(e, kind) if not os.path.isabs(p)]
+        return {"file_dep": [p for p in files if p != e.pc.source or not e.pc.error]}
 
     @staticmethod
     def _claimable(e):

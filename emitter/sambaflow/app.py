@@ -89,14 +89,10 @@ def other_weights(record, weights):
 
 def cpu_test(args):
     """Each step's output against the golden one and the summarised stages against theirs, within
-    the recorded tolerance of args.dtype; prints the worst and exits 0 or 1. Weights that are not
-    those golden/ was made from are named first: the outputs compared are then about others."""
+    the recorded tolerance of args.dtype; prints the worst and exits 0 or 1. The recorded weights
+    folder's files that are not those golden/ was made from are named first: the outputs compared
+    are then about others."""
     record, here, weights = golden_record(args.weights)
-    moved = other_weights(record, weights)
-    if moved:
-        print(f"note: golden/ was made from other weights than {weights} holds: "
-              f"{', '.join(moved[:3])}{' and more' if moved[3:] else ''}; lock the bundle again "
-              "(`doit lock:NAME`) to compare with these", file=sys.stderr)
     if args.dtype is None:   # float32 where the lock recorded it, else what it recorded
         args.dtype = next((d for d in ("float32", "float64") if d in record["tolerances"]), "float32")
     tol = record["tolerances"].get(args.dtype)
@@ -104,6 +100,11 @@ def cpu_test(args):
         raise SystemExit(f"the lock recorded no tolerance for {args.dtype} "
                          f"(it has {', '.join(record['tolerances'])})")
     model = build(weights, getattr(torch, args.dtype))
+    moved = other_weights(record, weights) if args.weights is None else []
+    if moved:
+        print(f"note: golden/ was made from other weights than {weights} holds: "
+              f"{', '.join(moved[:3])}{' and more' if moved[3:] else ''}; lock the bundle again "
+              "(`doit lock:NAME`) to compare with these", file=sys.stderr)
     seen = {}
     model.probe = lambda stage, value: seen.setdefault(stage, value)
     worst = (0.0, "nothing")

@@ -33,10 +33,11 @@ def picked(program):
 
 class Golden:
     """Collects each step of the VM's run; `files()` is then golden/'s content, {name: bytes}.
-    `bundle_dir` is where golden/ is to go: the weights directory is recorded relative to it."""
+    `bundle_dir` is where golden/ is to go: the weights directory is recorded relative to it, with
+    `weights_sha256` ({file: sha256} of those read: compile.py test says so when it runs on others)."""
 
-    def __init__(self, bundle_dir, program, weights_dir, tolerances):
-        self.program, self.tolerances = program, tolerances
+    def __init__(self, bundle_dir, program, weights_dir, tolerances, weights_sha256=None):
+        self.program, self.tolerances, self.weights_sha256 = program, tolerances, weights_sha256
         self.weights = None if weights_dir is None else os.path.relpath(
             os.path.abspath(weights_dir), os.path.abspath(bundle_dir))
         self.outputs, self.stages, self.indices = {}, [], picked(program)
@@ -53,7 +54,8 @@ class Golden:
         steps = len(self.stages)
         body = {"schema": SCHEMA, "version": VERSION, "weights": self.weights, "steps": steps,
                 "tolerances": self.tolerances, "output": self.program.output,
-                "outputs": [f"output.{s}.f64" for s in range(1, steps + 1)], "stages": self.stages}
+                "outputs": [f"output.{s}.f64" for s in range(1, steps + 1)], "stages": self.stages,
+                **({"weights_sha256": dict(sorted(self.weights_sha256.items()))} if self.weights_sha256 else {})}
         return {**self.outputs, "golden.json": _encoded(body)}
 
 
@@ -61,13 +63,10 @@ def _encoded(body):
     return (json.dumps(body, indent=1) + "\n").encode("utf-8")
 
 
-def keyed(files, key, weights=None):
-    """golden/'s `files` with golden.json naming `key` (the pipeline's: the checks it is about) and
-    `weights` ({file of the weights folder: sha256}, what compile.py test checks it runs on)."""
+def keyed(files, key):
+    """golden/'s `files` with golden.json naming `key` (the pipeline's: the checks it is about)."""
     body = json.loads(files["golden.json"])
     body["key"] = key
-    if weights:
-        body["weights_sha256"] = dict(sorted(weights.items()))
     return {**files, "golden.json": _encoded(body)}
 
 
@@ -103,7 +102,8 @@ def _same_run(bundle_dir, new, files):
     try:
         with open(os.path.join(bundle_dir, "golden", "golden.json"), encoding="utf-8") as f:
             old = json.load(f)
-        same = all(old.get(k) == new[k] for k in ("weights", "steps", "outputs", "stages")) and all(
+        same = all(old.get(k) == new.get(k) for k in ("weights", "weights_sha256", "steps", "outputs",
+                                                     "stages")) and all(
             _read(os.path.join(bundle_dir, "golden", n)) == files[n] for n in new["outputs"])
     except (OSError, ValueError, TypeError, AttributeError):
         return {}

@@ -277,7 +277,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             keep = None
             if golden is not None and golden_files is not None:
                 from .golden import Golden
-                keep = Golden(bundle_dir, program, weights_dir, golden)
+                keep = Golden(bundle_dir, program, weights_dir, golden, weights_dir and {
+                    f: _sha256(os.path.join(weights_dir, f)) for f in set(leaves.sources.values()) - {"declared"}})
             vm_steps = trace_file.shared(trace, result, program, leaves.values, steps, lambda: weights_dir
                                          and _as_manifest(result, weights_dir, leaves.sources, weights_shas))
             details, stages, first, output, raised = _run(torch, model, torch_dtype, program, leaves.values,
