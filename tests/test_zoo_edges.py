@@ -307,16 +307,21 @@ def test_a_dodo_task_writing_weights_is_waited_for_however_its_target_is_spelt(t
         assert done.returncode == 0 and all(x["current"] for x in json.loads(done.stdout)["runs"]), done.stdout
 
 
-def test_a_config_named_weights_folder_or_checkpoint_a_dodo_task_makes_is_waited_for(tmp_path):
-    """`weights:` and `derive: checkpoint:` name paths a task of the user's dodo makes: no config
-    error on the first run; the import and the lock wait for it."""
+def _with_fake_importer(z):
+    """The zoo `z` with the test importer `fake` (a checkpoint is w's raw float64) and gen.py."""
     from test_pipeline import FAKE_IMPORTER
-    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "weights: weights/custom\n"),
-                                    "d": (PROG_A, "derive:\n  importer: fake\n  checkpoint: ckpt/w.bin\n")})
     (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER)
     with open(z / "emitter/importers/__init__.py", "a") as f:
         f.write('\nIMPORTERS["fake"] = ("emitter.importers.fake", "test importer")\n')
     (z / "gen.py").write_text(GEN)
+
+
+def test_a_config_named_weights_folder_or_checkpoint_a_dodo_task_makes_is_waited_for(tmp_path):
+    """`weights:` and `derive: checkpoint:` name paths a task of the user's dodo makes: no config
+    error on the first run; the import and the lock wait for it."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "weights: weights/custom\n"),
+                                    "d": (PROG_A, "derive:\n  importer: fake\n  checkpoint: ckpt/w.bin\n")})
+    _with_fake_importer(z)
     with open(z / "dodo.py", "a") as f:
         f.write(f"\n\ndef task_gen():\n    for n, out in (('w', 'weights/custom/w.f64'), ('ck', 'ckpt/w.bin')):\n"
                 f"        yield {{'name': n, 'actions': ['{os.sys.executable} gen.py 3 ' + out],\n"
@@ -332,12 +337,8 @@ def test_a_config_named_weights_folder_or_checkpoint_a_dodo_task_makes_is_waited
 def test_a_comment_edit_never_imports_where_a_dodo_task_writes_the_checkpoint(tmp_path):
     """With a task of the user's writing the derived program's checkpoint, a comment edit of the
     program re-emits and relocks, and never imports (the import key holds its sentences alone)."""
-    from test_pipeline import FAKE_IMPORTER
     z = make_zoo(tmp_path / "zoo", {"d": (PROG_A, "derive:\n  importer: fake\n  checkpoint: ckpt/w.bin\n")})
-    (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER)
-    with open(z / "emitter/importers/__init__.py", "a") as f:
-        f.write('\nIMPORTERS["fake"] = ("emitter.importers.fake", "test importer")\n')
-    (z / "gen.py").write_text(GEN)
+    _with_fake_importer(z)
     with open(z / "dodo.py", "a") as f:
         f.write(f"\n\ndef task_gen():\n    return {{'actions': ['{os.sys.executable} gen.py 3 ckpt/w.bin'],\n"
                 f"            'file_dep': ['gen.py'], 'targets': ['ckpt/w.bin']}}\n")
