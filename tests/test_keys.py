@@ -105,8 +105,11 @@ def test_a_config_edited_while_the_run_is_under_way_is_locked_again(tmp_path):
     z = _derived_zoo(tmp_path)
     (z / "emitter/importers/fake.py").write_text(EDITING_IMPORTER)
     rc, ran, out = doit(z)
-    assert rc == 0 and "lock:d" in ran, out
+    assert rc == 1 and "lock:d" in ran, out                 # the run's report: not current
     assert _results(z)[("d", "float64")]["steps"] == 1      # the config as the run loaded it
+    report = json.loads((z / "build/report.json").read_text())["results"]
+    assert all(r["verdict"] == "error" and not r["current"] and "programs/d.yaml: changed during this run"
+               in r["reason"] for r in report), report
     assert "steps: 2" in (z / "programs/d.yaml").read_text()
     (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER)
     rc, ran, out = doit(z)

@@ -152,7 +152,7 @@ def test_cli_exit_codes_and_result_file(zoo, tmp_path):
                 "--threads", "2", "-o", str(out))
     assert r.returncode == 0 and json.loads(out.read_text())["execution"]["torch_threads"] == 2
     r = run_cli("lock", zoo["bundle"], "--program", zoo["program"], "-o", str(out), "--threads", "0")
-    assert r.returncode == 2 and "--threads must be at least 1, got 0" in r.stderr
+    assert r.returncode == 2 and "--threads must be from 1 to 4096, got 0" in r.stderr
 
     bundle = _sabotage(zoo, tmp_path, "    return F.silu(g) * u\n", "    return F.silu(g) * u * 1.001\n")
     r = run_cli("lock", bundle, "--program", zoo["program"], "--weights", zoo["weights"], "-o", str(out))

@@ -397,3 +397,57 @@ def test_logos_check_names_configs_no_program_reads(tmp_path):
         assert done.returncode == 0, done.stderr
         assert "warning: programs/b.yml: not read (a config is NAME.yaml" in done.stderr
     assert "programs/gone.yaml: a config with no program beside it" in logos("check", cwd=str(z)).stderr
+
+
+@pytest.mark.parametrize("creator", [
+    # a generator mixing named subtasks and a task of another basename
+    "def task_gen():\n    yield {'name': 'wa', 'actions': [GEN_W], 'targets': ['weights/a/w.f64']}\n"
+    "    yield {'basename': 'docs', 'actions': ['echo hi > notes.txt'], 'targets': ['notes.txt']}\n",
+    # a creator that returns the same dict each call (doit turns its basename into its name)
+    "GEN = {'actions': [GEN_W], 'targets': ['weights/a/w.f64']}\n\n\ndef task_gen():\n    return GEN\n",
+    # a creator with parameters, and one doit delays: read only by name, their tasks still run
+    "from doit import task_params\n\n\n@task_params([{'name': 'seed', 'default': 0, 'long': 'seed'}])\n"
+    "def task_gen(seed):\n    return {'actions': [GEN_W], 'targets': ['weights/a/w.f64']}\n\n\n"
+    "def task_plain():\n    return {'actions': ['echo p > plain.txt'], 'targets': ['plain.txt']}\n",
+])
+def test_the_dodos_own_tasks_run_by_doits_names_before_the_locks_that_read_them(tmp_path, creator):
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None)})
+    (z / "gen.py").write_text(GEN)
+    with open(z / "dodo.py", "a") as f:
+        f.write(f"\n\nGEN_W = '{os.sys.executable} gen.py 4 weights/a/w.f64'\n\n\n{creator}")
+    for _ in range(2):
+        rc, ran, out = doit(z)
+        assert rc == 0 and "does not exist" not in out, out
+    assert (z / "weights/a/w.f64").is_file()
+    assert _report(z)[("a", "float64")]["verdict"] == "pass"
+    if "plain" in creator:
+        assert (z / "plain.txt").is_file()
+
+
+def test_a_config_a_dodo_task_rewrites_during_the_run_is_not_reported_current(tmp_path):
+    """The user's task rewrites a program's config after the run read it: that run's report says
+    the checks are not current (red), never a green report about the old config; the next run
+    locks them on the new one."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    (z / "cfgsrc").write_text("dtypes: [float64]\n")
+    with open(z / "dodo.py", "a") as f:
+        f.write("\n\ndef task_cfg():\n    return {'actions': ['cp cfgsrc programs/b.yaml'], 'file_dep': ['cfgsrc'],\n"
+                "            'targets': ['programs/b.yaml']}\n")
+    doit(z)
+    assert doit(z)[0] == 0
+    (z / "cfgsrc").write_text("dtypes: [float64, float32]\n")
+    rc, ran, out = doit(z)
+    assert rc == 1, out
+    rows = _report(z)
+    assert all(not r["current"] and "programs/b.yaml: changed during this run" in r["reason"] for r in rows.values())
+    rc, ran, out = doit(z)
+    assert rc == 0 and set(_report(z)) == {("b", "float64"), ("b", "float32")}, out
+    assert doit(z)[:2] == (0, set())
+
+
+def test_a_thread_count_torch_cannot_take_is_refused_before_anything_runs(tmp_path):
+    """threads=99999 crashed the process after its PASS line (torch's pool): refused, exit 3."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    rc, ran, out = doit(z, "threads=99999")
+    assert rc == 3 and "threads=99999: must be a whole number from 1 to 4096" in out and not ran, out
+    assert doit(z, "threads=2")[0] == 0

@@ -97,8 +97,10 @@ def make_report(entries, out_dir, threads, failures=None):
     from doit.exceptions import TaskFailed
     from .keys import report_key
     from .report import build_rows, write_reports
+    from .guards import began_ns
     key_rows = []
-    rows = build_rows(entries, os.path.join(out_dir, ".report-cache.json"), threads, failures, key_rows)
+    rows = build_rows(entries, os.path.join(out_dir, ".report-cache.json"), threads, failures, key_rows,
+                      began_ns())
     key = report_key(entries, threads, key_rows)
     bad = [r for r in rows if r["verdict"] != "pass"]
     # only a report of every check passing is ever current: a failing one runs (and fails) again
@@ -117,9 +119,11 @@ def report_current(entries, out_dir, threads, now=None):
     inputs as they are now (it records one only when every check passed); it is then brought back
     from where the run set it aside. `now`: that key as the run's pre-check took it, when no task
     ran before the report."""
+    from .guards import began_ns
     from .keys import report_key
-    from .report import recorded_key, restore
-    if recorded_key(out_dir) != (now or report_key(entries, threads)):
+    from .report import changed_since, recorded_key, restore
+    if recorded_key(out_dir) != (now or report_key(entries, threads)) or (
+            now is None and changed_since(entries, began_ns())):   # (tasks ran: a config rewritten?)
         return False
     restore(out_dir)
     return True

@@ -306,7 +306,8 @@ def publish_all(entries, threads, url, memo_path, part=False):
     if cache is None:
         return True
     memo = read_json(memo_path) or {}
-    known = set(memo.get(url) or []) if isinstance(memo, dict) else set()
+    where = f"{url} {cache.key_id}"   # (another key's folder holds none of them)
+    known = set(memo.get(where) or []) if isinstance(memo, dict) else set()
     now, sent, failed = set(), 0, []
     for e in entries:
         status = read_json(e.status)
@@ -328,7 +329,7 @@ def publish_all(entries, threads, url, memo_path, part=False):
                 now.discard(key)
     keep = sorted(now | known if part else now)
     if keep != sorted(known):
-        write_atomic(memo_path, json.dumps({**(memo if isinstance(memo, dict) else {}), url: keep}))
+        write_atomic(memo_path, json.dumps({**(memo if isinstance(memo, dict) else {}), where: keep}))
     if sent:
         sys.stdout.write(f"cache: published {sent} verdict(s) to {url}\n")
     for f in failed[:5]:

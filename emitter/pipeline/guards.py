@@ -120,6 +120,12 @@ def exclusive(build_dir, db=".doit.db"):
 _UNNAMED_WAIT = 2.0   # seconds a busy lock may name no live process before the run is refused
 
 
+def began_ns():
+    """When this run began, on the file system's clock: the lock file's ctime as the run wrote its
+    pid (a file changed since has a ctime no earlier); None outside a run."""
+    return None if _LOCK_FD is None else os.fstat(_LOCK_FD).st_ctime_ns
+
+
 def _recorded_pid(fd):
     """The pid the lock's holder wrote into the file, None if there is none (yet)."""
     text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()

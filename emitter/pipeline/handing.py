@@ -98,27 +98,73 @@ def dodo():
     return mod
 
 
-def own_tasks(ours):
-    """[(basename, [task dicts])] of the dodo's own task creators (a creator only describes its
-    tasks: called here as doit calls it), or None when one cannot be read so (it raises, or is a
-    `create_doit_tasks` object)."""
+def _creators(ours):
+    """[(name, creator)] of the dodo's own task creators, named as doit names them."""
+    from doit.loader import task_params
     mod = dodo()
-    if mod is None:
+    out = []
+    for key, ref in list(vars(mod).items()) if mod is not None else ():
+        if ref is task_params:   # (doit's decorator, imported: no creator)
+            continue
+        if key.startswith("task_") and callable(ref) and not isinstance(ref, type) and ref not in ours:
+            out.append((key[len("task_"):], ref))
+        elif hasattr(ref, "create_doit_tasks"):
+            ref = ref.create_doit_tasks
+            out.append((getattr(ref, "basename", key), ref))
+    return out
+
+
+def _called(name, ref):
+    """[(doit's full name, task dict)] of one creator, called here as doit calls it (with its
+    parameters' defaults; its dicts copied), or None when it cannot be (it raises, is delayed or
+    an object's)."""
+    import copy
+    if getattr(ref, "doit_create_after", None) or getattr(ref, "__name__", "") == "create_doit_tasks":
+        return None
+    try:
+        params = getattr(ref, "_task_creator_params", None) or ()
+        got = ref(**{p["name"]: p.get("default") for p in params})
+        single = isinstance(got, dict)
+        made = copy.deepcopy([got] if single else list(got or ()))
+    except Exception:
+        return None
+    if not all(isinstance(t, dict) for t in made):
+        return None
+    out = []
+    for t in made:   # doit's names: a returned dict's basename (doit, having called the creator
+        # first, may have turned it into `name`), a yielded one's basename:name
+        if single:
+            full = t.get("basename") or t.get("name") or name
+        else:
+            base = t.get("basename") or name
+            full = f"{base}:{t['name']}" if t.get("name") else base
+        out.append((full, t))
+    return out
+
+
+def creator_basenames(ours):
+    """The basenames of the dodo's own tasks: those its creators make, called; a creator that
+    cannot be called early by its name (a delayed one's `creates`): a plain run's default tasks."""
+    out = []
+    for name, ref in _creators(ours):
+        made = _called(name, ref)
+        delayed = getattr(ref, "doit_create_after", None)
+        out += [n.split(":")[0] for n, _ in made] if made is not None else \
+            list(getattr(delayed, "creates", None) or [name])
+    return out
+
+
+def own_tasks(ours):
+    """[(doit's full name, task dict)] of the dodo's own tasks, or None when a creator cannot be
+    read so (`_called`)."""
+    if dodo() is None:
         return []   # `logos doit`: the zoo's tasks alone
     out = []
-    for key, ref in list(vars(mod).items()):
-        if key.startswith("task_") and callable(ref) and not isinstance(ref, type) and ref not in ours:
-            try:
-                got = ref()
-                made = [got] if isinstance(got, dict) else list(got or ())
-            except Exception:
-                return None
-            if not all(isinstance(t, dict) for t in made):
-                return None
-            base = next((t["basename"] for t in made if "basename" in t), key[len("task_"):])
-            out.append((base, made))
-        elif hasattr(ref, "create_doit_tasks"):
+    for name, ref in _creators(ours):
+        made = _called(name, ref)
+        if made is None:
             return None
+        out += made
     return out
 
 
@@ -129,13 +175,10 @@ class Writers:
 
     def __init__(self, own, root):
         self.root, self.tasks = root, []
-        for base, made in own or ():
-            for t in made:
-                b = t.get("basename", base)
-                name = f"{b}:{t['name']}" if t.get("name") else b
-                targets = [self._real(x) for x in t.get("targets", ())]
-                if targets:
-                    self.tasks.append((name, targets))
+        for name, t in own or ():
+            targets = [self._real(x) for x in t.get("targets", ())]
+            if targets:
+                self.tasks.append((name, targets))
 
     def _real(self, path):
         return os.path.realpath(os.path.join(self.root, os.fspath(path)))
@@ -148,8 +191,10 @@ class Writers:
                        if t == p or t.startswith(p + os.sep) or p.startswith(t + os.sep)})
 
     def makes(self, path):
-        """Whether a task of the dodo's own writes `path` (a folder: anything in it)."""
-        return bool(self.of([path]))
+        """Whether a task of the dodo's own writes `path` or something in it (a task that writes a
+        folder holding it may not make it)."""
+        p = self._real(path)
+        return any(t == p or t.startswith(p + os.sep) for _, targets in self.tasks for t in targets)
 
 
 def dodo_ok(own, config, own_keys, writes):
@@ -163,7 +208,7 @@ def dodo_ok(own, config, own_keys, writes):
         return True   # `logos doit`: the zoo's tasks alone
     if own is None or writes:
         return False
-    for t in (t for _, made in own for t in made):
+    for _, t in own:
         named = [str(d).split(":")[0] for k in ("task_dep", "setup", "calc_dep") for d in t.get(k, ())]
         if any(n in ZOO_TASKS for n in named):
             return False

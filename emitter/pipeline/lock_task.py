@@ -164,6 +164,7 @@ def lock_program(entry, run, db):
         if pc.weights and not os.path.isdir(pc.weights):
             done[c.dtype] = error_result(pc.name, pc.source, c.dtype, pc.steps,
                                          f"{pc.weights}: the weights directory does not exist")
+            fresh.add(c.dtype)   # (this run's verdict: in the history too)
             continue
         jobs.append(_job(entry, c, parts, run, golden, traces))
         golden = golden if (run.get("executor") or "inline") != "inline" else None

@@ -107,7 +107,20 @@ def _check_rows(e, status, cache, now, parts_now):
     return rows
 
 
-def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=None):
+def _ctime(path):
+    try:
+        return os.stat(path).st_ctime_ns
+    except OSError:
+        return 0
+
+
+def changed_since(entries, began):
+    """Whether a config of `entries` changed since the run `began` (after the run read it)."""
+    return began is not None and any(_ctime(f) >= began for f in dict.fromkeys(
+        f for e in entries for f in e.configs))
+
+
+def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=None, began=None):
     """One row per check: (program, dtype) for locked programs, (program, "emit") for the rest.
 
     `entries`: the run's `checks.Entry` records. A result recorded under another key than its
@@ -115,7 +128,9 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
     every check of a program one of whose tasks failed in this run (`failures`: {task name:
     message}), and a failed task of no program is a row of its own. `cache_path`, if given,
     keeps slim copies of the files read between runs, each under its content's fingerprint;
-    `key_rows`, if given, gets each program's `keys.report_row` from the same reads."""
+    `key_rows`, if given, gets each program's `keys.report_row` from the same reads. A config
+    changed since the run `began` (ns, the file system's clock), after the run read it (a task
+    of the dodo's own wrote it, an edit): its programs' checks are errors, not current."""
     from .keys import current_parts, report_row
     cache = StampedCache(cache_path, 6)   # v6: rows keep the bf16 gate's bounds
     failures = dict(failures or {})
@@ -138,6 +153,10 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
             task, message = failed[0]
             for r in rows[len(rows) - max(1, len(e.checks)):]:
                 r.update(verdict="error", reason=f"{task}:{e.name} failed in this run: {message}")
+        edited = [f for f in e.configs if began is not None and _ctime(f) >= began]
+        for r in rows[len(rows) - max(1, len(e.checks)):] if edited else ():
+            r.update(verdict="error", current=False, reason=f"{edited[0]}: changed during this run, "
+                     "after the run read it (its checks are about the config as it was): run doit again")
     failures.pop("report", None)
     for task, message in sorted(failures.items()):
         rows.append(_row(task, None, "task", "error", f"{task} failed in this run: {message}"))

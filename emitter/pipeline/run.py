@@ -17,7 +17,7 @@ from .log import LOG
 from .checks import entries
 from .config import discover
 from ..importers import declared_reads
-from ..verify.threads import DEFAULT_THREADS
+from ..verify.threads import DEFAULT_THREADS, MAX_THREADS
 
 _BEGUN = []
 
@@ -83,8 +83,8 @@ def settings(get_var):
     try:
         ex = executors.parse(get_var("executor"), get_var("workers"))
         threads = str(get_var("threads") or DEFAULT_THREADS)
-        if not threads.isdigit() or int(threads) < 1:
-            raise executors.ExecutorError(f"threads={threads}: must be a whole number of at least 1")
+        if not threads.isdigit() or not 1 <= int(threads) <= MAX_THREADS:
+            raise executors.ExecutorError(f"threads={threads[:20]}: must be a whole number from 1 to {MAX_THREADS}")
         executors.probe(ex)
         store, warning = vcache.open_cache(get_var("cache"))
     except (executors.ExecutorError, vcache.CacheError) as e:
@@ -119,7 +119,9 @@ def start(build, config, own_config, ours, default_tasks):
         _CURRENT.append(Run(build, config, own_config, ours))
         cfg = getattr(handing.dodo(), "DOIT_CONFIG", None)
         if isinstance(cfg, dict) and cfg.get("default_tasks") is default_tasks:
-            default_tasks.extend(b for b, made in _CURRENT[0].own or () if made and b not in default_tasks)
+            own = _CURRENT[0].own
+            names = handing.creator_basenames(ours) if own is None else [n.split(":")[0] for n, _ in own]
+            default_tasks.extend(dict.fromkeys(n for n in names if n not in default_tasks))
     return _CURRENT[0]
 
 

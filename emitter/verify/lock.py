@@ -32,7 +32,7 @@ from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .probe import CouldNotRun, Probe, Raised, run_module
 from .resident import Releasing, Resident, reads, worth_releasing
-from .threads import DEFAULT_THREADS, thread_limits
+from .threads import DEFAULT_THREADS, MAX_THREADS, thread_limits
 from .tolerances import DEFAULT_TOLERANCES as TOLERANCES, tolerance
 
 SCHEMA, VERSION = "logos.lock.result", 2
@@ -350,8 +350,8 @@ ZOO_RECORD = os.path.join("build", ".fingerprints.json")   # a zoo's hash record
 
 
 def main(args):
-    if args.threads < 1:
-        print(f"--threads must be at least 1, got {args.threads}", file=sys.stderr)
+    if not 1 <= args.threads <= MAX_THREADS:
+        print(f"--threads must be from 1 to {MAX_THREADS}, got {args.threads}", file=sys.stderr)
         return 2
     if os.path.isfile(ZOO_RECORD):   # run inside a zoo: a weights file it hashed is not read again
         fingerprint.bind(ZOO_RECORD)

@@ -8,6 +8,7 @@ import contextlib
 import functools
 
 DEFAULT_THREADS = 1
+MAX_THREADS = 4096   # torch's pool crashes the process (a segfault, after the verdict) at 65536
 
 
 @functools.lru_cache(maxsize=None)
