@@ -451,3 +451,11 @@ def test_a_thread_count_torch_cannot_take_is_refused_before_anything_runs(tmp_pa
     rc, ran, out = doit(z, "threads=99999")
     assert rc == 3 and "threads=99999: must be a whole number from 1 to 4096" in out and not ran, out
     assert doit(z, "threads=2")[0] == 0
+
+
+def test_a_mistyped_variable_is_named_with_the_one_it_is_near(tmp_path):
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    rc, ran, out = doit(z, "worker=4", "exectuor=inline", "mine=1")
+    assert rc == 0, out
+    assert "warning: `worker=` is no variable of the zoo's; did you mean `workers`? It is ignored" in out
+    assert "did you mean `executor`?" in out and "`mine=`" not in out

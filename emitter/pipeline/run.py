@@ -63,6 +63,22 @@ def begin(build):
         set_aside(build)
 
 
+VARIABLES = ("executor", "workers", "threads", "cache")   # the zoo's doit command-line variables
+
+
+def _near_variables(args):
+    """A command-line variable that is none of the zoo's but near one (`worker=4`): a warning (a
+    dodo's own variables, far from these, pass unremarked)."""
+    from ..language.hints import did_you_mean
+    out = []
+    for a in args or ():
+        name = a.split("=", 1)[0]
+        hint = "=" in a and not a.startswith("-") and name not in VARIABLES and did_you_mean(name, VARIABLES)
+        if hint:
+            out.append(f"`{name}=` is no variable of the zoo's{hint} It is ignored")
+    return out
+
+
 def _listable(folder):
     """A zoo's programs/ that is there but cannot be listed (a link whose target is gone, a loop)
     refuses the run (exit 3): read as empty, it would pass with no checks and sweep every result."""
@@ -135,7 +151,7 @@ class Run:
         log.setup(log.verbosity(args))
         self.build, self.db = build, f"{build}/results.sqlite"
         self.settings = settings(get_var)
-        warnings = []
+        warnings = _near_variables(args)
         _listable("programs")
         self.own = handing.own_tasks(ours)   # the dodo's own tasks, as their creators make them
         # what they write: the zoo's tasks that read it wait for them (a folder or checkpoint a
