@@ -186,6 +186,8 @@ class Writers:
     def of(self, paths):
         """The names of the tasks that write one of `paths` (files, or folders: a file in one, or
         a folder holding one, counts)."""
+        if not self.tasks:   # (no task of the dodo's own writes anything: nothing to resolve)
+            return []
         real = [self._real(p) for p in paths if p]
         return sorted({n for n, targets in self.tasks for t in targets for p in real
                        if t == p or t.startswith(p + os.sep) or p.startswith(t + os.sep)})
@@ -193,6 +195,8 @@ class Writers:
     def makes(self, path):
         """Whether a task of the dodo's own writes `path` or something in it (a task that writes a
         folder holding it may not make it)."""
+        if not self.tasks:
+            return False
         p = self._real(path)
         return any(t == p or t.startswith(p + os.sep) for _, targets in self.tasks for t in targets)
 
