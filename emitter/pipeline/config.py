@@ -113,9 +113,8 @@ def load_defaults(root, programs_dir="programs", cache=None):
     if not os.path.isfile(full):   # a link whose target is gone: never read as no defaults
         raise ConfigError(f"cannot read the config: {_unreadable(full)}", None, path)
     if inside(root, path, None, merged["roots"]) is None:
-        raise ConfigError(f"`{path}` is a link that {leaves_message(path, merged['roots']).split(' ', 1)[1]}",
-                          None, path)
-    data, lines = load_yaml(os.path.join(root, path), path, cache)
+        raise _linked_out(path, merged["roots"])
+    data, lines = load_yaml(full, path, cache)
     p = Problems(path, lines)
     given = check_common(p, data, DEFAULT_KEYS, LIMITS, root)
     _finish(p)
@@ -147,8 +146,7 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
     if not has_cfg and f"{name}.yaml" in tree.entries(programs_dir):
         raise ConfigError(f"cannot read the config: {_unreadable(cfg_path)}", None, cfg_rel)
     if has_cfg and inside(root, cfg_rel, tree, roots) is None:
-        raise ConfigError(f"`{cfg_rel}` is a link that {leaves_message(cfg_rel, roots).split(' ', 1)[1]}",
-                          None, cfg_rel)
+        raise _linked_out(cfg_rel, roots)
     data, lines = load_yaml(cfg_path, cfg_rel, cache) if has_cfg else ({}, {})
     p = Problems(cfg_rel, lines)
     given = check_common(p, data, PROGRAM_KEYS, LIMITS, root)
@@ -204,6 +202,11 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
             p.errors.append(ConfigError(f"{leaves_message(default, roots)} (a link?)", None,
                                         cfg_rel if has_cfg else source))
     return _finish(p, pc)
+
+
+def _linked_out(rel, roots):
+    """The ConfigError of a config that is a link out of the repository and every root."""
+    return ConfigError(f"`{rel}` is a link that {leaves_message(rel, roots).split(' ', 1)[1]}", None, rel)
 
 
 def _unreadable(path):

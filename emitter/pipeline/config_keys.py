@@ -201,8 +201,7 @@ def check_derive(p, d, keys, root, tree, roots):
     resolved = inside(root, ck, tree, roots)
     if resolved is None:
         raise p.error("derive.checkpoint", leaves_message(ck, roots))
-    if not os.path.isfile(os.path.join(root, resolved)) and not (
-            tree is not None and not os.path.lexists(os.path.join(root, resolved)) and tree.makes(resolved)):
+    if not os.path.isfile(os.path.join(root, resolved)) and not (tree and tree.to_be_made(resolved)):
         raise p.error("derive.checkpoint", f"`{excerpt(ck, 120)}` is not a file")
     return imp, ck, resolved
 
@@ -217,7 +216,6 @@ def check_weights(p, w, root, tree, roots):
     if rel == "." or rel == "build" or rel.startswith("build/"):
         raise p.error("weights", f"`{excerpt(w, 120)}` is the repository or under build/ "
                       "(derived weights are made there by `derive:`)")
-    if not os.path.isdir(os.path.join(root, rel)) and not (
-            tree is not None and not os.path.lexists(os.path.join(root, rel)) and tree.makes(rel)):
+    if not os.path.isdir(os.path.join(root, rel)) and not (tree and tree.to_be_made(rel)):
         raise p.error("weights", f"`{excerpt(w, 120)}` is not a directory")
     return rel

@@ -99,7 +99,8 @@ def dodo():
 
 
 def _creators(ours):
-    """[(name, creator)] of the dodo's own task creators, named as doit names them."""
+    """[(name, creator, whether it may be called early)] of the dodo's own task creators, named as
+    doit names them (an object's `create_doit_tasks` and a delayed creator may not)."""
     from doit.loader import task_params
     mod = dodo()
     out = []
@@ -107,20 +108,17 @@ def _creators(ours):
         if ref is task_params:   # (doit's decorator, imported: no creator)
             continue
         if key.startswith("task_") and callable(ref) and not isinstance(ref, type) and ref not in ours:
-            out.append((key[len("task_"):], ref))
+            out.append((key[len("task_"):], ref, not getattr(ref, "doit_create_after", None)))
         elif hasattr(ref, "create_doit_tasks"):
             ref = ref.create_doit_tasks
-            out.append((getattr(ref, "basename", key), ref))
+            out.append((getattr(ref, "basename", key), ref, False))
     return out
 
 
 def _called(name, ref):
     """[(doit's full name, task dict)] of one creator, called here as doit calls it (with its
-    parameters' defaults; its dicts copied), or None when it cannot be (it raises, is delayed or
-    an object's)."""
+    parameters' defaults; its dicts copied), or None when it raises."""
     import copy
-    if getattr(ref, "doit_create_after", None) or getattr(ref, "__name__", "") == "create_doit_tasks":
-        return None
     try:
         params = getattr(ref, "_task_creator_params", None) or ()
         got = ref(**{p["name"]: p.get("default") for p in params})
@@ -142,30 +140,21 @@ def _called(name, ref):
     return out
 
 
-def creator_basenames(ours):
-    """The basenames of the dodo's own tasks: those its creators make, called; a creator that
-    cannot be called early by its name (a delayed one's `creates`): a plain run's default tasks."""
-    out = []
-    for name, ref in _creators(ours):
-        made = _called(name, ref)
-        delayed = getattr(ref, "doit_create_after", None)
-        out += [n.split(":")[0] for n, _ in made] if made is not None else \
-            list(getattr(delayed, "creates", None) or [name])
-    return out
-
-
 def own_tasks(ours):
-    """[(doit's full name, task dict)] of the dodo's own tasks, or None when a creator cannot be
-    read so (`_called`)."""
-    if dodo() is None:
-        return []   # `logos doit`: the zoo's tasks alone
-    out = []
-    for name, ref in _creators(ours):
-        made = _called(name, ref)
+    """([(doit's full name, task dict)] of the dodo's own tasks, or None when a creator cannot be
+    called early; their basenames, a plain run's default tasks: those a creator makes, else (not
+    called) its name, a delayed one's `creates`). Each creator is called once."""
+    tasks, basenames = [], []
+    for name, ref, early in _creators(ours):
+        made = _called(name, ref) if early else None
         if made is None:
-            return None
-        out += made
-    return out
+            tasks = None
+            basenames += list(getattr(getattr(ref, "doit_create_after", None), "creates", None) or [name])
+            continue
+        if tasks is not None:
+            tasks += made
+        basenames += [n.split(":")[0] for n, _ in made]
+    return tasks, list(dict.fromkeys(basenames))
 
 
 class Writers:

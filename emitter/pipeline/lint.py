@@ -67,8 +67,9 @@ def _targets(paths):
     for path in paths:
         if os.path.isdir(path):
             folder = os.path.join(path, "programs") if os.path.isdir(os.path.join(path, "programs")) else path
-            folders.setdefault(os.path.normpath(folder), set()).update(_programs_in(folder))
-            for w in stray_configs(os.listdir(folder), _programs_in(folder), os.path.normpath(folder)):
+            names = _programs_in(folder)
+            folders.setdefault(os.path.normpath(folder), set()).update(names)
+            for w in stray_configs(os.listdir(folder), names, os.path.normpath(folder)):
                 print(f"warning: {w}", file=sys.stderr)
             continue
         folder, base = os.path.split(os.path.normpath(path))

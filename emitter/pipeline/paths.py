@@ -13,8 +13,13 @@ class Tree:
 
     def __init__(self, root, makes=None):
         self.root = root
-        self.makes = makes or (lambda path: False)   # whether a task of this run makes `path`
+        self._makes = makes   # whether a task of this run makes a path
         self._real, self._dirs = {}, {}
+
+    def to_be_made(self, rel):
+        """Whether `rel`, not there, is made by a task of this run (a config may name it)."""
+        return self._makes is not None and not os.path.lexists(os.path.join(self.root, rel)) \
+            and self._makes(rel)
 
     def real(self, path):
         if path not in self._real:

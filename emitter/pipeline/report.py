@@ -115,9 +115,11 @@ def _ctime(path):
 
 
 def changed_since(entries, began):
-    """Whether a config of `entries` changed since the run `began` (after the run read it)."""
-    return began is not None and any(_ctime(f) >= began for f in dict.fromkeys(
-        f for e in entries for f in e.configs))
+    """The configs of `entries` changed since the run `began` (ns, the file system's clock: after
+    the run read them), each looked at once."""
+    if began is None:
+        return set()
+    return {f for f in dict.fromkeys(f for e in entries for f in e.configs) if _ctime(f) >= began}
 
 
 def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=None, began=None):
@@ -134,6 +136,7 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
     from .keys import current_parts, report_row
     cache = StampedCache(cache_path, 6)   # v6: rows keep the bf16 gate's bounds
     failures = dict(failures or {})
+    changed = changed_since(entries, began)
     rows = []
     for e in entries:
         failed = [(t, failures.pop(f"{t}:{e.name}")) for t in PROGRAM_TASKS
@@ -149,12 +152,13 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
         if key_rows is not None:
             key_rows.append(report_row(e, threads, raw or {}, read_json(e.lock_status), now))
         rows += _check_rows(e, status, cache, now, parts)
+        mine = rows[len(rows) - max(1, len(e.checks)):]
         if failed:   # the first of its tasks to fail says why (the later ones waited for it)
             task, message = failed[0]
-            for r in rows[len(rows) - max(1, len(e.checks)):]:
+            for r in mine:
                 r.update(verdict="error", reason=f"{task}:{e.name} failed in this run: {message}")
-        edited = [f for f in e.configs if began is not None and _ctime(f) >= began]
-        for r in rows[len(rows) - max(1, len(e.checks)):] if edited else ():
+        edited = [f for f in e.configs if f in changed]
+        for r in mine if edited else ():
             r.update(verdict="error", current=False, reason=f"{edited[0]}: changed during this run, "
                      "after the run read it (its checks are about the config as it was): run doit again")
     failures.pop("report", None)

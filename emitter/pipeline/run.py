@@ -135,9 +135,7 @@ def start(build, config, own_config, ours, default_tasks):
         _CURRENT.append(Run(build, config, own_config, ours))
         cfg = getattr(handing.dodo(), "DOIT_CONFIG", None)
         if isinstance(cfg, dict) and cfg.get("default_tasks") is default_tasks:
-            own = _CURRENT[0].own
-            names = handing.creator_basenames(ours) if own is None else [n.split(":")[0] for n, _ in own]
-            default_tasks.extend(dict.fromkeys(n for n in names if n not in default_tasks))
+            default_tasks.extend(n for n in _CURRENT[0].own_basenames if n not in default_tasks)
     return _CURRENT[0]
 
 
@@ -153,7 +151,8 @@ class Run:
         self.settings = settings(get_var)
         warnings = _near_variables(args)
         _listable("programs")
-        self.own = handing.own_tasks(ours)   # the dodo's own tasks, as their creators make them
+        # the dodo's own tasks, as their creators make them (None: one cannot be called early)
+        self.own, self.own_basenames = handing.own_tasks(ours)
         # what they write: the zoo's tasks that read it wait for them (a folder or checkpoint a
         # config names counts as there when one of them makes it)
         self.writers = handing.Writers(self.own, os.getcwd())

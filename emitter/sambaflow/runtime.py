@@ -292,8 +292,8 @@ def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
         base = data.offset % mmap.ALLOCATIONGRANULARITY if isinstance(data, np.memmap) else 0
         for i in range(0, flat.size, block) if check or out is not source else ():
             part = flat[i:i + block]
-            finite = not check or name in allow_nonfinite or bool(np.isfinite(part).all())
-            whole = not check or kind != "int" or bool(np.array_equal(part, np.round(part)))
+            finite = name in allow_nonfinite or bool(np.isfinite(part).all())
+            whole = kind != "int" or bool(np.array_equal(part, np.round(part)))
             if out is not source:
                 out[i:i + part.size].copy_(source[i:i + part.size])
             if isinstance(data, np.memmap):   # read: a map's pages come back when the forward reads them
