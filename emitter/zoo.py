@@ -13,11 +13,11 @@ def main(argv, commands=()):
     if enter_zoo() is None:
         print(f"logos doit: no programs/ folder in {os.getcwd()} or any folder above it: a zoo is "
               "programs/NAME.logos (with weights/NAME/ and programs/NAME.yaml where needed)", file=sys.stderr)
-        return 2
+        return 3   # as doit's own refusal where it finds no dodo.py
     if os.path.isfile("dodo.py"):
         print("logos doit: this folder has a dodo.py of its own: run `doit` (a dodo.py gets the zoo's "
               "tasks with `from emitter.tasks import *`)", file=sys.stderr)
-        return 2
+        return 3
     from doit.cmd_base import NamespaceTaskLoader
     from doit.doit_cmd import DoitMain
 

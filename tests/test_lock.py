@@ -128,6 +128,17 @@ def test_bundle_of_another_source_is_refused(zoo, tmp_path):
     assert r["verdict"] == "error" and "emit it again" in r["reason"]
 
 
+def test_a_leaf_with_no_value_and_no_weights_is_named_at_its_program_line(tmp_path):
+    """No weights directory for a program that reads an input: the error is the program's, at the
+    line that declares the input (never `<program>`)."""
+    src = "Let q be a 1 by 2 tensor of Real.\nLet x be a 1 by 2 tensor of Real.\nLet y be silu of x.\n"
+    prog = tmp_path / "p.logos"
+    prog.write_text(src)
+    r = lock_bundle(emit_bundle(src, tmp_path / "b"), str(prog))
+    assert r["verdict"] == "error" and r["reason"].startswith(f"{prog}:2: the input `x` is read but has no "
+                                                            "declared value"), r["reason"]
+
+
 def test_module_that_raises_names_the_stage(zoo, tmp_path):
     """A module that raises on the program's inputs is a wrong bundle: a fail at that stage."""
     bundle = _sabotage(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    raise RuntimeError('boom')\n")

@@ -148,7 +148,8 @@ _get_comp_words_by_ref() { cur="${COMP_WORDS[COMP_CWORD]}"; prev="${COMP_WORDS[C
 __ltrim_colon_completions() { :; }
 _filedir() { :; }
 source complete.sh
-for line in "logos ch" "logos doit cl" "logos doit em" "logos doit info em"; do
+for line in "logos ch" "logos doit cl" "logos doit em" "logos doit info em" "logos check progr" \
+            "logos lock programs/a.lo"; do
   read -a COMP_WORDS <<< "$line"; COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); COMPREPLY=()
   _logos_doit; echo "$line => ${COMPREPLY[*]}"
 done
@@ -156,9 +157,12 @@ done
     r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": ROOT, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
     assert r.stdout.splitlines() == ["logos ch => check", "logos doit cl => clean",
-                                     "logos doit em => emit", "logos doit info em => emit"], r.stdout + r.stderr
+                                     "logos doit em => emit", "logos doit info em => emit",
+                                     "logos check progr => programs",   # file names, as bash's own
+                                     "logos lock programs/a.lo => programs/a.logos"], r.stdout + r.stderr
     zsh = logos("doit", "tabcompletion", "--shell", "zsh", cwd=tmp_path).stdout
     assert zsh.startswith("#compdef logos\n") and "$(logos doit list" in zsh and "shift words" in zsh
+    assert "_files" in zsh
 
 
 def test_a_program_linked_out_of_the_repository_is_refused_unread(tmp_path):

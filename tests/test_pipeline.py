@@ -199,6 +199,14 @@ def test_failures_are_isolated_and_reported(tmp_path):
                           capture_output=True, text=True)
     lines = [ln for ln in hist.stdout.splitlines() if "float32" in ln]
     assert len(lines) == 2 and " pass " in lines[0] and lines[1].startswith("! ") and " fail " in lines[1]
+    # a program refused after an emit, then deleted: nothing of it is left in build/, not even
+    # the bundle's folder its refusal emptied
+    (z / "programs/good.logos").write_text("Let y be frobnicate of x.\n")
+    doit(z)
+    assert os.listdir(z / "build/bundles/good") == []
+    (z / "programs/good.logos").unlink()
+    doit(z)
+    assert not os.path.exists(z / "build/bundles/good") and not os.path.exists(z / "build/results/good")
 
 
 def test_sigterm_keeps_progress_and_second_run_is_refused(zoo):

@@ -127,15 +127,27 @@ def test_a_bf16_row_in_the_page_marks_the_flat_figures_as_not_judged():
     assert '<td class="info">10.8†</td>' in row and '<td class="info">0.158†</td>' in row
 
 
-def test_junit_line_comes_from_the_op_or_the_reason():
-    from emitter.pipeline.report import junit_line
+def test_junit_place_comes_from_the_op_or_the_reason():
+    from emitter.pipeline.report import junit_place
+    src = "programs/x.logos"
     err = {**ROW, "reason": "emit:x failed in this run: programs/x.logos:7: `Let y be q of x.`: unknown"}
-    assert junit_line(err) == 7
-    assert junit_line({**ROW, "reason": "the bundle's PRECISION says stage 3 `h = plus` (line 9) runs in"}) == 9
-    assert junit_line({**ROW, "reason": "build/results/x/float64.json: refused: not current"}) is None
-    assert junit_line({**GATED, "first_divergence": {"line": 12}}) == 12 and junit_line(GATED) == 1797
+    assert junit_place(err) == (src, 7)
+    assert junit_place({**ROW, "reason": "the bundle's PRECISION says stage 3 `h = plus` (line 9) runs in"}) == (src, 9)
+    assert junit_place({**ROW, "reason": "build/results/x/float64.json: refused: not current"}) == (src, None)
+    assert junit_place({**GATED, "first_divergence": {"line": 12}}) == ("programs/m.logos", 12)
+    assert junit_place(GATED) == ("programs/m.logos", 1797)
+    # a config's refusal is at its YAML line, the program's own config or the zoo's defaults
+    for conf in ("programs/x.yaml", "programs/defaults.yaml"):
+        assert junit_place({**ROW, "reason": f"{conf}:3: `steps`: must be a positive integer"}) == (conf, 3)
+    # another file's line is not taken for the program's
+    assert junit_place({**ROW, "reason": "weights/other.yaml:3: no (line 4)"}) == (src, 4)
     root = ET.fromstring(render_junit([{**err, "source": "programs/x.logos"}]))
     assert root.find("testsuite/testcase").get("line") == "7"
+    conf = {**ROW, "reason": "programs/x.yaml:3: `steps`: must be a positive integer, got 0"}
+    case = ET.fromstring(render_junit([conf])).find("testsuite/testcase")
+    assert (case.get("file"), case.get("line")) == ("programs/x.yaml", "3")
+    case = ET.fromstring(render_junit([conf], locate=False)).find("testsuite/testcase")
+    assert case.find("error").text.startswith("programs/x.yaml:3: ")
 
 
 def test_the_header_names_the_commit_of_a_git_zoo_and_a_reproducible_time(tmp_path, monkeypatch):
@@ -173,3 +185,20 @@ def test_plot_legend_sits_below_the_frame_and_bf16_is_drawn_last():
     frame_bottom = P.HEIGHT - P.BOTTOM
     legend = re.findall(r'<text x="[\d.]+" y="([\d.]+)">(float64|float32|bfloat16[^<]*|tolerance)</text>', svg)
     assert len(legend) == 4 and all(float(y) > frame_bottom + 20 for y, _ in legend)
+
+
+def test_a_failed_task_of_no_program_is_neither_a_program_nor_a_check():
+    """A dodo's own task that failed is a row of its own: counted among the errors, named as a
+    failed task, never as a program or a check (report.json, summary.md, report.html)."""
+    import json
+    from emitter.pipeline.report import render_json
+    from emitter.pipeline.report_html import render as render_html
+    ok = {**ROW, "name": "a", "verdict": "pass", "reason": None}
+    task = {**ROW, "name": "gen", "check": "task", "reason": "gen failed in this run: boom"}
+    body = json.loads(render_json([ok, {**ok, "check": "float32"}, task]))
+    assert (body["programs"], body["checks"], body["failed_tasks"]) == (1, 2, 1)
+    assert body["counts"] == {"pass": 2, "fail": 0, "error": 1}
+    head = "1 program, 2 checks and 1 failed task — 2 pass, 0 fail, 1 error"
+    assert render_summary([ok, {**ok, "check": "float32"}, task]).splitlines()[0] == f"## ❌ LOGOS lock: {head}"
+    assert f"<h1>LOGOS lock: {head}</h1>" in render_html([ok, {**ok, "check": "float32"}, task])
+    assert "2 programs, 2 checks — 2 pass" in render_summary([ok, {**ok, "name": "b"}])

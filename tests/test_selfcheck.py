@@ -84,4 +84,6 @@ def test_logos_runs_the_zoo_in_any_folder_and_results_as_json(tmp_path):
     assert p.returncode == 0 and p.stdout.startswith("logos ")
     (repo / "dodo.py").write_text("")
     p = subprocess.run([logos, "doit"], cwd=repo, capture_output=True, text=True)
-    assert p.returncode == 2 and "has a dodo.py of its own" in p.stderr
+    assert p.returncode == 3 and "has a dodo.py of its own" in p.stderr   # refused, as doit refuses
+    p = subprocess.run([logos, "doit"], cwd=tmp_path, capture_output=True, text=True)   # no zoo above
+    assert p.returncode == 3 and "no programs/ folder in" in p.stderr and "Traceback" not in p.stderr

@@ -45,8 +45,8 @@ def remove_files(paths):
 def drop_gone(build, names):
     """Remove what the zoo made for programs it no longer has (deleted or renamed: a bundle of a
     program that is gone, its golden/ beside it, would still test itself): a bundle (a folder whose
-    manifest.json is the emitter's) with its golden/, results and statuses, each by its schema;
-    anything else there (a dodo's own) stays. Best effort: what cannot be removed stays. Their
+    manifest.json is the emitter's) with its golden/, results and statuses, each by its schema,
+    and an empty folder; anything else there (a dodo's own) stays. Best effort: what cannot be removed stays. Their
     history stays (`logos results --prune` drops it)."""
     from ..files import BUNDLE_FILES
     for n in _others(os.path.join(build, "bundles"), names):
@@ -54,7 +54,7 @@ def drop_gone(build, names):
         if _schema(os.path.join(folder, "manifest.json")) == "logos.sambaflow.manifest":
             unlink_quietly([os.path.join(folder, f) for f in BUNDLE_FILES])
             remove_dir(os.path.join(folder, "golden"))
-            _rmdir(folder)
+        _rmdir(folder)   # (and one left empty: a refused program's, its bundle removed)
     for n in _others(os.path.join(build, "results"), names):
         folder = os.path.join(build, "results", n)
         unlink_quietly([os.path.join(folder, f) for f in listing(folder)

@@ -207,3 +207,27 @@ def dodo_ok(own, config, own_keys, writes):
             return False
     cfg = vars(mod).get("DOIT_CONFIG")
     return isinstance(cfg, dict) and all(cfg.get(k) == config[k] for k in own_keys)
+
+
+VARIABLES = ("executor", "workers", "threads", "cache")   # the zoo's doit command-line variables
+
+
+def near_variables(args):
+    """A command-line variable that is none of the zoo's but near one (`worker=4`): a warning (a
+    dodo's own variables, far from these, pass unremarked)."""
+    from ..language.hints import did_you_mean
+    out = []
+    for a in args or ():
+        name = a.split("=", 1)[0]
+        hint = "=" in a and not a.startswith("-") and name not in VARIABLES and did_you_mean(name, VARIABLES)
+        if hint:
+            out.append(f"`{name}=` is no variable of the zoo's{hint} It is ignored")
+    return out
+
+
+def ignored(name):
+    """Whether `doit ignore NAME` marked the task (in doit's DB, open by the time tasks load)."""
+    from types import SimpleNamespace
+    from doit.globals import Globals
+    dm = getattr(Globals, "dep_manager", None)
+    return bool(dm is not None and dm.status_is_ignore(SimpleNamespace(name=name)))

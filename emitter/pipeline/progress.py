@@ -113,11 +113,12 @@ class ProgressReporter(ConsoleReporter):
         self.total = len(self.reachable)
         self.work = Work(self.reachable)
         self.line = self.mode == "line" or (self.mode == "auto" and self.total > PROGRESS_THRESHOLD)
-        from .run import _ignored, current
+        from .handing import ignored
+        from .run import current
         if current() is not None:   # a lock whose checks fail fails the run itself when no report
             s = current().settings  # will; a refused emit when neither its lock nor the report will
-            s["report_follows"] = "report" in self.reachable and not _ignored("report")
-            s["locks_follow"] = {n[5:] for n in self.reachable if n.startswith("lock:") and not _ignored(n)}
+            s["report_follows"] = "report" in self.reachable and not ignored("report")
+            s["locks_follow"] = {n[5:] for n in self.reachable if n.startswith("lock:") and not ignored(n)}
         self.start = time.monotonic()
 
     def _maybe_line(self):
@@ -327,16 +328,20 @@ class ProgressReporter(ConsoleReporter):
                 parts.append(f"{len(counts[v])} {v}" + ("" if v == "pass" else f" ({', '.join(shown)})"))
         where = f" · {run.build}/report.html" if "report" in self.reachable else \
             f" · {run.build}/results/ (`logos results`)"
-        return f"{len(rows)} check{'s' if len(rows) != 1 else ''}: {', '.join(parts)}{where}"
+        tasks = sum(1 for _, check, _ in rows if check == "task")   # a dodo's own that failed
+        head = f"{len(rows) - tasks} check{'s' if len(rows) - tasks != 1 else ''}" + \
+            (f" and {tasks} failed task{'s' if tasks != 1 else ''}" if tasks else "")
+        return f"{head}: {', '.join(parts)}{where}"
 
     def _annotate(self, bad, run):
         """Under GitHub Actions: each check that did not pass as an `::error` annotation at the
-        program's line where one is known (the workflow's run page lists them by file)."""
+        program's line where one is known, a config's refusal at its YAML line (the workflow's
+        run page lists them by file)."""
         from ..verify.verdict import describe
         from .lint import annotation
-        from .report import junit_line
+        from .report import junit_place
         sources = {e.name: e.pc.source for e in run.entries}
         for r in bad:
             r.setdefault("source", sources.get(r.get("name")))
-            self.write(annotation(r["source"], junit_line(r), f"{r.get('name')} {r.get('check')} "
+            self.write(annotation(*junit_place(r), f"{r.get('name')} {r.get('check')} "
                                   f"{str(r.get('verdict')).upper()}: {describe(r, 300)}") + "\n")

@@ -16,7 +16,7 @@ from ..files import StampedCache, json_lines, read_json, write_files
 from ..verify.verdict import decided, decisive, describe, number, one_minus_cos, short
 from ..fingerprint import sha256_or_none, sha256_text
 from .keys import check_key, moved
-from .report_facts import context, counts, warnings
+from .report_facts import context, counts, headline, tally, warnings
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
 REPORT_FILES = ("report.json", "junit.xml", "junit-jenkins.xml", "summary.md", "report.html")   # (formats' order)
@@ -170,23 +170,32 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
 
 
 def render_json(rows):
+    programs, checks, tasks = tally(rows)
     body = {"schema": "logos.pipeline.report", "version": 2,
-            "programs": len({r["name"] for r in rows}), "checks": len(rows), "counts": counts(rows),
+            "programs": programs, "checks": checks, "failed_tasks": tasks, "counts": counts(rows),
             "failures": [dict(r, why=describe(r)) for r in rows if r["verdict"] != "pass"],
             "results": rows}
     return json_lines(body)   # a row per line: a diff of two reports reads row by row
 
 
-def junit_line(r):
-    """The program line a failing or erroring check points at, where one is known: its first
-    diverging op's, its furthest op's, else the `file:line:` (or `(line N)`) its reason names."""
+def junit_place(r):
+    """(file, line) a failing or erroring check points at: its first diverging op's line, its
+    furthest op's, else the `file:line:` its reason names where the file is the program or its
+    config (a config error is at its YAML line), else the `(line N)` of the program it names;
+    the program and None where no line is known."""
+    source = r.get("source")
     for s in (r.get("first_divergence"), r.get("worst")):
         if s and isinstance(s.get("line"), int):
-            return s["line"]
+            return source, s["line"]
     reason = str(r.get("reason") or "")
-    m = (r.get("source") and re.search(re.escape(r["source"]) + r":(\d+):", reason)) or \
-        re.search(r"\(line (\d+)", reason)
-    return int(m.group(1)) if m else None
+    if source:
+        folder, stem = os.path.split(os.path.splitext(source)[0])
+        files = (source, os.path.join(folder, f"{stem}.yaml"), os.path.join(folder, "defaults.yaml"))
+        m = re.search("(" + "|".join(map(re.escape, files)) + r"):(\d+):", reason)
+        if m:
+            return m.group(1), int(m.group(2))
+    m = re.search(r"\(line (\d+)", reason)
+    return source, int(m.group(1)) if m else None
 
 
 def render_junit(rows, header=None, locate=True):
@@ -208,14 +217,14 @@ def render_junit(rows, header=None, locate=True):
     for r in rows:
         case = ET.SubElement(suite, "testcase", classname=short(r["name"]), name=r["check"],
                              time=f"{r.get('seconds') or 0:.3f}")
-        line = junit_line(r) if r["verdict"] != "pass" else None
-        if r["source"] and locate:
-            case.set("file", r["source"])
+        where, line = junit_place(r) if r["verdict"] != "pass" else (r["source"], None)
+        if where and locate:
+            case.set("file", where)
             if line is not None:
                 case.set("line", str(line))
         text = describe(r)
-        if not locate and r["source"] and r["verdict"] != "pass" and not text.startswith(r["source"]):
-            text = f"{r['source']}{':' + str(line) if line else ''}: {text}"
+        if not locate and where and r["verdict"] != "pass" and not text.startswith(where):
+            text = f"{where}{':' + str(line) if line else ''}: {text}"
         if r["verdict"] == "fail":
             ET.SubElement(case, "failure", message=text, type="lock-fail").text = text
         elif r["verdict"] != "pass":
@@ -235,10 +244,8 @@ def _md(text):
 
 def render_summary(rows):
     c = counts(rows)
-    names = {r["name"] for r in rows}
     mark = "✅" if c["fail"] == c["error"] == 0 else "❌"
-    out = [f"## {mark} LOGOS lock: {len(names)} programs, {len(rows)} checks — "
-           f"{c['pass']} pass, {c['fail']} fail, {c['error']} error", ""]
+    out = [f"## {mark} LOGOS lock: {headline(rows)}", ""]
     notes = warnings(rows)
     if notes:
         out += ["### Warnings", ""] + [f"- {_md(n)}" for n in notes] + [""]

@@ -17,6 +17,21 @@ def counts(rows):
     return c
 
 
+def tally(rows):
+    """(programs, checks, failed tasks): a row of a task that failed outside any program (a
+    dodo's own) is neither a program nor a check, though its error counts among the verdicts."""
+    checks = [r for r in rows if r["check"] != "task"]
+    return len({r["name"] for r in checks}), len(checks), len(rows) - len(checks)
+
+
+def headline(rows):
+    """`3 programs, 5 checks — 4 pass, 1 fail, 0 error` (`and 1 failed task` where one did)."""
+    c, (programs, checks, tasks) = counts(rows), tally(rows)
+    more = f" and {tasks} failed task{'s' if tasks != 1 else ''}" if tasks else ""
+    return (f"{programs} program{'s' if programs != 1 else ''}, {checks} check{'s' if checks != 1 else ''}"
+            f"{more} — {c['pass']} pass, {c['fail']} fail, {c['error']} error")
+
+
 def _git(root, *args):
     try:
         p = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=30)

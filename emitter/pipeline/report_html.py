@@ -17,7 +17,7 @@ import re
 
 from ..files import StampedCache, read_json
 from .plot_svg import log_plot
-from .report_facts import context, counts, warnings
+from .report_facts import context, headline, warnings
 from ..fingerprint import sha256_or_none
 from ..verify.verdict import decided, decisive, number, one_minus_cos, short, where
 
@@ -136,10 +136,9 @@ def _plot(name, checks, cache):
     return svg
 
 
-def _header(rows, programs, header):
-    c, env = counts(rows), header["environment"]
-    out = [f"<header><h1>LOGOS lock: {len(programs)} programs, {len(rows)} checks — {c['pass']} pass, "
-           f"{c['fail']} fail, {c['error']} error</h1>"]
+def _header(rows, header):
+    env = header["environment"]
+    out = [f"<header><h1>LOGOS lock: {html.escape(headline(rows))}</h1>"]
     when = f"{html.escape(header['time'])} UTC on <code>{html.escape(header['hostname'])}</code>"
     if header.get("commit"):
         dirty = " (tracked files changed since)" if header.get("dirty") else ""
@@ -183,7 +182,7 @@ def render(rows, cache_path=None, header=None):
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
            "<title>LOGOS lock report</title>", f"<style>{_STYLE}</style></head><body>"]
-    out += _header(rows, programs, header)
+    out += _header(rows, header)
     notes = warnings(rows)
     if notes:
         out.append('<section class="warnings"><h2>Warnings</h2><ul>'

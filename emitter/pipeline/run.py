@@ -63,22 +63,6 @@ def begin(build):
         set_aside(build)
 
 
-VARIABLES = ("executor", "workers", "threads", "cache")   # the zoo's doit command-line variables
-
-
-def _near_variables(args):
-    """A command-line variable that is none of the zoo's but near one (`worker=4`): a warning (a
-    dodo's own variables, far from these, pass unremarked)."""
-    from ..language.hints import did_you_mean
-    out = []
-    for a in args or ():
-        name = a.split("=", 1)[0]
-        hint = "=" in a and not a.startswith("-") and name not in VARIABLES and did_you_mean(name, VARIABLES)
-        if hint:
-            out.append(f"`{name}=` is no variable of the zoo's{hint} It is ignored")
-    return out
-
-
 def _listable(folder):
     """A zoo's programs/ that is there but cannot be listed (a link whose target is gone, a loop)
     refuses the run (exit 3): read as empty, it would pass with no checks and sweep every result."""
@@ -112,14 +96,6 @@ def settings(get_var):
             "cache": store.url if store else None, "kind": ex["kind"]}
 
 
-def _ignored(name):
-    """Whether `doit ignore NAME` marked the task (in doit's DB, open by the time tasks load)."""
-    from types import SimpleNamespace
-    from doit.globals import Globals
-    dm = getattr(Globals, "dep_manager", None)
-    return bool(dm is not None and dm.status_is_ignore(SimpleNamespace(name=name)))
-
-
 _CURRENT = []
 
 
@@ -149,7 +125,7 @@ class Run:
         log.setup(log.verbosity(args))
         self.build, self.db = build, f"{build}/results.sqlite"
         self.settings = settings(get_var)
-        warnings = _near_variables(args)
+        warnings = handing.near_variables(args)
         _listable("programs")
         # the dodo's own tasks, as their creators make them (None: one cannot be called early)
         self.own, self.own_basenames = handing.own_tasks(ours)
@@ -203,11 +179,11 @@ class Run:
         if not sel:   # the default tasks: the dodo's own list where it sets one
             cfg = getattr(handing.dodo(), "DOIT_CONFIG", None)
             sel = list((cfg.get("default_tasks") if isinstance(cfg, dict) else None) or ["report"])
-        follows = any(fnmatch("report", n) for n in sel) and not _ignored("report")
+        follows = any(fnmatch("report", n) for n in sel) and not handing.ignored("report")
         self.settings["report_follows"] = follows
         if not follows:
             self.settings["locks_follow"] = {e.name for e in self.entries if e.locked and any(
-                n == "lock" or fnmatch(f"lock:{e.name}", n) for n in sel) and not _ignored(f"lock:{e.name}")}
+                n == "lock" or fnmatch(f"lock:{e.name}", n) for n in sel) and not handing.ignored(f"lock:{e.name}")}
 
     # --- what is handed ------------------------------------------------------------------------
     def _inputs(self, e=None, kind=None):
@@ -383,7 +359,7 @@ class Run:
         deps = []
         for e in self.entries:
             for n in ([f"lock:{e.name}"] if e.locked else []) + [f"emit:{e.name}"]:
-                if self._hands(n) and not _ignored(n):
+                if self._hands(n) and not handing.ignored(n):
                     deps.append(n)
                     break
         return deps

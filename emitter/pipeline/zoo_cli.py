@@ -27,7 +27,7 @@ def enter_zoo(cwd=None, who=BIN_NAME):
 
 def _bash(script, commands):
     """doit's bash completion for `logos doit …`: the words after `logos` are doit's; at the
-    first word, `logos`' own commands."""
+    first word, `logos`' own commands; after any other command, file names (`logos check p…`)."""
     shift = (f'''
     # `logos COMMAND`: the first word is logos' command; after `logos doit`, the words are doit's
     if [[ ${{cword}} == 1 ]]; then
@@ -35,7 +35,7 @@ def _bash(script, commands):
         return 0
     fi
     if [[ "${{words[1]}}" != "doit" ]]; then
-        COMPREPLY=()
+        COMPREPLY=( $(compgen -f -- "${{cur}}") )
         return 0
     fi
     words=("${{words[@]:1}}")
@@ -47,13 +47,17 @@ def _bash(script, commands):
 
 
 def _zsh(script, commands):
-    """doit's zsh completion for `logos doit …` (the same shift, zsh's way)."""
+    """doit's zsh completion for `logos doit …` (the same shift, zsh's way; file names after
+    logos' other commands)."""
     shift = (f'''
     if (( CURRENT == 2 )); then
         compadd {' '.join(commands)}
         return
     fi
-    [[ "$words[2]" == doit ]] || return 1
+    if [[ "$words[2]" != doit ]]; then
+        _files
+        return
+    fi
     shift words
     (( CURRENT-- ))
 ''')

@@ -302,7 +302,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["verdict"] = "pass" if load["pass"] and all(d["pass"] for d in details) else "fail"
         if keep is not None and raised is None:   # a verdict, every step run: the VM's outputs
             golden_files.update(keep.files())
-    except (ProgramError, CouldNotRun) as e:
+    except ProgramError as e:   # one that names no file is about the program
+        result["reason"] = str(e.at(program_path))
+    except CouldNotRun as e:
         result["reason"] = str(e)
     except Exception as e:  # anything else is still "could not run" (exit 2), never a numeric fail
         result["reason"] = f"the lock check raised {type(e).__name__}: {e}"

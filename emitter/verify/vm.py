@@ -131,11 +131,14 @@ def load_leaves(program, weights_dir=None, ignore=(), allow_nonfinite=()):
             values[name] = _read_leaf(program, name, weights_dir, place, name in allow_nonfinite)
             sources[name] = place[0]
         elif name in required:
-            where = f"no file in the weights directory holds it ({name}.f64, .f32, .npy or a " \
-                    "tensor of a .safetensors file)" if weights_dir else "no weights directory was given"
-            raise ProgramError(f"the {program.roles[name]} `{name}` (line {program.decls[name].line}) "
-                               f"is read but has no declared value (no `Set item` fills it), and {where}",
-                               path=None if weights_dir is None else str(weights_dir))
+            what = f"the {program.roles[name]} `{name}`"
+            if weights_dir is None:   # the program's own line (its path: the caller's, `at`)
+                raise ProgramError(f"{what} is read but has no declared value (no `Set item` fills "
+                                   "it), and no weights directory was given", line=program.decls[name].line)
+            raise ProgramError(f"{what} (line {program.decls[name].line}) is read but has no declared "
+                               "value (no `Set item` fills it), and no file in the weights directory "
+                               f"holds it ({name}.f64, .f32, .npy or a tensor of a .safetensors file)",
+                               path=str(weights_dir))
         else:
             values[name] = declared_value(program, name)
             sources[name] = "declared"
