@@ -69,7 +69,7 @@ def test_a_config_reports_every_error_at_its_line(tmp_path):
 def test_logos_run_names_the_program_and_dtypes_as_users_spell_them(tmp_path):
     prog = write(tmp_path, {"p.logos": SRC}) / "p.logos"
     r = logos("run", str(prog), "--out", str(tmp_path / "o.f64"))
-    assert r.returncode == 1 and r.stderr.startswith(f"{prog}: the input `x` (line 1) is read"), r.stderr
+    assert r.returncode == 1 and r.stderr.startswith(f"{prog}:1: the input `x` is read"), r.stderr
     w = tmp_path / "w"
     w.mkdir()
     np.zeros(3).tofile(w / "x.f64")
