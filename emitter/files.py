@@ -124,3 +124,14 @@ class StampedCache:
                 write_atomic(self.path, json.dumps({"version": self.version, "entries": self.new}))
             except OSError:
                 pass
+
+
+def size_text(n):
+    """A byte count as people read it: `100 bytes`, `1.5 KiB`, `2.3 GiB` (a limit and what exceeds
+    it both readable, whatever their scale)."""
+    if n < 1024:
+        return f"{n} bytes"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}"

@@ -68,6 +68,17 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
      "the key `steps` is given twice"),
     ("tolerances:\n  float32: {abs: 1}\n  float32: {rel: 1}\n", "programs/p.yaml:3",
      "the key `float32` is given twice"),
+    # the bf16 gate's bounds: a NaN never compares, an infinity excuses all, a cosine over 1 never passes
+    ("dtypes: [bfloat16]\nbf16: {deviation: .nan}\n", "programs/p.yaml:2",
+     "`bf16.deviation`: must be a finite number > 0, got nan"),
+    ("bf16: {z: -3}\n", "programs/p.yaml:1", "`bf16.z`: must be a finite number > 0, got -3"),
+    ("bf16: {cosine: 2}\n", "programs/p.yaml:1", "`bf16.cosine`: must be a finite number > 0 and <= 1, got 2"),
+    ("bf16: {margin_noise: .inf}\n", "programs/p.yaml:1", "`bf16.margin_noise`: must be a finite number >= 0"),
+    ("bf16: {cosine: '0.9'}\n", "programs/p.yaml:1", "`bf16.cosine`: must be a finite number"),
+    ("bf16:\n  excess: {matmul: -1}\n", "programs/p.yaml:2", "`bf16.excess.matmul`: must be a finite number > 0"),
+    ("bf16:\n  excess: {matmull: 4}\n", "programs/p.yaml:2", "`matmull` is not an op; did you mean `matmul`?"),
+    ("bf16:\n  excess: 4\n", "programs/p.yaml:2", "`bf16.excess`: must map op names to numbers"),
+    ("bf16: {deviatoin: 0.3}\n", "programs/p.yaml:1", "`bf16.deviatoin`: unknown bound"),
 ])
 def test_bad_config_names_file_line_and_key(tmp_path, yaml_text, where, words):
     got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/p.yaml": yaml_text,

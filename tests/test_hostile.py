@@ -145,6 +145,12 @@ def test_a_killed_runs_leftovers_are_swept_and_build_must_stay_inside(tmp_path):
     assert os.listdir(tmp_path / "elsewhere") == []
 
 
+def test_a_size_reads_at_its_own_scale():
+    from emitter.files import size_text
+    assert [size_text(n) for n in (100, 1536, 50_000_000, 3 << 30, 5 << 40)] == \
+        ["100 bytes", "1.5 KiB", "47.7 MiB", "3.0 GiB", "5.0 TiB"]
+
+
 def test_limits_are_per_program_and_can_be_raised(tmp_path):
     from test_pipeline import doit, make_zoo
     big = "".join(f"Let t{i} be a 2000 by 2000 tensor of Real.\nSet item 1 of t{i} to 1.\n" for i in range(2))
@@ -155,5 +161,5 @@ def test_limits_are_per_program_and_can_be_raised(tmp_path):
     rc, _, out = doit(z)
     rows = {(r["name"], r["check"]): r for r in json.loads((z / "build/report.json").read_text())["results"]}
     assert rows[("roomy", "float64")]["verdict"] == "pass"
-    assert "its tensors take 0.1 GiB in float64, over the limit of 0.0 GiB" in rows[("tight", "float64")]["reason"]
+    assert "its tensors take 91.6 MiB in float64, over the limit of 47.7 MiB" in rows[("tight", "float64")]["reason"]
     assert "`limits.tensr_bytes`: `tensr_bytes` is not a limit; did you mean `tensor_bytes`?" in rows[("bad", "float64")]["reason"]

@@ -119,6 +119,39 @@ def test_a_config_edited_while_the_run_is_under_way_is_locked_again(tmp_path):
     assert rc == 0 and "lock:d" not in ran, out
 
 
+def test_a_limit_a_check_can_run_into_is_in_its_key(tmp_path):
+    """`limits.seconds` (a check over it is an error) is part of the merged config the key holds:
+    a verdict taken under another limit is not current; the tensor limit by default (half this
+    machine's memory) is not, so clones on other machines share keys."""
+    import subprocess
+    import sys
+    from emitter.pipeline.checks import entries
+    from emitter.pipeline.config import discover
+    z = make_zoo(tmp_path / "zoo", {"p": (PROG_B, None)})
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:p" in ran, out
+    spec = entries(discover(str(z)))[0].checks[0].spec
+    assert spec["config"]["limits"] == {"seconds": 3600, "tensor_bytes": None}
+    (z / "programs/p.yaml").write_text("limits: {seconds: 600}\n")
+    res = subprocess.run([sys.executable, "-m", "emitter", "results", "p"], cwd=z, capture_output=True, text=True)
+    assert res.returncode == 1 and "not current" in res.stdout, res.stdout + res.stderr
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:p" in ran, out
+    (z / "programs/p.yaml").write_text("limits: {seconds: 600, tensor_bytes: 1000000}\n")
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:p" in ran, out           # a tensor limit the config sets: in the key
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:p" not in ran, out
+    # the history read from outside its zoo: no currency can be told, and none is claimed
+    db = str(z / "build/results.sqlite")
+    res = subprocess.run([sys.executable, "-m", "emitter", "results", "--db", db], cwd=tmp_path,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(z)})
+    assert res.returncode == 1 and "whether each is current is not known" in res.stdout, res.stdout + res.stderr
+    res = subprocess.run([sys.executable, "-m", "emitter", "results", "--db", db, "--json"], cwd=tmp_path,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(z)})
+    assert res.returncode == 1 and json.loads(res.stdout)["not_current"] is None
+
+
 def test_the_report_covers_a_check_doit_ignores(tmp_path):
     z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
     _weights(str(z / "weights/a/w.f64"), 0)

@@ -459,3 +459,6 @@ def test_a_mistyped_variable_is_named_with_the_one_it_is_near(tmp_path):
     assert rc == 0, out
     assert "warning: `worker=` is no variable of the zoo's; did you mean `workers`? It is ignored" in out
     assert "did you mean `executor`?" in out and "`mine=`" not in out
+    assert "workers=" not in out.replace("`worker=`", "")
+    rc, ran, out = doit(z, "workers=3")    # a variable of the zoo's that this executor never reads
+    assert rc == 0 and "warning: workers=3 is read by executor=dask:local only; executor=inline ignores it" in out, out

@@ -13,7 +13,7 @@ is reported by the progress reporter, so the report is always this run's.
 import os
 import sys
 
-from ..files import BUNDLE_FILES, json_lines, write_atomic
+from ..files import BUNDLE_FILES, json_lines, size_text, write_atomic
 from ..fingerprint import sha256_text
 from .guards import freeze_heap
 from .keys import emit_key
@@ -24,8 +24,8 @@ def _too_big(program, limits):
     need, have = program.tensor_bytes, limits["tensor_bytes"]
     if need <= have:
         return None
-    return (f"{program.path}: its tensors take {need / 2**30:.1f} GiB in float64, over the limit of "
-            f"{have / 2**30:.1f} GiB (limits.tensor_bytes; the default is half this machine's memory)")
+    return (f"{program.path}: its tensors take {size_text(need)} in float64, over the limit of "
+            f"{size_text(have)} (limits.tensor_bytes; the default is half this machine's memory)")
 
 
 def emit_bundle(entry, run=None):

@@ -8,7 +8,7 @@ from typing import Optional
 
 from ..files import BUNDLE_FILES
 from ..verify.tolerances import tolerance
-from .config import ProgramConfig
+from .config import LIMITS, ProgramConfig
 
 
 @dataclass(frozen=True)
@@ -52,9 +52,13 @@ class Entry:
 def _spec(pc, dtype, atol, rtol):
     return {"dtype": dtype, "steps": pc.steps, "tolerance": tolerance(dtype, atol, rtol),
             # the rest of the merged config a verdict depends on (the bf16 gate's bounds for a
-            # bfloat16 check), as values: the key's record holds them as they are
+            # bfloat16 check; the limits a check can run into), as values: the key's record holds
+            # them as they are. The tensor limit by default is half this machine's memory: not
+            # the config's, and no part of a key that clones and CI share
             "config": {"weights": pc.weights, "allow_nonfinite": sorted(pc.allow_nonfinite),
-                       "bf16": (pc.bf16 or {}) if dtype == "bfloat16" else None},
+                       "bf16": (pc.bf16 or {}) if dtype == "bfloat16" else None,
+                       "limits": {"seconds": pc.limits["seconds"], "tensor_bytes": None if
+                                  pc.limits["tensor_bytes"] == LIMITS["tensor_bytes"] else pc.limits["tensor_bytes"]}},
             "precision": pc.precision}
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from ..language.errors import excerpt
 from ..language.hints import did_you_mean
 from ..verify.tolerances import DEFAULT_TOLERANCES
-from .config_keys import (Problems, check_common, check_derive, check_precision, check_weights,
-                          env_roots, leaves_message, _is_num)
+from .config_keys import (Problems, check_bf16, check_common, check_derive, check_precision,
+                          check_weights, env_roots, leaves_message)
 from .paths import Tree, inside
 from ..yamlfile import ConfigError, ConfigErrors, ParseCache, load_yaml
 
@@ -47,7 +47,6 @@ BUILTIN = {
 }
 PROGRAM_KEYS = ("weights", "lock", "dtypes", "steps", "tolerances", "derive", "allow_nonfinite",
                 "limits", "precision", "bf16")
-BF16_KEYS = ("excess", "excess_other", "deviation", "z", "cosine", "margin_noise")
 LEAF_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_KEYS = ("lock", "dtypes", "steps", "tolerances", "limits", "roots")
 DERIVE_KEYS = ("importer", "checkpoint", "sha256")
@@ -168,15 +167,7 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
     elif "bfloat16" in pc.dtypes:
         pc.precision = {}
     if "bf16" in data:
-        b = data["bf16"]
-        if not isinstance(b, dict) or any(k not in BF16_KEYS for k in b) or not all(
-                _is_num(v) or (k == "excess" and isinstance(v, dict) and all(_is_num(x) for x in v.values()))
-                for k, v in b.items()):
-            stray = [k for k in (b if isinstance(b, dict) else ()) if k not in BF16_KEYS]
-            p.add("bf16", f"must map some of {', '.join(BF16_KEYS)} to numbers (`excess` to {{op: number}})"
-                  + (did_you_mean(stray[0], BF16_KEYS) if stray else ""))
-        else:
-            pc.bf16 = dict(b)
+        pc.bf16 = p.check(check_bf16, p, data["bf16"]) or {}
     if "allow_nonfinite" in data:
         names = data["allow_nonfinite"]
         if not isinstance(names, list) or not all(isinstance(n, str) and LEAF_RE.fullmatch(n)

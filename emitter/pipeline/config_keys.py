@@ -5,6 +5,7 @@ sees all of its errors in one run, each at its YAML file:line, not one per run. 
 dtype, limit or importer is answered with the nearest known one.
 """
 
+import math
 import os
 import re
 
@@ -27,7 +28,12 @@ class Problems:
         self.path, self.lines, self.errors = path, lines, []
 
     def error(self, key, message):
-        return ConfigError(f"`{key}`: {message}", self.lines.get(key), self.path)
+        """A refusal of `key` (dotted: `bf16.excess.matmul`) at its line, else its nearest
+        parent's that has one."""
+        line, at = None, key
+        while at and line is None:
+            line, at = self.lines.get(at), at.rpartition(".")[0]
+        return ConfigError(f"`{key}`: {message}", line, self.path)
 
     def add(self, key, message):
         self.errors.append(self.error(key, message))
@@ -160,6 +166,44 @@ def check_precision(p, policy):
     if problems:
         raise p.error("precision", "; ".join(problems))
     return {k: tuple(v) for k, v in policy.items()}
+
+
+# the bf16 gate's bounds: each a finite number in its range (a cosine above 1 never passes, a
+# NaN bound never compares, an infinite one excuses anything)
+BF16_RANGES = {"excess": (0, False, None), "excess_other": (0, False, None), "deviation": (0, False, None),
+               "z": (0, False, None), "cosine": (0, False, 1), "margin_noise": (0, True, None)}
+
+
+def _bound(x, low, closed, high):
+    """Whether `x` is a finite number above `low` (at `low` too where `closed`), at most `high`."""
+    return _is_num(x) and math.isfinite(x) and (x >= low if closed else x > low) and (high is None or x <= high)
+
+
+def _range(low, closed, high):
+    return f"a finite number {'>=' if closed else '>'} {low}" + (f" and <= {high}" if high is not None else "")
+
+
+def check_bf16(p, b):
+    """`bf16:`, the gate's bound overrides: {bound: number}, `excess` {op: number}."""
+    if not isinstance(b, dict):
+        raise p.error("bf16", f"must map some of {', '.join(BF16_RANGES)} to numbers (`excess` to {{op: number}})")
+    for k, v in b.items():
+        if k not in BF16_RANGES:
+            raise p.error(f"bf16.{k}", f"unknown bound (known: {', '.join(BF16_RANGES)})"
+                          + did_you_mean(str(k), list(BF16_RANGES)))
+        if k == "excess":
+            from ..ops import BY_NAME          # (the op table loads numpy: only when asked)
+            if not isinstance(v, dict):
+                raise p.error("bf16.excess", "must map op names to numbers, e.g. {matmul: 4}")
+            for op, x in v.items():
+                if op not in BY_NAME:
+                    raise p.error(f"bf16.excess.{op}", f"`{excerpt(str(op), 40)}` is not an op"
+                                  + did_you_mean(str(op), list(BY_NAME)))
+                if not _bound(x, *BF16_RANGES[k]):
+                    raise p.error(f"bf16.excess.{op}", f"must be {_range(*BF16_RANGES[k])}, got {excerpt(repr(x), 40)}")
+        elif not _bound(v, *BF16_RANGES[k]):
+            raise p.error(f"bf16.{k}", f"must be {_range(*BF16_RANGES[k])}, got {excerpt(repr(v), 40)}")
+    return dict(b)
 
 
 def check_derive(p, d, keys, root, tree, roots):

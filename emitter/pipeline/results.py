@@ -315,7 +315,8 @@ def _main(args):
             print(_row_line(x, mark))
         return 0
     rows = ran = latest(args.db)
-    if os.path.isdir(args.programs):   # the zoo's checks (a deleted program's only asked by name)
+    known = os.path.isdir(args.programs)   # else no verdict's currency can be told (exit 1 all the same)
+    if known:   # the zoo's checks (a deleted program's only asked by name)
         zoo, gone = currency(rows, args.programs)
         rows = zoo + gone if args.names else zoo
     if args.names:
@@ -336,12 +337,13 @@ def _main(args):
                 "guarded_rel", "worst_stage", "worst_op", "worst_ratio", "first_stage", "first_out",
                 "first_op", "first_line", "source_sha", "weights_sha", "code_sha", "env_sha", "key")
         print(json.dumps({"programs": len({x["name"] for x in rows}), "checks": len(rows),
-                          "not_passing": bad, "not_current": stale,
+                          "not_passing": bad, "not_current": stale if known else None,
                           "runs": [{k: x.get(k) for k in keep} for x in rows]},
                          indent=1, allow_nan=True))
         return 1 if bad or stale else 0
     for x in rows:
         print(_row_line(x))
-    print(f"{len({x['name'] for x in rows})} programs, {len(rows)} checks, {bad} not passing, "
-          f"{stale} not current (each verdict against the key of its inputs now)")
+    print(f"{len({x['name'] for x in rows})} programs, {len(rows)} checks, {bad} not passing, " + (
+        f"{stale} not current (each verdict against the key of its inputs now)" if known else
+        f"whether each is current is not known: no {args.programs}/ here (run it in the zoo)"))
     return 1 if bad or stale else 0

@@ -92,6 +92,9 @@ def settings(get_var):
         raise guards.BuildBusy(3) from None
     if warning:
         LOG.warning(f"warning: {warning}")
+    if get_var("workers") not in (None, "") and ex["workers"] is None:   # (an int where one is read)
+        LOG.warning(f"warning: workers={get_var('workers')} is read by executor=dask:local only; "
+                    f"executor={ex['spec']} ignores it")
     return {"executor": ex["spec"], "workers": ex["workers"], "threads": int(threads),
             "cache": store.url if store else None, "kind": ex["kind"]}
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import fingerprint
 from ..fingerprint import sha256 as _sha256   # one stat cache: weights the keys hashed are not read again
-from ..files import BUNDLE_FILES, json_lines, write_atomic, write_files
+from ..files import BUNDLE_FILES, json_lines, size_text, write_atomic, write_files
 from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
@@ -242,8 +242,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             raise CouldNotRun("steps must be at least 1")
         program = read_file(program_path)
         if max_tensor_bytes is not None and program.tensor_bytes > max_tensor_bytes:
-            raise CouldNotRun(f"the program's tensors take {program.tensor_bytes / 2**30:.1f} GiB in "
-                              f"float64, over the limit of {max_tensor_bytes / 2**30:.1f} GiB")
+            raise CouldNotRun(f"the program's tensors take {size_text(program.tensor_bytes)} in "
+                              f"float64, over the limit of {size_text(max_tensor_bytes)}")
         result["program"] = program_name(program.source)
         result["hashes"]["source"] = hashlib.sha256(program.source.encode("utf-8")).hexdigest()
         model_py = _read_model(os.path.join(bundle_dir, "model.py"))   # read once: hashed, then run
