@@ -148,7 +148,7 @@ def main(argv=None):
         from .zoo import main as zoo_main
         return zoo_main(argv[1:], COMMANDS)
     from . import __version__
-    ap = argparse.ArgumentParser(prog="logos", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="logos", description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--version", action="version", version=f"logos {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = argv[0] if argv and argv[0] in COMMANDS else None

@@ -34,18 +34,43 @@ def _stage(directory, fname, data):
 
 def write_files(directory, files):
     """Files (name -> text or bytes) into `directory`: every one staged in full, then all renamed
-    into place, so a failure leaves no half-written file and nothing of a refused set."""
+    into place, so a failure leaves no half-written file and nothing of a refused set (a rename
+    that fails puts back what the set's earlier ones replaced). A name that is a folder is an
+    IsADirectoryError naming it, before anything is written."""
+    import errno
     os.makedirs(directory, exist_ok=True)
-    staged = []
+    for fname in files:
+        final = os.path.join(directory, fname)
+        if os.path.isdir(final):
+            raise IsADirectoryError(errno.EISDIR, "is a folder, where a file is to be written", final)
+    staged, kept, done = [], {}, []
     try:
         for fname, data in files.items():
             staged.append((_stage(directory, fname, data), os.path.join(directory, fname)))
         for tmp, final in staged:
+            existed = os.path.lexists(final)
+            if len(staged) > 1 and existed:   # the file it replaces, until all are in
+                try:
+                    os.link(final, tmp[:-len(PARTIAL)] + ".was" + PARTIAL)
+                    kept[final] = tmp[:-len(PARTIAL)] + ".was" + PARTIAL
+                except OSError:
+                    pass   # (no hard links here: that one cannot be put back)
             os.replace(tmp, final)
+            done.append((final, existed))
+    except BaseException:
+        for final, existed in reversed(done):
+            try:
+                if final in kept:
+                    os.replace(kept[final], final)
+                elif not existed:
+                    os.unlink(final)
+            except OSError:
+                pass
+        raise
     finally:
-        for tmp, _ in staged:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        for path in [tmp for tmp, _ in staged] + list(kept.values()):
+            if os.path.lexists(path):
+                os.unlink(path)
 
 
 def write_atomic(path, data):

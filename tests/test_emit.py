@@ -191,3 +191,35 @@ def test_emission_does_not_import_torch(all_ops_path, tmp_path):
             "assert 'torch' not in sys.modules, 'torch imported'; print(rc)") % (all_ops_path, str(tmp_path))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip() == "0", r.stderr
+
+
+def test_emit_over_a_folder_where_a_file_goes_writes_nothing_and_names_it(tmp_path, all_ops_path):
+    out = tmp_path / "b"
+    (out / "manifest.json").mkdir(parents=True)
+    r = run_cli("emit", all_ops_path, "-o", str(out))
+    assert r.returncode == 1 and f"{out / 'manifest.json'}: is a folder" in r.stderr, r.stderr
+    assert ".partial" not in r.stderr and sorted(os.listdir(out)) == ["manifest.json"]
+
+
+def test_a_set_of_files_is_all_or_none_when_a_rename_fails(tmp_path, monkeypatch):
+    """A rename that fails midway puts back what the set's earlier renames replaced, and removes
+    what they added: the folder holds the old set, nothing staged."""
+    from emitter import files
+    (tmp_path / "a").write_text("old a")
+    (tmp_path / "c").write_text("old c")
+    real, calls = os.replace, []
+
+    def failing(src, dst):
+        calls.append(dst)
+        if str(dst).endswith("/c") and src.endswith(files.PARTIAL) and ".was" not in src:
+            raise OSError(28, "No space left on device", dst)
+        return real(src, dst)
+    monkeypatch.setattr(files.os, "replace", failing)
+    with pytest.raises(OSError):
+        files.write_files(str(tmp_path), {"a": "new a", "b": "new b", "c": "new c"})
+    monkeypatch.setattr(files.os, "replace", real)
+    assert sorted(os.listdir(tmp_path)) == ["a", "c"]
+    assert (tmp_path / "a").read_text() == "old a" and (tmp_path / "c").read_text() == "old c"
+    files.write_files(str(tmp_path), {"a": "new a", "b": "new b", "c": "new c"})
+    assert [(tmp_path / n).read_text() for n in "abc"] == ["new a", "new b", "new c"]
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "c"]

@@ -175,3 +175,9 @@ def test_a_program_linked_out_of_the_repository_is_refused_unread(tmp_path):
         out = r.stdout + r.stderr
         assert r.returncode == 1 and "programs/leak.logos" in out and "leaves the repository" in out, out
         assert "hunter2" not in out and "API_KEY" not in out, out
+
+
+def test_logos_help_says_what_it_does_in_whole_sentences(tmp_path):
+    r = logos("--help", cwd=tmp_path)
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0 and "read results, import weights, run the zoo's doit tasks." in text, r.stdout

@@ -62,6 +62,28 @@ def test_no_subcommand_silently_does_nothing(zoo):
     p = _compile(zoo, "measure-performance", "--iterations", "3")
     figures = json.loads(p.stdout)
     assert p.returncode == 0 and figures["device"] == "cpu" and figures["median_ms"] > 0
+    for n in ("0", "-2"):   # an argument error, never a traceback
+        p = _compile(zoo, "measure-performance", "--iterations", n)
+        assert p.returncode == 2 and "must be a whole number of at least 1" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr
+
+
+def test_golden_of_another_program_is_never_tested_against(zoo, tmp_path):
+    """A bundle emitted again from another program over a locked one keeps the old golden/ until a
+    lock: `compile.py test` names the mismatch instead of a false FAIL (or a crash)."""
+    golden = json.loads((zoo / "build/bundles/a/golden/golden.json").read_text())
+    assert golden["program"].startswith("logos_")
+    b = tmp_path / "b"
+    shutil.copytree(zoo / "build/bundles/a", b)
+    other = tmp_path / "o.logos"
+    other.write_text("Let x be a 1 by 4 tensor of Real.\nLet y be silu of x.\n")
+    e = subprocess.run([sys.executable, "-m", "emitter", "emit", str(other), "-o", str(b)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert e.returncode == 0, e.stderr
+    for cmd in (["test"], ["measure-performance", "--iterations", "1"]):
+        p = subprocess.run([sys.executable, str(b / "compile.py"), *cmd], capture_output=True, text=True)
+        assert p.returncode == 1 and f"golden/ is of program {golden['program']}" in p.stderr, p.stderr
+        assert "lock the bundle again" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_logos_runs_the_zoo_in_any_folder_and_results_as_json(tmp_path):

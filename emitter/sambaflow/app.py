@@ -36,6 +36,10 @@ def golden_record(weights=None):
                          "without cache=: a shared cache holds none; or `python -m emitter lock`)")
     with open(path, encoding="utf-8") as f:
         record = json.load(f)
+    if record.get("program") != bundle.PROGRAM:   # an emit of another program over a locked bundle
+        raise SystemExit(f"{path}: golden/ is of program {record.get('program')}, this bundle's model.py "
+                         f"of {bundle.PROGRAM}: lock the bundle again (`doit lock:NAME`, or "
+                         "`python -m emitter lock`)")
     if weights is None and record["weights"] is not None:
         weights = os.path.normpath(os.path.join(os.path.dirname(here), record["weights"]))
     return record, here, weights
@@ -144,6 +148,17 @@ def cpu_measure(args):
     return 0
 
 
+def _positive(text):
+    """A whole number of at least 1 (argparse's type)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return n
+
+
 def cpu_main(argv):
     """`test` and `measure-performance` where SambaFlow is absent: on CPU, through model.py."""
     ap = argparse.ArgumentParser(prog="compile.py", description="the bundle on CPU (no SambaFlow here)")
@@ -151,7 +166,7 @@ def cpu_main(argv):
     add_args(ap)
     ap.add_argument("--dtype", default=None, choices=["float32", "float64"],
                     help="default float32 (test: float64 where the lock recorded no float32 tolerance)")
-    ap.add_argument("--iterations", type=int, default=20, help="measure-performance: timed steps")
+    ap.add_argument("--iterations", type=_positive, default=20, help="measure-performance: timed steps")
     args = ap.parse_args(argv)
     return cpu_test(args) if args.command == "test" else cpu_measure(args)
 

@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 
+from ..sambaflow.marks import program_name
+
 
 SCHEMA, VERSION = "logos.golden", 1
 STAGES = 8   # stage summaries per step, spread over the program, and always the output's
@@ -52,7 +54,8 @@ class Golden:
         """{name: bytes} of golden/: each step's output, then golden.json (last, so that a writer
         renaming them into place in this order shows golden.json only beside its outputs)."""
         steps = len(self.stages)
-        body = {"schema": SCHEMA, "version": VERSION, "weights": self.weights, "steps": steps,
+        body = {"schema": SCHEMA, "version": VERSION, "program": program_name(self.program.source),
+                "weights": self.weights, "steps": steps,
                 "tolerances": self.tolerances, "output": self.program.output,
                 "outputs": [f"output.{s}.f64" for s in range(1, steps + 1)], "stages": self.stages,
                 **({"weights_sha256": dict(sorted(self.weights_sha256.items()))} if self.weights_sha256 else {})}
