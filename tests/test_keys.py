@@ -150,6 +150,15 @@ def test_a_limit_a_check_can_run_into_is_in_its_key(tmp_path):
     res = subprocess.run([sys.executable, "-m", "emitter", "results", "--db", db, "--json"], cwd=tmp_path,
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(z)})
     assert res.returncode == 1 and json.loads(res.stdout)["not_current"] is None
+    # a program's history as JSON, oldest first; --prune with a name is refused, never ignored
+    res = subprocess.run([sys.executable, "-m", "emitter", "results", "--history", "p", "--json"], cwd=z,
+                         capture_output=True, text=True)
+    runs = json.loads(res.stdout)["runs"]
+    assert res.returncode == 0 and len(runs) == 6 and {r["verdict"] for r in runs} == {"pass"}, res.stdout
+    assert [r["id"] for r in runs] == sorted(r["id"] for r in runs) and runs[0]["name"] == "p"
+    res = subprocess.run([sys.executable, "-m", "emitter", "results", "--prune", "p"], cwd=z,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "give no NAME" in res.stderr
 
 
 def test_the_report_covers_a_check_doit_ignores(tmp_path):

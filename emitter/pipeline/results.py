@@ -256,6 +256,12 @@ def prune(db, keep):
         con.close()
 
 
+# a run's fields in --json (the latest verdicts add "current" after "verdict")
+RUN_FIELDS = ("id", "at", "name", "dtype", "steps", "verdict", "reason", "max_abs", "guarded_rel",
+              "worst_stage", "worst_op", "worst_ratio", "first_stage", "first_out", "first_op",
+              "first_line", "source_sha", "weights_sha", "code_sha", "env_sha", "key")
+
+
 def add_arguments(p):
     p.add_argument("--db", default=DEFAULT_DB, help=f"history DB (default {DEFAULT_DB})")
     p.add_argument("--programs", default="programs",
@@ -289,6 +295,10 @@ def _main(args):
     if args.history and args.names:
         print("`--history NAME` shows one program's runs: give no other NAME", file=sys.stderr)
         return 2
+    if args.prune and (args.names or args.history or args.json):
+        print("`--prune` drops the history of every program no longer in --programs: give no NAME, "
+              "--history or --json", file=sys.stderr)
+        return 2
     if args.prune:
         present = existing(args.programs)
         if present is None:
@@ -303,6 +313,10 @@ def _main(args):
         if not runs:
             print(f"{args.db}: no runs of `{args.history}`", file=sys.stderr)
             return 2
+        if args.json:   # every run, oldest first, with what the text rows show
+            print(json.dumps({"name": args.history, "runs": [{k: x.get(k) for k in RUN_FIELDS} for x in runs]},
+                             indent=1, allow_nan=True))
+            return 0
         last = {}
         for x in runs:
             prev = last.get(x["dtype"])
@@ -333,12 +347,10 @@ def _main(args):
     bad = sum(1 for x in rows if x["verdict"] != "pass")
     stale = sum(1 for x in rows if not x.get("current", False))
     if args.json:
-        keep = ("id", "at", "name", "dtype", "steps", "verdict", "current", "reason", "max_abs",
-                "guarded_rel", "worst_stage", "worst_op", "worst_ratio", "first_stage", "first_out",
-                "first_op", "first_line", "source_sha", "weights_sha", "code_sha", "env_sha", "key")
         print(json.dumps({"programs": len({x["name"] for x in rows}), "checks": len(rows),
                           "not_passing": bad, "not_current": stale if known else None,
-                          "runs": [{k: x.get(k) for k in keep} for x in rows]},
+                          "runs": [{k: x.get(k) for k in ("id", "at", "name", "dtype", "steps", "verdict",
+                                                          "current", *RUN_FIELDS[6:])} for x in rows]},
                          indent=1, allow_nan=True))
         return 1 if bad or stale else 0
     for x in rows:
