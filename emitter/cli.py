@@ -103,6 +103,9 @@ def run_main(args):
     from .verify import vm
     program = read_file(args.program)
     stages, problem = _stage_requests(program, args.stage)
+    folder = next((p for p in [args.out] + [path for _, path in stages or ()] if os.path.isdir(p)), None)
+    if folder is not None and not problem:   # said before any output is written
+        problem = f"{folder}: is a folder, where an output file is to be written"
     if problem:
         print(problem, file=sys.stderr)
         return 2

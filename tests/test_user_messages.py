@@ -80,6 +80,10 @@ def test_logos_run_names_the_program_and_dtypes_as_users_spell_them(tmp_path):
     r = logos("run", str(prog), "--stage", f"yy={tmp_path / 's.f64'}", "--out", str(tmp_path / "o.f64"))
     assert r.returncode == 2 and r.stderr.strip().endswith("has no stage `yy` (a stage is the name an "
                                                            "op's `Let` binds); did you mean `y`?")
+    (tmp_path / "d").mkdir()   # a folder where an output goes: said before any output is written
+    r = logos("run", str(prog), "--stage", f"y={tmp_path / 'd'}", "--out", str(tmp_path / "o2.f64"))
+    assert r.returncode == 2 and r.stderr.strip() == f"{tmp_path / 'd'}: is a folder, where an output file is to be written"
+    assert not (tmp_path / "o2.f64").exists()
 
 
 def _zoo_with_linked_weights(tmp_path):
