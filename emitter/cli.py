@@ -106,6 +106,9 @@ def run_main(args):
     folder = next((p for p in [args.out] + [path for _, path in stages or ()] if os.path.isdir(p)), None)
     if folder is not None and not problem:   # said before any output is written
         problem = f"{folder}: is a folder, where an output file is to be written"
+    if args.state_out and os.path.lexists(args.state_out) and not os.path.isdir(args.state_out) \
+            and not problem:
+        problem = f"{args.state_out}: is a file, where the --state-out folder is to be written"
     if problem:
         print(problem, file=sys.stderr)
         return 2

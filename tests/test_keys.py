@@ -7,6 +7,7 @@ import os
 import shutil
 import time
 
+import numpy as np
 import pytest
 
 from conftest import ROOT
@@ -184,6 +185,39 @@ def test_the_report_covers_a_check_doit_ignores(tmp_path):
     for args in (("--reporter", "executed-only", "emit:a"), ("-r", "json", "lock:a")):   # another reporter
         assert doit(z, *args)[0] == 1, args
     assert doit(z, "--reporter", "executed-only", "lock:b")[0] == 0
+
+
+def test_an_error_recorded_on_inputs_that_moved_since_says_it_is_not_current(tmp_path):
+    """A lock that erred is rerun by every run, unless doit ignores it: then its recorded reason
+    is about inputs that are not the zoo's now, and every view says so at the head of it."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
+    bad = np.random.default_rng(0).standard_normal((4, 4))
+    bad[1, 2] = np.nan
+    os.makedirs(z / "weights/a")
+    bad.astype("<f8").tofile(z / "weights/a/w.f64")
+    assert doit(z)[0] != 0
+
+    def row(dtype="float64"):
+        report = json.loads((z / "build/report.json").read_text())
+        return next(r for r in report["results"] if (r["name"], r["check"]) == ("a", dtype))
+    first = row()
+    assert first["verdict"] == "error" and "non-finite" in first["reason"], first
+    assert not first["reason"].startswith("not current"), first
+    assert doit(z, "ignore", "lock:a")[0] == 0
+    rc, ran, out = doit(z)                             # the same inputs: the error stands as it was
+    assert rc != 0 and "lock:a" not in ran and row()["reason"] == first["reason"], out
+    _weights(str(z / "weights/a/w.f64"), 0)            # fixed, the lock still ignored
+    rc, ran, out = doit(z)
+    assert rc != 0 and "lock:a" not in ran, out
+    for dtype in ("float64", "float32"):
+        r = row(dtype)
+        assert r["verdict"] == "error" and not r["current"], r
+        assert r["reason"].startswith("not current: recorded by an earlier run, on inputs that have "
+                                      "moved since (run doit to lock it again): "), r
+    summary = (z / "build/summary.md").read_text()
+    assert "not current: recorded by an earlier run" in summary, summary
+    assert "not current: recorded by an earlier run" in (z / "build/junit.xml").read_text()
+    assert doit(z, "forget", "lock:a")[0] == 0 and doit(z)[0] == 0   # locked again: it passes
 
 
 def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_again(tmp_path):

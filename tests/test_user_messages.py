@@ -84,6 +84,12 @@ def test_logos_run_names_the_program_and_dtypes_as_users_spell_them(tmp_path):
     r = logos("run", str(prog), "--stage", f"y={tmp_path / 'd'}", "--out", str(tmp_path / "o2.f64"))
     assert r.returncode == 2 and r.stderr.strip() == f"{tmp_path / 'd'}: is a folder, where an output file is to be written"
     assert not (tmp_path / "o2.f64").exists()
+    (tmp_path / "f").write_text("mine")   # a file where --state-out's folder goes: the same
+    r = logos("run", str(prog), "--weights", str(w), "--state-out", str(tmp_path / "f"),
+              "--out", str(tmp_path / "o2.f64"))
+    assert r.returncode == 2 and r.stderr.strip() == \
+        f"{tmp_path / 'f'}: is a file, where the --state-out folder is to be written", r.stderr
+    assert not (tmp_path / "o2.f64").exists() and (tmp_path / "f").read_text() == "mine"
 
 
 def _zoo_with_linked_weights(tmp_path):

@@ -453,6 +453,24 @@ def test_a_thread_count_torch_cannot_take_is_refused_before_anything_runs(tmp_pa
     assert doit(z, "threads=2")[0] == 0
 
 
+def test_results_judge_currency_at_the_thread_count_a_run_would_use(tmp_path):
+    """The thread count is in every check's key: after `doit threads=2`, a plain `doit` locks
+    again, so `logos results` (a plain run's threads=1) says not current; `--threads 2` says
+    current, as `doit threads=2` would find it."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    assert doit(z, "threads=2")[0] == 0
+    p = logos("results", cwd=z)
+    assert p.returncode == 1 and "2 not current" in p.stdout and "at threads=1" in p.stdout, p.stdout
+    p = logos("results", "--threads", "2", "--json", cwd=z)
+    assert p.returncode == 0 and json.loads(p.stdout)["not_current"] == 0, p.stdout
+    assert doit(z, "threads=2")[:2] == (0, set())      # doit agrees: nothing to do at 2
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:b" in ran, out            # and a plain run locks again, at 1
+    assert logos("results", cwd=z).returncode == 0
+    p = logos("results", "--threads", "0", cwd=z)
+    assert p.returncode == 2 and "must be a whole number from 1 to 4096" in p.stderr, p.stderr
+
+
 def test_a_mistyped_variable_is_named_with_the_one_it_is_near(tmp_path):
     z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
     rc, ran, out = doit(z, "worker=4", "exectuor=inline", "mine=1")

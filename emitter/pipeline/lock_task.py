@@ -213,6 +213,8 @@ def lock_program(entry, run, db):
         if "bundle" in r:
             r["bundle"] = entry.bundle
         if c.dtype in fresh:
+            if r["verdict"] == "error" and not r.get("stale_weights"):
+                r["about"] = key   # the inputs it erred on: a view tells a stale error by it
             if key and (r["verdict"] == "error" or not _about(r, parts)):
                 key = None   # about other inputs than its key's (or no verdict): checked again
             r["key"], r["inputs"] = key, parts if key else None

@@ -43,7 +43,7 @@ def _slim(r):
             "bf16": {k: r["bf16"].get(k) for k in _GATE} if isinstance(r.get("bf16"), dict) else None,
             "seconds": (r.get("timings") or {}).get("total_s"),
             "steps": r.get("steps"), "tolerance": r.get("tolerance"), "program": r.get("program"),
-            "key": r.get("key"), "inputs": r.get("inputs"),
+            "key": r.get("key"), "inputs": r.get("inputs"), "about": r.get("about"),
             **({"from_cache": True, "cache": r.get("cache")} if r.get("from_cache") else {})}
 
 
@@ -87,8 +87,11 @@ def _check_rows(e, status, cache, now, parts_now):
             rows.append(_row(e.name, e.pc.source, c.dtype, "error", reason, c.result, current=False))
             continue
         r = {**_row(e.name, e.pc.source, c.dtype, r["verdict"], r["reason"], c.result), **r}
-        inputs = r.pop("inputs", None)
+        inputs, about = r.pop("inputs", None), r.pop("about", None)
         r["current"] = bool(now.get(c.dtype)) and r.get("key") == now[c.dtype]
+        if r["verdict"] == "error" and about and about != now.get(c.dtype):
+            r["reason"] = (f"not current: recorded by an earlier run, on inputs that have moved "
+                           f"since (run doit to lock it again): {r['reason']}")
         if not r["current"] and r["verdict"] in ("pass", "fail"):
             if status.get("status") != "ok":
                 why = f"the program has no bundle now ({status.get('reason')})"
@@ -134,7 +137,7 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
     changed since the run `began` (ns, the file system's clock), after the run read it (a task
     of the dodo's own wrote it, an edit): its programs' checks are errors, not current."""
     from .keys import current_parts, report_row
-    cache = StampedCache(cache_path, 6)   # v6: rows keep the bf16 gate's bounds
+    cache = StampedCache(cache_path, 7)   # v7: rows keep an error's `about`
     failures = dict(failures or {})
     changed = changed_since(entries, began)
     rows = []

@@ -6,6 +6,7 @@ SQLite because it ships with Python, takes concurrent appends from `doit -n N` w
 busy timeout) and is one file that a CI cache can carry.
 """
 
+import argparse
 import datetime
 import json
 import os
@@ -15,6 +16,7 @@ import time
 
 from .. import fingerprint
 from ..files import read_json
+from ..verify.threads import DEFAULT_THREADS, MAX_THREADS
 from ..verify.verdict import number, short
 
 DEFAULT_DB = "build/results.sqlite"
@@ -184,10 +186,11 @@ def history(db, name):
         con.close()
 
 
-def currency(rows, programs_dir):
+def currency(rows, programs_dir, threads):
     """The zoo's checks now (the programs in `programs_dir`, its build/ beside it), each with its
     latest run in `rows` marked `current` when its recorded key is the key of its inputs as they
-    are now and what the key takes from records is what is on disk (the program the emit read, its
+    are now, at `threads` (a run's `threads=`: what a `doit` with it would find), and what the key
+    takes from records is what is on disk (the program the emit read, its
     bundle, derived weights): the one rule the pipeline uses; a check with no run is a row of
     verdict `none`. Then the runs of programs the zoo no longer has (not current). A run of a
     check its program no longer has (a dtype dropped, `lock: false`) is in neither."""
@@ -204,7 +207,7 @@ def currency(rows, programs_dir):
                 made = bool(e.checks) and made_current(e, st)
                 for c in e.checks:
                     x = runs.get((e.name, c.dtype)) or _none(e.name, c.dtype)
-                    parts = made and check_parts(e, c, st, x.get("threads") or 1)
+                    parts = made and check_parts(e, c, st, threads)
                     x["current"] = bool(parts) and bool(x.get("key")) and x["key"] == check_key(parts)
                     zoo.append(x)
     finally:
@@ -272,9 +275,18 @@ def add_arguments(p):
     p.add_argument("--prune", action="store_true",
                    help="drop the history of programs that are no longer in --programs")
     p.add_argument("--history", metavar="NAME", help="every run of program NAME, oldest first")
+    p.add_argument("--threads", type=_threads, default=DEFAULT_THREADS, metavar="N",
+                   help=f"judge currency as `doit threads=N` would (default {DEFAULT_THREADS}, a "
+                        "plain `doit`'s): the thread count is part of every check's key")
     p.add_argument("names", nargs="*", metavar="NAME",
                    help="only these programs (exit 1 if any of their checks does not pass, 2 if one "
                         "has no runs): `doit lock:NAME && python -m emitter results NAME` gates one")
+
+
+def _threads(text):
+    if not text.isdigit() or not 1 <= int(text) <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_THREADS}")
+    return int(text)
 
 
 def main(args):
@@ -331,7 +343,7 @@ def _main(args):
     rows = ran = latest(args.db)
     known = os.path.isdir(args.programs)   # else no verdict's currency can be told (exit 1 all the same)
     if known:   # the zoo's checks (a deleted program's only asked by name)
-        zoo, gone = currency(rows, args.programs)
+        zoo, gone = currency(rows, args.programs, args.threads)
         rows = zoo + gone if args.names else zoo
     if args.names:
         wanted = set(args.names)
@@ -356,6 +368,7 @@ def _main(args):
     for x in rows:
         print(_row_line(x))
     print(f"{len({x['name'] for x in rows})} programs, {len(rows)} checks, {bad} not passing, " + (
-        f"{stale} not current (each verdict against the key of its inputs now)" if known else
+        f"{stale} not current (each verdict against the key of its inputs now, at threads="
+        f"{args.threads})" if known else
         f"whether each is current is not known: no {args.programs}/ here (run it in the zoo)"))
     return 1 if bad or stale else 0
