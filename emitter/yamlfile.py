@@ -11,6 +11,7 @@ from .language.errors import ProgramError
 MAX_CONFIG_BYTES = 1 << 20   # a config is a few keys: a megabyte is far past any real one
 MAX_DEPTH = 32               # nesting of mappings and lists
 MAX_NODES = 100_000          # values after aliases are expanded (a YAML "billion laughs" is refused)
+STR_TAG = "tag:yaml.org,2002:str"
 
 
 class ConfigError(ProgramError):
@@ -50,6 +51,12 @@ def _check_graph(node, shown):
             raise ConfigError(f"the config {what}", n.start_mark.line + 1, shown)
         if isinstance(n.value, list):
             for item in n.value:
+                if isinstance(item, tuple) and item[0].tag != STR_TAG:   # `1: 2`, `true:`, `? [a]`
+                    k = item[0]
+                    said = (f"`{k.value}`: a key is a name, got {k.tag.rpartition(':')[2]} (quote "
+                            "it to mean the text)") if isinstance(k.value, str) else \
+                        "a key is a name, got a list or mapping"
+                    raise ConfigError(said, k.start_mark.line + 1, shown)
                 todo.extend(((k, depth + 1) for k in item) if isinstance(item, tuple)
                             else [(item, depth + 1)])
 
@@ -159,6 +166,8 @@ def load_yaml(path, shown=None, cache=None):
         if node is not None:
             _check_graph(node, shown)
         data = yaml.load(text, Loader=loader)
+    except ConfigError:
+        raise
     except RecursionError:
         raise ConfigError(f"the config nests deeper than {MAX_DEPTH} levels", None, shown) from None
     except yaml.YAMLError as e:

@@ -79,6 +79,13 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
     ("bf16:\n  excess: {matmull: 4}\n", "programs/p.yaml:2", "`matmull` is not an op; did you mean `matmul`?"),
     ("bf16:\n  excess: 4\n", "programs/p.yaml:2", "`bf16.excess`: must map op names to numbers"),
     ("bf16: {deviatoin: 0.3}\n", "programs/p.yaml:1", "`bf16.deviatoin`: unknown bound"),
+    # a key that YAML reads as no text (it crashed every program's run)
+    ("steps: 1\n1: 2\n", "programs/p.yaml:2", "`1`: a key is a name, got int (quote it to mean the text)"),
+    ("true: 1\n", "programs/p.yaml:1", "`true`: a key is a name, got bool"),
+    ("null: 1\n", "programs/p.yaml:1", "`null`: a key is a name, got null"),
+    ("limits:\n  1.5: 2\n", "programs/p.yaml:2", "`1.5`: a key is a name, got float"),
+    ("? [a, b]\n: 1\n", "programs/p.yaml:1", "a key is a name, got a list or mapping"),
+    ("'1': 2\n", "programs/p.yaml:1", "`1`: unknown key"),
 ])
 def test_bad_config_names_file_line_and_key(tmp_path, yaml_text, where, words):
     got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/p.yaml": yaml_text,
