@@ -33,13 +33,24 @@ def _check_small():
     return True
 
 
+def _plain(path):
+    """A regular file, links followed (os.stat: a FIFO is never opened)."""
+    import stat
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def task_small_weights():
     """weights/*: the small programs' committed weights are what weights/make_small.py makes."""
     if not os.path.isfile(SMALL):
         return
     files = sorted(f"weights/{d}/{f}" for d in os.listdir("weights") if os.path.isdir(f"weights/{d}")
-                   for f in os.listdir(f"weights/{d}") if f.endswith(".f64"))   # what it writes: a
-    #                                     file of another name there is never read (nor hashed)
+                   for f in os.listdir(f"weights/{d}") if f.endswith(".f64")
+                   and _plain(f"weights/{d}/{f}"))   # what it writes: a file of another name
+    #   there is never read (nor hashed); nor is a FIFO, a device or a folder (doit would hang on
+    #   it or crash): the packaged lock tasks name such a leaf as an error
     return {
         "actions": [_check_small],
         "file_dep": [SMALL] + files,

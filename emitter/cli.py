@@ -39,9 +39,13 @@ def emit_main(args):
 
 
 def _positive(text):
-    n = int(text)
+    """A whole number of at least 1 (argparse's type; `abc` is said so, not `invalid _positive`)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
     if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
     return n
 
 
@@ -97,6 +101,13 @@ def _write_state_dir(program, leaves, states, directory, weights):
             write_leaf(directory, name, value, "<f4" if value.dtype == np.float32 else "<f8")
 
 
+def _out_of_memory(path, program):
+    from .files import size_text
+    print(f"{path}: could not run: out of memory (its tensors take {size_text(program.tensor_bytes)} "
+          "in float64)", file=sys.stderr)
+    return 2
+
+
 def run_main(args):
     from .files import write_atomic
     from .language.reader import read_file
@@ -116,13 +127,18 @@ def run_main(args):
         leaves = vm.load_leaves(program, args.weights)
     except ProgramError as e:   # (no --weights: the error is the program's, named by its path)
         raise e.at(args.program) from None
+    except MemoryError:
+        return _out_of_memory(args.program, program)
     from .verify.verdict import unmatched
     for line in unmatched(args.weights, leaves.unmatched):
         print(line, file=sys.stderr)
     current = dict(leaves.values)
-    for i in range(args.steps):
-        trace = vm.step(program, current, keep_stages=bool(stages) and i == args.steps - 1)
-        current.update(trace.states)
+    try:
+        for i in range(args.steps):
+            trace = vm.step(program, current, keep_stages=bool(stages) and i == args.steps - 1)
+            current.update(trace.states)
+    except MemoryError:
+        return _out_of_memory(args.program, program)
     write_atomic(args.out, trace.output.astype("<f8").tobytes())
     for index, path in stages:
         value = trace.stages[index]

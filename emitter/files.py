@@ -95,8 +95,10 @@ MAX_JSON = 256 << 20   # no file the pipeline reads as JSON may make it hold mor
 
 
 def read_json(path, limit=MAX_JSON):
-    """A JSON file's value, or None when it is missing, not JSON or over `limit` bytes. (os-level
-    reads: a no-op run reads a status file per task, and file objects cost twice the read.)"""
+    """A JSON file's object, or None when it is missing, not JSON, not an object (every file the
+    project reads this way is one: a status file holding `"x"` is as good as none) or over `limit`
+    bytes. (os-level reads: a no-op run reads a status file per task, and file objects cost twice
+    the read.)"""
     import json
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -112,7 +114,8 @@ def read_json(path, limit=MAX_JSON):
             if size > limit:
                 return None
             chunks.append(chunk)
-        return json.loads(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        value = json.loads(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        return value if isinstance(value, dict) else None
     except (OSError, ValueError, RecursionError, IndexError):
         return None
     finally:

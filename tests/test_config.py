@@ -86,6 +86,10 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
     ("limits:\n  1.5: 2\n", "programs/p.yaml:2", "`1.5`: a key is a name, got float"),
     ("? [a, b]\n: 1\n", "programs/p.yaml:1", "a key is a name, got a list or mapping"),
     ("'1': 2\n", "programs/p.yaml:1", "`1`: unknown key"),
+    # a deadline past what the OS's timers hold: every lock erred with an OverflowError
+    ("limits: {seconds: 1000000000000}\n", "programs/p.yaml:1",
+     "`limits.seconds`: must be a whole number from 1 to 31622400, got 1000000000000"),
+    ("limits: {steps: 0}\n", "programs/p.yaml:1", "`limits.steps`: must be a whole number from 1 to"),
 ])
 def test_bad_config_names_file_line_and_key(tmp_path, yaml_text, where, words):
     got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/p.yaml": yaml_text,

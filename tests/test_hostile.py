@@ -143,6 +143,23 @@ def test_a_killed_runs_leftovers_are_swept_and_build_must_stay_inside(tmp_path):
     rc, _, out = doit(z)
     assert rc == 3 and "build/ is a link or lies outside" in out and "Traceback" not in out
     assert os.listdir(tmp_path / "elsewhere") == []
+    os.unlink(z / "build")
+    (z / "build").write_text("mine")                  # a file where build/ goes: refused, kept
+    rc, _, out = doit(z)
+    assert rc == 3 and "build is a file, where the zoo's build/ folder goes" in out, out
+    assert "Traceback" not in out and (z / "build").read_text() == "mine"
+
+
+def test_a_record_of_the_pipeline_that_is_json_but_no_object_is_made_again(tmp_path):
+    """A status file holding `"x"` (valid JSON, not an object) crashed every run's loading."""
+    from test_pipeline import PROG_B, doit, make_zoo
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    assert doit(z)[0] == 0
+    for f in ("build/status/b.emit.json", "build/status/b.lock.json", "build/results/b/float64.json"):
+        (z / f).write_text('"x"')
+    rc, ran, out = doit(z)
+    assert rc == 0 and {"emit:b", "lock:b"} <= ran and "Traceback" not in out, out
+    assert json.loads((z / "build/status/b.emit.json").read_text())["status"] == "ok"
 
 
 def test_a_size_reads_at_its_own_scale():

@@ -220,6 +220,72 @@ def test_an_error_recorded_on_inputs_that_moved_since_says_it_is_not_current(tmp
     assert doit(z, "forget", "lock:a")[0] == 0 and doit(z)[0] == 0   # locked again: it passes
 
 
+def test_a_result_file_edited_by_hand_is_never_a_current_verdict(tmp_path):
+    """A failing result edited to say pass: the history made again from it, and a report whose
+    lock doit ignores, each say it is not the lock's, never a current pass."""
+    import subprocess
+    import sys
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "tolerances:\n  float32: {abs: 1.0e-12, rel: 1.0e-12}\n"),
+                                    "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 1    # a fails at its tolerance
+    result = z / "build/results/a/float32.json"
+    text = result.read_text()
+    assert '"verdict": "fail"' in text
+    result.write_text(text.replace('"verdict": "fail"', '"verdict": "pass"'))
+    (z / "build/results.sqlite").unlink()
+    assert doit(z, "ignore", "lock:a")[0] == 0
+    rc, ran, out = doit(z)                    # the history is made again from the files
+    assert rc == 1 and "lock:a" not in ran, out
+    report = json.loads((z / "build/report.json").read_text())
+    row = next(r for r in report["results"] if (r["name"], r["check"]) == ("a", "float32"))
+    assert row["verdict"] == "error" and not row["current"], row
+    assert "not the one the lock wrote" in row["reason"], row
+    assert "not the one the lock wrote" in (z / "build/summary.md").read_text()
+    p = subprocess.run([sys.executable, "-m", "emitter", "results", "--json", "a"], cwd=z,
+                       capture_output=True, text=True)
+    runs = {r["dtype"]: (r["verdict"], r["current"]) for r in json.loads(p.stdout)["runs"]}
+    assert p.returncode == 1 and runs["float32"] == ("pass", False) and runs["float64"] == ("pass", True), p.stdout
+    result.write_text(text)                    # the lock's own file back: its fail stands again
+    rc, ran, out = doit(z)
+    row = next(r for r in json.loads((z / "build/report.json").read_text())["results"]
+               if (r["name"], r["check"]) == ("a", "float32"))
+    assert rc == 1 and row["verdict"] == "fail" and row["current"], row
+
+
+def test_checks_of_a_program_changed_after_its_emit_or_refused_are_not_current(tmp_path):
+    """With doit ignoring a program's emit and lock, its program edited: no view says its old
+    verdicts are current. A refusal recorded by an earlier lock is told as the emit says it now."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 0
+    assert doit(z, "ignore", "emit:b")[0] == 0 and doit(z, "ignore", "lock:b")[0] == 0
+    with open(z / "programs/b.logos", "a") as f:
+        f.write("Let z be sigmoid of y.\n")
+    rc, ran, out = doit(z)
+    assert rc == 1 and not ran & {"emit:b", "lock:b"}, out
+
+    def rows():
+        report = json.loads((z / "build/report.json").read_text())
+        return {(r["name"], r["check"]): r for r in report["results"]}
+    for dtype in ("float64", "float32"):
+        r = rows()[("b", dtype)]
+        assert r["verdict"] == "error" and not r["current"], r
+        assert "its program or bundle changed after its emit" in r["reason"], r
+    assert rows()[("a", "float64")]["current"]
+    # b refused, locked in that state, then refused otherwise while its lock is ignored
+    assert doit(z, "forget", "emit:b", "lock:b")[0] == 0
+    (z / "programs/b.logos").write_text(PROG_B + "Let q be nonsense of y.\n")
+    assert doit(z)[0] == 1 and "nonsense" in rows()[("b", "float64")]["reason"]
+    assert doit(z, "ignore", "lock:b")[0] == 0
+    (z / "programs/b.logos").write_text(PROG_B + "Let q be sigmoidd of y.\n")
+    rc, ran, out = doit(z)
+    assert rc == 1 and "emit:b" in ran and "lock:b" not in ran, out
+    for dtype in ("float64", "float32"):
+        r = rows()[("b", dtype)]
+        assert r["verdict"] == "error" and "sigmoidd" in r["reason"] and "nonsense" not in r["reason"], r
+
+
 def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_again(tmp_path):
     import subprocess
     import sys

@@ -164,6 +164,12 @@ def test_cli_exit_codes_and_result_file(zoo, tmp_path):
     assert r.returncode == 0 and json.loads(out.read_text())["execution"]["torch_threads"] == 2
     r = run_cli("lock", zoo["bundle"], "--program", zoo["program"], "-o", str(out), "--threads", "0")
     assert r.returncode == 2 and "--threads must be from 1 to 4096, got 0" in r.stderr
+    for where, said in ((tmp_path, "is a folder, where the result file is to be written"),
+                        (tmp_path / "nothere" / "r.json", f"{tmp_path / 'nothere'} is not a folder")):
+        r = run_cli("lock", zoo["bundle"], "--program", zoo["program"], "--weights", zoo["weights"],
+                    "-o", str(where))   # said before the lock runs (its verdict was lost), exit 2
+        assert r.returncode == 2 and r.stderr.strip() == f"-o {where}: {said}", r.stderr
+        assert "PASS" not in r.stdout
 
     bundle = _sabotage(zoo, tmp_path, "    return F.silu(g) * u\n", "    return F.silu(g) * u * 1.001\n")
     r = run_cli("lock", bundle, "--program", zoo["program"], "--weights", zoo["weights"], "-o", str(out))

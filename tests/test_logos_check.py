@@ -58,6 +58,22 @@ def test_no_zoo_and_missing_paths_are_one_line_each(tmp_path):
     assert r.returncode == 1 and r.stderr.startswith("nothere.logos: no such file or folder")
 
 
+def test_a_program_that_is_no_file_is_said_once_and_never_waited_on(tmp_path):
+    """A FIFO hung `logos check` (a pre-commit hook that never ends); a folder was said twice."""
+    write(tmp_path, {"programs/good.logos": GOOD})
+    os.mkfifo(tmp_path / "programs/f.logos")
+    (tmp_path / "programs/g.logos").mkdir()
+    r = subprocess.run([sys.executable, "-m", "emitter", "check"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 1 and r.stdout.splitlines() == [
+        "programs/f.logos: cannot read the program: it is not a regular file",
+        "programs/g.logos: cannot read the program: it is a folder"], r.stdout
+    r = subprocess.run([sys.executable, "-m", "emitter", "check", "programs/f.logos"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 1 and r.stdout.strip() == \
+        "programs/f.logos: cannot read the program: it is not a regular file", r.stdout
+
+
 def test_github_actions_annotations(tmp_path):
     bad_zoo(tmp_path)
     r = logos("check", cwd=tmp_path, env={"GITHUB_ACTIONS": "true"})

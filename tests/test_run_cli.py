@@ -146,3 +146,23 @@ def test_the_logos_script_takes_them_too(loop, tmp_path):
     assert done.returncode == 0, done.stderr
     traces = vm_steps(program, vm.load_leaves(program, weights).values, 2)
     assert np.array_equal(f64(tmp_path / "l.f64"), traces[-1].stages[stage(program, "logits")].reshape(-1))
+
+
+def test_run_out_of_memory_or_a_bad_step_count_is_one_line(tmp_path):
+    """A program too big for the memory at hand was a numpy traceback; `--steps abc` named
+    argparse's type function."""
+    import resource
+    prog = tmp_path / "big.logos"
+    prog.write_text("Let x be a 40000 by 40000 tensor of Real.\nSet item 1 of x to 1.\n"
+                    "Let y be rmsnorm of x.\n")
+
+    def capped():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+    r = subprocess.run([sys.executable, "-m", "emitter", "run", str(prog), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, preexec_fn=capped,
+                       env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+    assert r.returncode == 2 and r.stderr.strip() == \
+        f"{prog}: could not run: out of memory (its tensors take 23.8 GiB in float64)", r.stderr
+    assert not (tmp_path / "o").exists()
+    r = run_cli("run", str(prog), "--out", str(tmp_path / "o"), "--steps", "abc")
+    assert r.returncode == 2 and "--steps: must be a whole number of at least 1, got 'abc'" in r.stderr

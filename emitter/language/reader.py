@@ -1,7 +1,9 @@
 """The reader: LOGOS tensor sugar to the Program IR, refusing every ill-formed or ill-shaped line."""
 
 import math
+import os
 import re
+import stat
 
 from .errors import ProgramError, excerpt
 from .hints import did_you_mean, nearest, ranked
@@ -356,11 +358,19 @@ def read_program(source, path=None):
 def read_file(path, max_bytes=MAX_PROGRAM_BYTES):
     """Read a program file (UTF-8, at most `max_bytes`); an unreadable, undecodable or larger file
     is a ProgramError too (naming the line of the first byte that is not UTF-8)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+    try:   # (O_NONBLOCK: a FIFO is opened without waiting for a writer, then refused)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise ProgramError(f"cannot read the program: {e.strerror or e}", path=str(path)) from None
+    with os.fdopen(fd, "rb") as f:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            raise ProgramError("cannot read the program: " + (
+                "it is a folder" if stat.S_ISDIR(kind) else "it is not a regular file"), path=str(path))
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as e:
+            raise ProgramError(f"cannot read the program: {e.strerror or e}", path=str(path)) from None
     if len(data) > max_bytes:
         raise ProgramError(f"the program is over {max_bytes} bytes (limits.program_bytes raises the "
                            "limit)", path=str(path))

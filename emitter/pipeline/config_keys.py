@@ -18,6 +18,9 @@ from .paths import inside
 from ..yamlfile import ConfigError
 
 IMPORTER_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
+# the largest value a limit can take where 2**62 is more than its consumer can: seconds become a
+# deadline (time.monotonic() + seconds) that the OS's timers hold: a year is past any real check
+LIMIT_MAX = {"seconds": 366 * 24 * 3600}
 
 
 class Problems:
@@ -80,8 +83,9 @@ def check_limits(p, lim, known):
     for k, v in lim.items():
         if k not in known:
             p.add(f"limits.{k}", unknown("a limit", k, known))
-        elif not _is_int(v) or not 1 <= v <= 1 << 62:
-            p.add(f"limits.{k}", f"must be a positive integer, got {excerpt(repr(v), 40)}")
+        elif not _is_int(v) or not 1 <= v <= LIMIT_MAX.get(k, 1 << 62):
+            p.add(f"limits.{k}", f"must be a whole number from 1 to {LIMIT_MAX.get(k, 1 << 62)}, "
+                  f"got {excerpt(repr(v), 40)}")
         else:
             out[k] = v
     return out

@@ -48,12 +48,17 @@ def deadline(seconds, what):
 
 
 def safe_build(root, build_dir):
-    """Refuse a build/ that is a link or resolves outside the repository: targets would escape it."""
+    """Refuse a build/ that is a link or resolves outside the repository (targets would escape it),
+    or is no folder."""
     path = os.path.join(root, build_dir)
     real = os.path.realpath(path)
     if os.path.islink(path) or not real.startswith(os.path.realpath(root) + os.sep):
         sys.stderr.write(f"doit: refused: {build_dir}/ is a link or lies outside {root} ({real}); "
                          "make it a plain folder inside the repository\n")
+        raise BuildBusy(3)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        sys.stderr.write(f"doit: refused: {build_dir} is a file, where the zoo's {build_dir}/ folder "
+                         "goes; move it away and run again\n")
         raise BuildBusy(3)
 
 

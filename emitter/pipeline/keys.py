@@ -261,11 +261,15 @@ def golden_as_recorded(bundle, rec):
         sha256_or_none(os.path.join(bundle, "golden", n)) == sha for n, sha in rec.items())
 
 
-def report_row(e, threads, st, lock, now=None):
+def report_row(e, threads, st, lock, now=None, made=None):
     """One program's part of the report key (`st`, `lock`: its emit and lock statuses; `now`: its
-    current keys, worked out here when not given)."""
+    current keys, `made`: whether what they take from records is on disk (`made_current`), each
+    worked out here when not given), with each result file's sha256: a result edited by hand
+    makes the report again, whatever doit ignores."""
     return [e.name, e.pc.source, st.get("key"), st.get("status"), st.get("reason"),
-            current_keys(e, threads, st) if now is None else now, (lock or {}).get("checks") or {}]
+            current_keys(e, threads, st) if now is None else now, (lock or {}).get("checks") or {},
+            made_current(e, st) if made is None else made,
+            {c.dtype: sha256_or_none(c.result) for c in e.checks}]
 
 
 def report_key(entries, threads, rows=None):

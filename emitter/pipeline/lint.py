@@ -114,14 +114,16 @@ def check(paths):
             defaults = load_defaults_builtin(root)
             report.error(e, root)
         for name in sorted(names):
+            source = f"{programs_dir}/{name}.logos"
             try:
                 pc = load_program(root, name, defaults, programs_dir)
             except ConfigError as e:
                 report.error(e, root)
                 pc = None
+                if any(x.path == source for x in e.errors):
+                    continue   # the program file itself refused (a folder, a FIFO): said once
             read += 1
-            if pc is None and inside(root, f"{programs_dir}/{name}.logos", None,
-                                     defaults.get("roots", ())) is None:
+            if pc is None and inside(root, source, None, defaults.get("roots", ())) is None:
                 continue   # a link out of the repository (refused above): never read, never shown
             program = _read(report, os.path.relpath(os.path.join(folder, f"{name}.logos")),
                             pc.limits["program_bytes"] if pc else None)

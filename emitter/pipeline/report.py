@@ -77,24 +77,30 @@ def _elsewhere(r):
     return None
 
 
-def _check_rows(e, status, cache, now, parts_now):
-    rows = []
+def _check_rows(e, status, cache, now, parts_now, written):
+    """The rows of `e`'s checks from their result files: `now`, their keys now; `written`, the
+    sha256 the lock recorded of each result file (one edited since is not the lock's)."""
+    rows, refused = [], status.get("status") != "ok"
     for c in e.checks:
         r = _stamped(cache, c.result, _slim)
-        if r is None:
-            reason = status.get("reason") if status.get("status") != "ok" else \
-                f"{c.result}: not written (the lock did not run)"
+        if r is None or (refused and r["verdict"] == "error"):   # refused now: the emit says why
+            reason = status.get("reason") if refused else f"{c.result}: not written (the lock did not run)"
             rows.append(_row(e.name, e.pc.source, c.dtype, "error", reason, c.result, current=False))
             continue
         r = {**_row(e.name, e.pc.source, c.dtype, r["verdict"], r["reason"], c.result), **r}
         inputs, about = r.pop("inputs", None), r.pop("about", None)
-        r["current"] = bool(now.get(c.dtype)) and r.get("key") == now[c.dtype]
-        if r["verdict"] == "error" and about and about != now.get(c.dtype):
+        as_written = sha256_or_none(c.result) == written.get(c.dtype)
+        r["current"] = as_written and bool(now.get(c.dtype)) and r.get("key") == now[c.dtype]
+        if r["verdict"] == "error" and about != now.get(c.dtype):
             r["reason"] = (f"not current: recorded by an earlier run, on inputs that have moved "
                            f"since (run doit to lock it again): {r['reason']}")
         if not r["current"] and r["verdict"] in ("pass", "fail"):
-            if status.get("status") != "ok":
+            if not as_written:
+                why = "the file is not the one the lock wrote (it was edited or copied in since)"
+            elif refused:
                 why = f"the program has no bundle now ({status.get('reason')})"
+            elif now.get(c.dtype) is None:
+                why = "its program or bundle changed after its emit (during this run, or by hand)"
             elif not r.get("key"):
                 why = ("it was recorded under no key (by an older version, or its inputs moved "
                        "while it ran)")
@@ -136,7 +142,7 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
     `key_rows`, if given, gets each program's `keys.report_row` from the same reads. A config
     changed since the run `began` (ns, the file system's clock), after the run read it (a task
     of the dodo's own wrote it, an edit): its programs' checks are errors, not current."""
-    from .keys import current_parts, report_row
+    from .keys import current_parts, made_current, report_row
     cache = StampedCache(cache_path, 7)   # v7: rows keep an error's `about`
     failures = dict(failures or {})
     changed = changed_since(entries, began)
@@ -150,11 +156,17 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
             ok = status.get("status") == "ok"
             rows.append(_row(e.name, e.pc.source, "emit", "pass" if ok else "error", status.get("reason"),
                              current=True))
+        lock = read_json(e.lock_status)
         parts = current_parts(e, threads, status)
         now = {dt: p and check_key(p) for dt, p in parts.items()}
+        made = made_current(e, raw or {})
         if key_rows is not None:
-            key_rows.append(report_row(e, threads, raw or {}, read_json(e.lock_status), now))
-        rows += _check_rows(e, status, cache, now, parts)
+            key_rows.append(report_row(e, threads, raw or {}, lock, now, made))
+        if not made:   # the program or bundle moved since its emit: no check of it is current
+            now = dict.fromkeys(now)
+        written = {dt: x.get("sha256") for dt, x in ((lock or {}).get("checks") or {}).items()
+                   if isinstance(x, dict)} if isinstance(lock, dict) else {}
+        rows += _check_rows(e, status, cache, now, parts, written)
         mine = rows[len(rows) - max(1, len(e.checks)):]
         if failed:   # the first of its tasks to fail says why (the later ones waited for it)
             task, message = failed[0]

@@ -189,9 +189,11 @@ def history(db, name):
 def currency(rows, programs_dir, threads):
     """The zoo's checks now (the programs in `programs_dir`, its build/ beside it), each with its
     latest run in `rows` marked `current` when its recorded key is the key of its inputs as they
-    are now, at `threads` (a run's `threads=`: what a `doit` with it would find), and what the key
-    takes from records is what is on disk (the program the emit read, its
-    bundle, derived weights): the one rule the pipeline uses; a check with no run is a row of
+    are now, at `threads` (a run's `threads=`: what a `doit` with it would find), what the key
+    takes from records is what is on disk (the program the emit read, its bundle, derived
+    weights) and the check's result file is the one its lock wrote, under that key and verdict
+    (an edited one, refilled into a deleted history, is not): the one rule the pipeline uses; a
+    check with no run is a row of
     verdict `none`. Then the runs of programs the zoo no longer has (not current). A run of a
     check its program no longer has (a dtype dropped, `lock: false`) is in neither."""
     from .checks import entries
@@ -205,10 +207,15 @@ def currency(rows, programs_dir, threads):
                 names.add(e.name)
                 st = read_json(e.status) if e.checks else None
                 made = bool(e.checks) and made_current(e, st)
+                lock = (read_json(e.lock_status) if e.checks else None) or {}
+                written = lock.get("checks") if isinstance(lock.get("checks"), dict) else {}
                 for c in e.checks:
                     x = runs.get((e.name, c.dtype)) or _none(e.name, c.dtype)
                     parts = made and check_parts(e, c, st, threads)
-                    x["current"] = bool(parts) and bool(x.get("key")) and x["key"] == check_key(parts)
+                    mine = written.get(c.dtype) if isinstance(written.get(c.dtype), dict) else {}
+                    x["current"] = bool(parts) and bool(x.get("key")) and x["key"] == check_key(parts) \
+                        and mine.get("key") == x["key"] and mine.get("verdict") == x["verdict"] \
+                        and fingerprint.sha256_or_none(c.result) == mine.get("sha256")   # as the lock wrote it
                     zoo.append(x)
     finally:
         os.chdir(here)

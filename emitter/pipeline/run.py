@@ -215,10 +215,12 @@ class Run:
         for e in self.entries:
             st, lock = read_json(e.status) or {}, read_json(e.lock_status)
             now = keys.current_keys(e, threads, st)
-            rows.append(keys.report_row(e, threads, st, lock, now))
-            w = e.pc.derive is not None and not e.pc.error and not keys.import_current(e) and not (
-                self.settings["cache"] and not os.path.isdir(e.pc.weights))   # (cachelookup decides)
+            derived = e.pc.derive is not None and not e.pc.error
+            have = derived and os.path.isdir(e.pc.weights)
+            imported = have and keys.import_current(e)
+            w = derived and not imported and not (self.settings["cache"] and not have)   # (cachelookup decides)
             em = not keys.emit_current(e, st)
+            rows.append(keys.report_row(e, threads, st, lock, now, not em and (not have or imported)))
             lk = e.locked and (w or em or not keys.lock_current(e, threads, st, lock, now,
                                                                 golden=not self.settings["cache"]))
             if lk or w or em:

@@ -351,9 +351,25 @@ TESTED = ("float32", "float64")
 ZOO_RECORD = os.path.join("build", ".fingerprints.json")   # a zoo's hash record, from its root
 
 
+def _unwritable(path):
+    """Why the result cannot be written at `path`, or None."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "is a folder, where the result file is to be written"
+    if not os.path.isdir(folder):
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK):
+        return f"{folder} cannot be written to"
+    return None
+
+
 def main(args):
     if not 1 <= args.threads <= MAX_THREADS:
         print(f"--threads must be from 1 to {MAX_THREADS}, got {args.threads}", file=sys.stderr)
+        return 2
+    problem = _unwritable(args.out)
+    if problem:   # said before the lock runs, not after (its verdict would be lost)
+        print(f"-o {args.out}: {problem}", file=sys.stderr)
         return 2
     if os.path.isfile(ZOO_RECORD):   # run inside a zoo: a weights file it hashed is not read again
         fingerprint.bind(ZOO_RECORD)
@@ -363,7 +379,12 @@ def main(args):
                         args.rtol, tuple(args.allow_nonfinite), golden_files=golden,
                         golden={args.dtype: tolerance(args.dtype, args.atol, args.rtol)})
     r["execution"] = {"executor": "logos lock", "pid": os.getpid(), **threads}
-    write_result(r, args.out)
+    try:
+        write_result(r, args.out)
+    except OSError as e:
+        print(f"{r['name']} [{r['steps']} step(s)] {verdict.line(r)}", file=sys.stderr)
+        print(f"-o {args.out}: not written: {e.strerror or e}", file=sys.stderr)
+        return 2
     for line in verdict.unmatched(args.weights, r.get("unmatched_weights") or ()):
         print(line, file=sys.stderr)
     if golden:   # beside the bundle's files, for `python compile.py test`
