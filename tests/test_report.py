@@ -32,6 +32,7 @@ def test_result_cache_follows_the_files_and_survives_a_bad_cache(tmp_path, monke
     res, status, cache = tmp_path / "r.json", tmp_path / "s.json", tmp_path / "cache.json"
     status.write_text('{"status": "ok", "bundle": {}}')
     monkeypatch.setattr(keys, "check_parts", lambda *a: {"the": "inputs"})   # current, whatever they are
+    monkeypatch.setattr(keys, "made_current", lambda *a: True)                # as its emit left it
     key = keys.check_key({"the": "inputs"})
     res.write_text(json.dumps({"verdict": "pass", "key": key, "output": {"max_abs": 0.5},
                                "stages": [1] * 99}))

@@ -79,7 +79,8 @@ def _elsewhere(r):
 
 def _check_rows(e, status, cache, now, parts_now, written):
     """The rows of `e`'s checks from their result files: `now`, their keys now; `written`, the
-    sha256 the lock recorded of each result file (one edited since is not the lock's)."""
+    sha256 the lock status recorded of each result file (one edited since is not the lock's; with
+    no record, the next run locks it again, as its key is all there is to go by)."""
     rows, refused = [], status.get("status") != "ok"
     for c in e.checks:
         r = _stamped(cache, c.result, _slim)
@@ -89,21 +90,21 @@ def _check_rows(e, status, cache, now, parts_now, written):
             continue
         r = {**_row(e.name, e.pc.source, c.dtype, r["verdict"], r["reason"], c.result), **r}
         inputs, about = r.pop("inputs", None), r.pop("about", None)
-        as_written = sha256_or_none(c.result) == written.get(c.dtype)
+        as_written = c.dtype not in written or sha256_or_none(c.result) == written[c.dtype]
         r["current"] = as_written and bool(now.get(c.dtype)) and r.get("key") == now[c.dtype]
         if r["verdict"] == "error" and about != now.get(c.dtype):
             r["reason"] = (f"not current: recorded by an earlier run, on inputs that have moved "
                            f"since (run doit to lock it again): {r['reason']}")
         if not r["current"] and r["verdict"] in ("pass", "fail"):
-            if not as_written:
-                why = "the file is not the one the lock wrote (it was edited or copied in since)"
-            elif refused:
+            if refused:
                 why = f"the program has no bundle now ({status.get('reason')})"
-            elif now.get(c.dtype) is None:
-                why = "its program or bundle changed after its emit (during this run, or by hand)"
             elif not r.get("key"):
                 why = ("it was recorded under no key (by an older version, or its inputs moved "
                        "while it ran)")
+            elif not as_written:
+                why = "the file is not the one the lock wrote (it was edited or copied in since)"
+            elif now.get(c.dtype) is None:
+                why = "its program or bundle changed after its emit (during this run, or by hand)"
             else:
                 stale = moved(inputs, parts_now[c.dtype])
                 why = f"its {', '.join(stale)} {'differ' if len(stale) > 1 else 'differs'} from the inputs now"
