@@ -243,6 +243,13 @@ def lock_current(entry, threads, st=None, lock=None, now=None, golden=True):
     return golden_as_recorded(entry.bundle, settled)
 
 
+def lock_records(lock):
+    """{dtype: what the lock status `lock` records of that check (its key, verdict and the
+    sha256 of the result file it wrote)}, or {} for none."""
+    rec = (lock or {}).get("checks")
+    return {dt: x for dt, x in rec.items() if isinstance(x, dict)} if isinstance(rec, dict) else {}
+
+
 def golden_record(bundle):
     """What the bundle's golden/ holds now, {file: sha256}, golden.json's None where there is none:
     the lock status keeps it, so that golden/ written since (a hand lock of a zoo bundle, an edit)

@@ -143,7 +143,7 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
     `key_rows`, if given, gets each program's `keys.report_row` from the same reads. A config
     changed since the run `began` (ns, the file system's clock), after the run read it (a task
     of the dodo's own wrote it, an edit): its programs' checks are errors, not current."""
-    from .keys import current_parts, made_current, report_row
+    from .keys import current_parts, lock_records, made_current, report_row
     cache = StampedCache(cache_path, 7)   # v7: rows keep an error's `about`
     failures = dict(failures or {})
     changed = changed_since(entries, began)
@@ -165,8 +165,7 @@ def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=N
             key_rows.append(report_row(e, threads, raw or {}, lock, now, made))
         if not made:   # the program or bundle moved since its emit: no check of it is current
             now = dict.fromkeys(now)
-        written = {dt: x.get("sha256") for dt, x in ((lock or {}).get("checks") or {}).items()
-                   if isinstance(x, dict)} if isinstance(lock, dict) else {}
+        written = {dt: x.get("sha256") for dt, x in lock_records(lock).items()}
         rows += _check_rows(e, status, cache, now, parts, written)
         mine = rows[len(rows) - max(1, len(e.checks)):]
         if failed:   # the first of its tasks to fail says why (the later ones waited for it)

@@ -16,7 +16,7 @@ import time
 
 from .. import fingerprint
 from ..files import read_json
-from ..verify.threads import DEFAULT_THREADS, MAX_THREADS
+from ..verify.threads import DEFAULT_THREADS, thread_count
 from ..verify.verdict import number, short
 
 DEFAULT_DB = "build/results.sqlite"
@@ -198,7 +198,7 @@ def currency(rows, programs_dir, threads):
     check its program no longer has (a dtype dropped, `lock: false`) is in neither."""
     from .checks import entries
     from .config import discover
-    from .keys import check_key, check_parts, made_current
+    from .keys import check_key, check_parts, lock_records, made_current
     here, runs, zoo, names = os.getcwd(), {(x["name"], x["dtype"]): x for x in rows}, [], set()
     try:
         os.chdir(os.path.dirname(os.path.abspath(programs_dir)))
@@ -207,12 +207,11 @@ def currency(rows, programs_dir, threads):
                 names.add(e.name)
                 st = read_json(e.status) if e.checks else None
                 made = bool(e.checks) and made_current(e, st)
-                lock = (read_json(e.lock_status) if e.checks else None) or {}
-                written = lock.get("checks") if isinstance(lock.get("checks"), dict) else {}
+                written = lock_records(read_json(e.lock_status)) if e.checks else {}
                 for c in e.checks:
                     x = runs.get((e.name, c.dtype)) or _none(e.name, c.dtype)
                     parts = made and check_parts(e, c, st, threads)
-                    mine = written.get(c.dtype) if isinstance(written.get(c.dtype), dict) else {}
+                    mine = written.get(c.dtype, {})
                     x["current"] = bool(parts) and bool(x.get("key")) and x["key"] == check_key(parts) \
                         and mine.get("key") == x["key"] and mine.get("verdict") == x["verdict"] \
                         and fingerprint.sha256_or_none(c.result) == mine.get("sha256")   # as the lock wrote it
@@ -291,9 +290,10 @@ def add_arguments(p):
 
 
 def _threads(text):
-    if not text.isdigit() or not 1 <= int(text) <= MAX_THREADS:
-        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_THREADS}")
-    return int(text)
+    try:
+        return thread_count(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(args):

@@ -17,7 +17,7 @@ from .log import LOG
 from .checks import entries
 from .config import discover
 from ..importers import declared_reads
-from ..verify.threads import DEFAULT_THREADS, MAX_THREADS
+from ..verify.threads import DEFAULT_THREADS, thread_count
 
 _BEGUN = []
 
@@ -83,8 +83,10 @@ def settings(get_var):
     try:
         ex = executors.parse(get_var("executor"), get_var("workers"))
         threads = str(get_var("threads") or DEFAULT_THREADS)
-        if not threads.isdigit() or not 1 <= int(threads) <= MAX_THREADS:
-            raise executors.ExecutorError(f"threads={threads[:20]}: must be a whole number from 1 to {MAX_THREADS}")
+        try:
+            thread_count(threads)
+        except ValueError as e:
+            raise executors.ExecutorError(f"threads={threads[:20]}: {e}") from None
         executors.probe(ex)
         store, warning = vcache.open_cache(get_var("cache"))
     except (executors.ExecutorError, vcache.CacheError) as e:

@@ -11,6 +11,14 @@ DEFAULT_THREADS = 1
 MAX_THREADS = 4096   # torch's pool crashes the process (a segfault, after the verdict) at 65536
 
 
+def thread_count(text):
+    """A thread count as a user writes it (`doit threads=N`, `logos results --threads N`), or a
+    ValueError saying what it must be."""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_THREADS:
+        raise ValueError(f"must be a whole number from 1 to {MAX_THREADS}")
+    return int(text)
+
+
 @functools.lru_cache(maxsize=None)
 def _controller():
     """threadpoolctl's view of the BLAS libraries loaded (numpy's and torch's are, by the time a
