@@ -3,6 +3,7 @@ twice, the key lines an error points at, and a parse cache under build/ so that 
 thousand-config zoo never imports PyYAML."""
 
 import functools
+import os
 
 from .files import StampedCache
 from .language.errors import ProgramError
@@ -110,12 +111,14 @@ def _key_lines(text):
 
 
 class ParseCache(StampedCache):
-    """Parsed configs kept under build/ by the sha256 of their text: a no-op run of a
-    thousand-config zoo reads each file but parses none and never imports PyYAML. Only a value
+    """Parsed configs kept under build/ by the sha256 of their file: a no-op run of a
+    thousand-config zoo stats each file (the fingerprint record) and neither reads nor parses one,
+    nor imports PyYAML. Only a value
     that JSON gives back exactly, key order included, is kept (a date or an integer key is parsed
     every time), so a hit is what parsing would give, errors and their order too."""
 
-    VERSION = 4   # a cache another version wrote (v1 sorted keys, v3 read `1e-5` as text) is not read
+    VERSION = 5   # a cache another version wrote (v1 sorted keys, v3 read `1e-5` as text, v4 keyed
+    #               by the text's digest, not the file's) is not read
 
     def __init__(self, path):
         super().__init__(path, self.VERSION)
@@ -138,6 +141,9 @@ def load_yaml(path, shown=None, cache=None):
     """(mapping, key lines) of a YAML file; an empty file is an empty mapping. Errors name the
     file as `shown` (its repo-relative path); `cache` is a ParseCache or None."""
     shown = shown or path
+    hit = cache and _cached(path, shown, cache)
+    if hit:
+        return hit
     try:
         with open(path, "rb") as f:
             # a small read first: read(1 MB) sets aside 1 MB for each of a zoo's thousand configs
@@ -148,18 +154,15 @@ def load_yaml(path, shown=None, cache=None):
         raise ConfigError(f"cannot read the config: {e.strerror or e}", None, shown) from None
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(f"the config is over {MAX_CONFIG_BYTES} bytes", None, shown)
+    digest = None
+    if cache:
+        import hashlib
+        digest = hashlib.sha256(data).hexdigest()
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
         raise ConfigError(f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}",
                           data.count(b"\n", 0, e.start) + 1, shown) from None
-    digest = None
-    if cache:
-        import hashlib
-        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    data = cache.get(shown, digest) if cache else None
-    if data is not None:
-        return data, _KeyLines(text)
     yaml, loader = _yaml()
     try:
         node = yaml.compose(text, Loader=loader)
@@ -185,16 +188,45 @@ def load_yaml(path, shown=None, cache=None):
     return data, _KeyLines(text)
 
 
+def _cached(path, shown, cache):
+    """(mapping, key lines) of a plain file within the limit whose bytes (by the fingerprint
+    record: a stat) were parsed before, unread; else None."""
+    import stat
+    from .fingerprint import sha256_or_none
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_CONFIG_BYTES:
+        return None
+    sha = sha256_or_none(path, st)
+    data = cache.get(shown, sha) if sha else None
+    return None if data is None else (data, _KeyLines(None, path, sha))
+
+
 class _KeyLines:
     """Key -> line, worked out only when an error asks (most configs are fine, and composing the
     YAML a second time for every one of a thousand would be wasted)."""
 
-    def __init__(self, text):
-        self.text, self.lines = text, None
+    def __init__(self, text, path=None, sha=None):
+        self.text, self.lines, self.path, self.sha = text, None, path, sha
 
     def get(self, key):
         if self.lines is None:
-            self.lines = _key_lines(self.text)
+            self.lines = _key_lines(self._text())
         return self.lines.get(key)
+
+    def _text(self):
+        """The text (read now for a parse from the cache: no lines if it is not those bytes)."""
+        if self.text is None:
+            import hashlib
+            try:
+                with open(self.path, "rb") as f:
+                    data = f.read(MAX_CONFIG_BYTES + 1)
+                ok = hashlib.sha256(data).hexdigest() == self.sha
+                self.text = data.decode("utf-8").removeprefix("\ufeff") if ok else ""
+            except (OSError, UnicodeDecodeError):
+                self.text = ""
+        return self.text
 
 

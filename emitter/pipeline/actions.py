@@ -114,16 +114,19 @@ def make_report(entries, out_dir, threads, failures=None):
     return True
 
 
-def report_current(entries, out_dir, threads, now=None):
+def report_current(entries, out_dir, threads, unmoved=None):
     """doit's `uptodate` of the report: the last complete report records the report key of the
     inputs as they are now (it records one only when every check passed); it is then brought back
-    from where the run set it aside. `now`: that key as the run's pre-check took it, when no task
-    ran before the report."""
+    from where the run set it aside. `unmoved`: the rows of that key the run's pre-check took, of
+    the programs none of whose tasks ran (the others are read again; where tasks ran, a config or
+    program changed since the run began makes it not current)."""
     from .guards import began_ns
     from .keys import report_key
-    from .report import changed_since, recorded_key, restore
-    if recorded_key(out_dir) != (now or report_key(entries, threads)) or (
-            now is None and changed_since(entries, began_ns())):   # (tasks ran: a config rewritten?)
+    from .report_aside import changed_since, recorded_key, restore
+    unmoved = unmoved or {}
+    ran = any(e.name not in unmoved for e in entries)
+    if recorded_key(out_dir) != report_key(entries, threads, known=unmoved) or (
+            ran and changed_since(entries, began_ns(), sources=True)):   # (a task rewrote one?)
         return False
     restore(out_dir)
     return True

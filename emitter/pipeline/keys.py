@@ -217,13 +217,18 @@ def current_keys(entry, threads, st=None):
     return {dt: p and check_key(p) for dt, p in current_parts(entry, threads, st).items()}
 
 
-def lock_current(entry, threads, st=None, lock=None, now=None, golden=True):
+def result_shas(entry):
+    """{dtype: the sha256 of its result file now, or None}."""
+    return {c.dtype: sha256_or_none(c.result) for c in entry.checks}
+
+
+def lock_current(entry, threads, st=None, lock=None, now=None, golden=True, shas=None):
     """Every check's result is a pass recorded under the key of its inputs as they are now, and
     the result file is the one the lock wrote (a failing or erroring check reruns, a refused
     program's too), the checks are the program's (none dropped), and golden/ is as the lock
     settled it, and there, unless the run takes verdicts from a shared cache (`golden` False:
     the cache holds no golden/). `st`, `lock`: the emit and lock statuses, `now` the current
-    keys, worked out here when not given."""
+    keys, `shas` the `result_shas`, worked out here when not given."""
     lock = (read_json(entry.lock_status) if lock is None else lock) or {}
     rec = lock.get("checks")
     settled = lock.get("golden")   # golden/ as the lock left it
@@ -235,10 +240,11 @@ def lock_current(entry, threads, st=None, lock=None, now=None, golden=True):
     if st.get("status") != "ok":   # refused: its checks are errors, recorded again by every run
         return False
     now = current_keys(entry, threads, st) if now is None else now
+    shas = result_shas(entry) if shas is None else shas
     for c in entry.checks:
         r = rec.get(c.dtype)
         if not isinstance(r, dict) or r.get("verdict") != "pass" or not now[c.dtype] \
-                or r.get("key") != now[c.dtype] or sha256_or_none(c.result) != r.get("sha256"):
+                or r.get("key") != now[c.dtype] or shas[c.dtype] != r.get("sha256"):
             return False
     return golden_as_recorded(entry.bundle, settled)
 
@@ -268,25 +274,28 @@ def golden_as_recorded(bundle, rec):
         sha256_or_none(os.path.join(bundle, "golden", n)) == sha for n, sha in rec.items())
 
 
-def report_row(e, threads, st, lock, now=None, made=None):
+def report_row(e, threads, st, lock, now=None, made=None, shas=None):
     """One program's part of the report key (`st`, `lock`: its emit and lock statuses; `now`: its
-    current keys, `made`: whether what they take from records is on disk (`made_current`), each
-    worked out here when not given), with each result file's sha256: a result edited by hand
-    makes the report again, whatever doit ignores."""
-    return [e.name, e.pc.source, st.get("key"), st.get("status"), st.get("reason"),
-            current_keys(e, threads, st) if now is None else now, (lock or {}).get("checks") or {},
-            made_current(e, st) if made is None else made,
-            {c.dtype: sha256_or_none(c.result) for c in e.checks}]
+    current keys, `made`: whether what they take from records is on disk (`made_current`),
+    `shas` its `result_shas`, each worked out here when not given), with each result file's sha256: a result edited by hand
+    makes the report again, whatever doit ignores. Its digest: rows are worked out apart (on
+    the pre-check's cores) and the report key is the digest of theirs."""
+    return digest([e.name, e.pc.source, st.get("key"), st.get("status"), st.get("reason"),
+                   current_keys(e, threads, st) if now is None else now,
+                   (lock or {}).get("checks") or {}, made_current(e, st) if made is None else made,
+                   result_shas(e) if shas is None else shas])
 
 
-def report_key(entries, threads, rows=None):
+def report_key(entries, threads, rows=None, known=None):
     """What the report is made of: every program's emit status and every check's recorded entry
-    beside its current key, and the report code (`rows`: those `report_row`s, read here when not
-    given) and the commit its headers name. A report recording this key is current."""
+    beside its current key, and the report code (`rows`: the digests `report_row` gives, read
+    here when not given, but for those `known` holds by program name) and the commit its headers
+    name. A report recording this key is current."""
     from .report_facts import git_head
     if rows is None:
-        rows = [report_row(e, threads, read_json(e.status) or {}, read_json(e.lock_status))
-                for e in entries]
+        known = known or {}
+        rows = [known.get(e.name) or report_row(e, threads, read_json(e.status) or {},
+                                                read_json(e.lock_status)) for e in entries]
     return digest({"rows": rows, "code": digests.code("report"), "commit": git_head()})
 
 

@@ -16,11 +16,10 @@ from ..files import StampedCache, json_lines, read_json, write_files
 from ..verify.verdict import decided, decisive, describe, number, one_minus_cos, short
 from ..fingerprint import sha256_or_none, sha256_text
 from .keys import check_key, moved
+from .report_aside import changed_since, drop_aside
 from .report_facts import context, counts, headline, tally, warnings
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
-REPORT_FILES = ("report.json", "junit.xml", "junit-jenkins.xml", "summary.md", "report.html")   # (formats' order)
-STALE = "stale"   # build/stale/: the last complete report while a run is under way
 _OUTPUT = ("max_abs", "max_rel", "guarded_rel", "nmse", "cosine", "argmax_agree", "integer",
            "integer_mismatches", "feeding", "pass", "worst_ratio")
 _GATE = ("bounds", "worst_excess", "worst_deviation", "worst_z", "min_cosine", "ops_failing",
@@ -115,21 +114,6 @@ def _check_rows(e, status, cache, now, parts_now, written):
             r["environment_note"] = note
         rows.append(r)
     return rows
-
-
-def _ctime(path):
-    try:
-        return os.stat(path).st_ctime_ns
-    except OSError:
-        return 0
-
-
-def changed_since(entries, began):
-    """The configs of `entries` changed since the run `began` (ns, the file system's clock: after
-    the run read them), each looked at once."""
-    if began is None:
-        return set()
-    return {f for f in dict.fromkeys(f for e in entries for f in e.configs) if _ctime(f) >= began}
 
 
 def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=None, began=None):
@@ -237,13 +221,12 @@ def render_junit(rows, header=None, locate=True):
             case.set("file", where)
             if line is not None:
                 case.set("line", str(line))
-        text = describe(r)
-        if not locate and where and r["verdict"] != "pass" and not text.startswith(where):
-            text = f"{where}{':' + str(line) if line else ''}: {text}"
-        if r["verdict"] == "fail":
-            ET.SubElement(case, "failure", message=text, type="lock-fail").text = text
-        elif r["verdict"] != "pass":
-            ET.SubElement(case, "error", message=text, type="lock-error").text = text
+        if r["verdict"] != "pass":   # (a pass says nothing: its description is never made)
+            text = describe(r)
+            if not locate and where and not text.startswith(where):
+                text = f"{where}{':' + str(line) if line else ''}: {text}"
+            tag, kind = ("failure", "lock-fail") if r["verdict"] == "fail" else ("error", "lock-error")
+            ET.SubElement(case, tag, message=text, type=kind).text = text
         if r.get("environment_note"):
             ET.SubElement(case, "system-out").text = r["environment_note"]
     root = ET.Element("testsuites", name="logos", tests=str(len(rows)), failures=str(c["fail"]),
@@ -331,43 +314,3 @@ def write_reports(rows, out_dir, plots_cache=None, key=None):
     write_files(os.path.join(out_dir, "status"), {"report.json": json_lines(
         {"key": key, "files": {f: sha256_text(t) for f, t in files.items()},
          "verdicts": [[r["name"], r["check"], r["verdict"]] for r in rows]})})
-
-
-def recorded_key(out_dir):
-    """The key the last complete report was made under, while its files (where the run set them
-    aside) are what it wrote; else None."""
-    st = read_json(os.path.join(out_dir, "status", "report.json"))
-    if not isinstance(st, dict) or not isinstance(st.get("files"), dict):
-        return None
-    aside = os.path.join(out_dir, STALE)
-    intact = all(sha256_or_none(os.path.join(aside, f)) == sha or sha256_or_none(os.path.join(out_dir, f)) == sha
-                 for f, sha in st["files"].items())
-    return st.get("key") if intact else None
-
-
-def set_aside(out_dir):
-    """At the start of a run: the report of the last complete run moves to build/stale/ (a rename
-    each), so a run that does not end (SIGKILL, a full disk, a crash) leaves no report that says
-    pass; `restore` brings it back once the run finds it current, a new report replaces it."""
-    for f in REPORT_FILES:
-        try:
-            os.makedirs(os.path.join(out_dir, STALE), exist_ok=True)
-            os.replace(os.path.join(out_dir, f), os.path.join(out_dir, STALE, f))
-        except OSError:
-            pass
-
-
-def restore(out_dir):
-    for f in REPORT_FILES:
-        try:
-            os.replace(os.path.join(out_dir, STALE, f), os.path.join(out_dir, f))
-        except OSError:
-            pass
-
-
-def drop_aside(out_dir):
-    for f in REPORT_FILES:
-        try:
-            os.unlink(os.path.join(out_dir, STALE, f))
-        except OSError:
-            pass

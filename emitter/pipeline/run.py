@@ -12,7 +12,7 @@ import sys
 
 from .. import fingerprint
 from ..files import read_json
-from . import executors, files_io, guards, handing, keys, log
+from . import digests, executors, files_io, guards, handing, keys, log
 from .log import LOG
 from .checks import entries
 from .config import discover
@@ -34,7 +34,7 @@ def cache_publish(*args):
 
 def clean_report(build):
     """`doit clean` of the report's files."""
-    from .report import REPORT_FILES
+    from .report_aside import REPORT_FILES
     files_io.remove_files([f"{build}/{f}" for f in REPORT_FILES])
 
 
@@ -59,7 +59,7 @@ def begin(build):
     guards.pause_collector()
     fingerprint.bind(f"{build}/.fingerprints.json")
     if handing.is_run(handing.doit_args()):
-        from .report import set_aside   # (xml and the renderers load only when a report is made)
+        from .report_aside import set_aside
         set_aside(build)
 
 
@@ -157,7 +157,7 @@ class Run:
                 LOG.warning(f"warning: the history was not made again: {e}")
         self._follows(args)
         self.handed = None   # None: every task; else the names of those handed beside the report
-        self.report_now = None   # the report's key as the pre-check read it, when nothing is handed
+        self.unmoved = None   # {program: its report row as the pre-check read it} of those it hands nothing of
         # the keys alone decide (`uptodate`), whatever doit's DB holds; a zoo task waits for the
         # dodo's tasks that write what it reads (task_dep). Where those cannot be told (a creator
         # that cannot be called early), doit orders them by the files (file_dep), and then
@@ -212,30 +212,40 @@ class Run:
             return []
 
     def _not_current(self):
-        """The zoo's tasks that are not current, and what they name (doit must know each)."""
-        threads, out, rows = self.settings["threads"], set(), []
-        for e in self.entries:
-            st, lock = read_json(e.status) or {}, read_json(e.lock_status)
-            now = keys.current_keys(e, threads, st)
-            derived = e.pc.derive is not None and not e.pc.error
-            have = derived and os.path.isdir(e.pc.weights)
-            imported = have and keys.import_current(e)
-            w = derived and not imported and not (self.settings["cache"] and not have)   # (cachelookup decides)
-            em = not keys.emit_current(e, st)
-            rows.append(keys.report_row(e, threads, st, lock, now, not em and (not have or imported)))
-            lk = e.locked and (w or em or not keys.lock_current(e, threads, st, lock, now,
-                                                                golden=not self.settings["cache"]))
-            if lk or w or em:
-                out.add(f"emit:{e.name}")
-            if w or (lk and self.settings["cache"] and e.pc.derive and not e.pc.error):
-                out.add(f"weights:{e.name}")   # (what cachelookup may name)
-            if lk:
-                out.add(f"lock:{e.name}")
-                if self.settings["cache"] and e.pc.derive and not e.pc.error:
-                    out.add(f"cachelookup:{e.name}")
-        if not out:   # nothing runs before the report: its key is the one these reads make
-            self.report_now = keys.report_key(self.entries, threads, rows)
+        """The zoo's tasks that are not current, and what they name (doit must know each): each
+        program judged on its own, the programs spread over the machine's cores."""
+        from .spread import spread
+        for kind in ("lock", "emit", "report") + (("import",) if any(e.pc.derive for e in self.entries) else ()):
+            digests.code(kind)   # (taken once, before a fork)
+        digests.env()
+        out, self.unmoved = set(), {}
+        for e, (names, row) in zip(self.entries, spread(self._judge, self.entries)):
+            out.update(names)
+            if not names:   # no task of it runs: its part of the report key stays this one
+                self.unmoved[e.name] = row
         return out
+
+    def _judge(self, e):
+        """(the names of `e`'s tasks that are not current, its row of the report key)."""
+        threads, cache, out = self.settings["threads"], self.settings["cache"], []
+        st, lock = read_json(e.status) or {}, read_json(e.lock_status)
+        now = keys.current_keys(e, threads, st)
+        derived = e.pc.derive is not None and not e.pc.error
+        have = derived and os.path.isdir(e.pc.weights)
+        imported = have and keys.import_current(e)
+        w = derived and not imported and not (cache and not have)   # (cachelookup decides)
+        em, shas = not keys.emit_current(e, st), keys.result_shas(e)
+        row = keys.report_row(e, threads, st, lock, now, not em and (not have or imported), shas)
+        lk = e.locked and (w or em or not keys.lock_current(e, threads, st, lock, now, not cache, shas))
+        if lk or w or em:
+            out.append(f"emit:{e.name}")
+        if w or (lk and cache and derived):
+            out.append(f"weights:{e.name}")   # (what cachelookup may name)
+        if lk:
+            out.append(f"lock:{e.name}")
+            if cache and derived:
+                out.append(f"cachelookup:{e.name}")
+        return out, row
 
     def _hands(self, name):
         return self.handed is None or name in self.handed
@@ -357,7 +367,7 @@ class Run:
             "actions": [(make_report, [self.entries, self.build, self.settings["threads"]])],
             "task_dep": self._last_of_each(),
             "uptodate": [(report_current, [self.entries, self.build, self.settings["threads"],
-                                           self.report_now])],
+                                           self.unmoved])],
             "clean": [(clean_report, [self.build])],
         }
 

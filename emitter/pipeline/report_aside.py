@@ -1,0 +1,68 @@
+"""The last complete report's files while a run is under way: set aside (build/stale/) when a run
+starts, so that a run that does not end leaves no report that says pass; brought back when the run
+finds that report current, dropped when it writes a new one. Apart from the report's renderers, so
+that a no-op run loads none of them."""
+
+import os
+
+from ..files import read_json
+from ..fingerprint import sha256_or_none
+
+REPORT_FILES = ("report.json", "junit.xml", "junit-jenkins.xml", "summary.md", "report.html")   # (formats' order)
+STALE = "stale"   # build/stale/: the last complete report while a run is under way
+
+
+def recorded_key(out_dir):
+    """The key the last complete report was made under, while its files (where the run set them
+    aside) are what it wrote; else None."""
+    st = read_json(os.path.join(out_dir, "status", "report.json"))
+    if not isinstance(st, dict) or not isinstance(st.get("files"), dict):
+        return None
+    aside = os.path.join(out_dir, STALE)
+    intact = all(sha256_or_none(os.path.join(aside, f)) == sha or sha256_or_none(os.path.join(out_dir, f)) == sha
+                 for f, sha in st["files"].items())
+    return st.get("key") if intact else None
+
+
+def set_aside(out_dir):
+    """At the start of a run: the report of the last complete run moves to build/stale/ (a rename
+    each), so a run that does not end (SIGKILL, a full disk, a crash) leaves no report that says
+    pass; `restore` brings it back once the run finds it current, a new report replaces it."""
+    for f in REPORT_FILES:
+        try:
+            os.makedirs(os.path.join(out_dir, STALE), exist_ok=True)
+            os.replace(os.path.join(out_dir, f), os.path.join(out_dir, STALE, f))
+        except OSError:
+            pass
+
+
+def restore(out_dir):
+    for f in REPORT_FILES:
+        try:
+            os.replace(os.path.join(out_dir, STALE, f), os.path.join(out_dir, f))
+        except OSError:
+            pass
+
+
+def drop_aside(out_dir):
+    for f in REPORT_FILES:
+        try:
+            os.unlink(os.path.join(out_dir, STALE, f))
+        except OSError:
+            pass
+
+
+def _ctime(path):
+    try:
+        return os.stat(path).st_ctime_ns
+    except OSError:
+        return 0
+
+
+def changed_since(entries, began, sources=False):
+    """The configs of `entries` (and with `sources` their programs) changed since the run `began`
+    (ns, the file system's clock: after the run read them), each looked at once."""
+    if began is None:
+        return set()
+    files = (f for e in entries for f in e.configs + ((e.pc.source,) if sources else ()))
+    return {f for f in dict.fromkeys(files) if _ctime(f) >= began}
