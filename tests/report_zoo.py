@@ -70,7 +70,7 @@ def synthetic_rows(directory, programs, dtypes=DTYPES, stages=40, seed=0):
         entries.append(entry)
     made, keys.made_current = keys.made_current, lambda *a: True   # no program or bundle files:
     try:                                                           # taken as their emits left them
-        return build_rows(entries, os.path.join(directory, ".report-cache.json"), 1)
+        return build_rows(entries, os.path.join(directory, ".report-cache"), 1)
     finally:
         keys.made_current = made
 

@@ -99,7 +99,7 @@ def make_report(entries, out_dir, threads, failures=None):
     from .report import build_rows, write_reports
     from .guards import began_ns
     key_rows = []
-    rows = build_rows(entries, os.path.join(out_dir, ".report-cache.json"), threads, failures, key_rows,
+    rows = build_rows(entries, os.path.join(out_dir, ".report-cache"), threads, failures, key_rows,
                       began_ns())
     key = report_key(entries, threads, key_rows)
     bad = [r for r in rows if r["verdict"] != "pass"]

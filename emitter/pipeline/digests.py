@@ -31,7 +31,7 @@ CODE = {
                        "language/__init__.py", "language/errors.py", "language/lines.py",
                        "pipeline/__init__.py",
                        "pipeline/digests.py", "pipeline/files_io.py", "pipeline/keys.py",
-                       "pipeline/plot_svg.py", "pipeline/report.py", "pipeline/report_aside.py",
+                       "pipeline/plot_svg.py", "pipeline/report.py", "pipeline/report_aside.py", "pipeline/spread.py",
                        "pipeline/report_facts.py",
                        "pipeline/report_html.py", "sambaflow/__init__.py", "sambaflow/weight_files.py",
                        "verify/__init__.py", "verify/environment.py", "verify/links.py",

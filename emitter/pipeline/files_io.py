@@ -66,6 +66,9 @@ def drop_gone(build, names):
             if n.endswith(f".{kind}.json") and n[:-len(f".{kind}.json")] not in names and \
                     _schema(os.path.join(status, n)) == f"logos.pipeline.{kind}":
                 unlink_quietly([os.path.join(status, n)])
+    caches = os.path.join(build, ".report-cache")   # (the report's, a file per program)
+    unlink_quietly([os.path.join(caches, f) for f in listing(caches)
+                    if f.endswith(".json") and f[:-len(".json")] not in names])
 
 
 def unlink_quietly(paths):

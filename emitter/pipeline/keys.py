@@ -175,20 +175,15 @@ def bundle_as_recorded(entry, st):
         sha256_or_none(f"{entry.bundle}/{f}") == sha for f, sha in bundle.items())
 
 
-def made_as_recorded(entry, st):
-    """What a check's key takes from records is what is on disk: the bundle its emit status lists,
-    and derived weights as their import made them (a hand edit of either is seen), where they were
-    made (a verdict from a shared cache needs none: its key names what the import reads)."""
-    return bundle_as_recorded(entry, st) and (
-        not entry.pc.derive or not os.path.isdir(entry.pc.weights) or import_current(entry))
-
-
 def made_current(entry, st=None):
-    """The program's emit is current and what its checks' keys take from records is on disk (its
-    bundle, its derived weights): the rule `logos results` and a restored report follow (`st`:
-    the emit status, read here when not given)."""
+    """The program's emit is current (its bundle on disk as the emit status lists it: what a
+    check's key takes from records) and so are its derived weights, where they were made (a hand
+    edit of either is seen; a verdict from a shared cache needs none: its key names what the
+    import reads): the rule `logos results` and a restored report follow (`st`: the emit status,
+    read here when not given)."""
     st = read_json(entry.status) if st is None else st
-    return emit_current(entry, st) and made_as_recorded(entry, st)
+    return emit_current(entry, st) and (
+        not entry.pc.derive or not os.path.isdir(entry.pc.weights) or import_current(entry))
 
 
 def import_current(entry):

@@ -116,56 +116,64 @@ def _check_rows(e, status, cache, now, parts_now, written):
     return rows
 
 
-def build_rows(entries, cache_path=None, threads=None, failures=None, key_rows=None, began=None):
+def build_rows(entries, cache_dir=None, threads=None, failures=None, key_rows=None, began=None):
     """One row per check: (program, dtype) for locked programs, (program, "emit") for the rest.
 
     `entries`: the run's `checks.Entry` records. A result recorded under another key than its
     inputs' now is refused as an error that names what moved (and `current` is false); so is
     every check of a program one of whose tasks failed in this run (`failures`: {task name:
-    message}), and a failed task of no program is a row of its own. `cache_path`, if given,
-    keeps slim copies of the files read between runs, each under its content's fingerprint;
+    message}), and a failed task of no program is a row of its own. `cache_dir`, if given,
+    keeps slim copies of the files read between runs, each under its content's fingerprint, a
+    file per program (a rebuild after one edit rewrites one);
     `key_rows`, if given, gets each program's `keys.report_row` from the same reads. A config
     changed since the run `began` (ns, the file system's clock), after the run read it (a task
     of the dodo's own wrote it, an edit): its programs' checks are errors, not current."""
-    from .keys import current_parts, lock_records, made_current, report_row
-    cache = StampedCache(cache_path, 7)   # v7: rows keep an error's `about`
+    from .spread import spread
     failures = dict(failures or {})
     changed = changed_since(entries, began)
-    rows = []
-    for e in entries:
-        failed = [(t, failures.pop(f"{t}:{e.name}")) for t in PROGRAM_TASKS
-                  if f"{t}:{e.name}" in failures]
-        raw = read_json(e.status)
-        status = raw or {"status": "error", "reason": f"{e.status}: not written (emit did not run)"}
-        if not e.checks:
-            ok = status.get("status") == "ok"
-            rows.append(_row(e.name, e.pc.source, "emit", "pass" if ok else "error", status.get("reason"),
-                             current=True))
-        lock = read_json(e.lock_status)
-        parts = current_parts(e, threads, status)
-        now = {dt: p and check_key(p) for dt, p in parts.items()}
-        made = made_current(e, raw or {})
-        if key_rows is not None:
-            key_rows.append(report_row(e, threads, raw or {}, lock, now, made))
-        if not made:   # the program or bundle moved since its emit: no check of it is current
-            now = dict.fromkeys(now)
-        written = {dt: x.get("sha256") for dt, x in lock_records(lock).items()}
-        rows += _check_rows(e, status, cache, now, parts, written)
-        mine = rows[len(rows) - max(1, len(e.checks)):]
-        if failed:   # the first of its tasks to fail says why (the later ones waited for it)
-            task, message = failed[0]
-            for r in mine:
-                r.update(verdict="error", reason=f"{task}:{e.name} failed in this run: {message}")
-        edited = [f for f in e.configs if f in changed]
-        for r in mine if edited else ():
-            r.update(verdict="error", current=False, reason=f"{edited[0]}: changed during this run, "
-                     "after the run read it (its checks are about the config as it was): run doit again")
-    failures.pop("report", None)
+    made = spread(lambda e: _program_rows(e, cache_dir, threads, failures, changed), entries, least=100)
+    rows = [r for mine, _ in made for r in mine]
+    if key_rows is not None:
+        key_rows += [k for _, k in made]
+    mine = {f"{t}:{e.name}" for e in entries for t in PROGRAM_TASKS}
     for task, message in sorted(failures.items()):
-        rows.append(_row(task, None, "task", "error", f"{task} failed in this run: {message}"))
-    cache.save()
+        if task != "report" and task not in mine:
+            rows.append(_row(task, None, "task", "error", f"{task} failed in this run: {message}"))
     rows.sort(key=lambda r: (ORDER.get(r["verdict"], 1), r["name"], r["check"]))
     return rows
+
+
+def _program_rows(e, cache_dir, threads, failures, changed):
+    """(the rows of `e`'s checks, its `keys.report_row`): see `build_rows`."""
+    from .keys import current_parts, lock_records, made_current, report_row
+    cache = StampedCache(cache_dir and os.path.join(cache_dir, f"{e.name}.json"), 7)   # v7: rows keep an error's `about`
+    failed = [(t, failures[f"{t}:{e.name}"]) for t in PROGRAM_TASKS if f"{t}:{e.name}" in failures]
+    raw = read_json(e.status)
+    status = raw or {"status": "error", "reason": f"{e.status}: not written (emit did not run)"}
+    rows = []
+    if not e.checks:
+        ok = status.get("status") == "ok"
+        rows.append(_row(e.name, e.pc.source, "emit", "pass" if ok else "error", status.get("reason"),
+                         current=True))
+    lock = read_json(e.lock_status)
+    parts = current_parts(e, threads, status)
+    now = {dt: p and check_key(p) for dt, p in parts.items()}
+    made = made_current(e, raw or {})
+    key_row = report_row(e, threads, raw or {}, lock, now, made)
+    if not made:   # the program or bundle moved since its emit: no check of it is current
+        now = dict.fromkeys(now)
+    written = {dt: x.get("sha256") for dt, x in lock_records(lock).items()}
+    rows += _check_rows(e, status, cache, now, parts, written)
+    if failed:   # the first of its tasks to fail says why (the later ones waited for it)
+        task, message = failed[0]
+        for r in rows:
+            r.update(verdict="error", reason=f"{task}:{e.name} failed in this run: {message}")
+    edited = [f for f in e.configs if f in changed]
+    for r in rows if edited else ():
+        r.update(verdict="error", current=False, reason=f"{edited[0]}: changed during this run, "
+                 "after the run read it (its checks are about the config as it was): run doit again")
+    cache.save()
+    return rows, key_row
 
 
 def render_json(rows):
@@ -308,7 +316,10 @@ def write_reports(rows, out_dir, plots_cache=None, key=None):
     verdicts (name, check, verdict): what the run's last line counts without reading report.json."""
     os.makedirs(out_dir, exist_ok=True)
     header = context(os.path.dirname(os.path.abspath(out_dir)))
-    files = {f: render(rows, plots_cache, header) for f, render in formats().items()}
+    from .spread import spread
+    renderers = formats()   # (each its own work: they share the cores; the plots cache is the page's)
+    files = dict(zip(renderers, spread(lambda f: renderers[f](rows, plots_cache, header), renderers,
+                                       least=1)))
     write_files(out_dir, files)
     drop_aside(out_dir)
     write_files(os.path.join(out_dir, "status"), {"report.json": json_lines(

@@ -1,17 +1,19 @@
 """A pure function over many items spread over the machine's cores by fork, as git spreads its index
 preload over threads: the pre-check of a thousand-program zoo is a thousand independent key
-computations, each a few stats, two small reads and a few digests, and Python's interpreter holds
-one core. Each forked child computes a slice and hands back its results and the hashes it added
-to the fingerprint record; where fork is not there (or one core is), or a child fails, the
-parent computes that slice itself, so the result is the same either way."""
+computations, each a few stats, two small reads and a few digests, and a report's rows and files
+are as independent; Python's interpreter holds one core. Each forked child computes a slice and
+hands back its results and the hashes it added to the fingerprint record. Where fork is not there, one core is, other threads run (a Dask client's: a
+lock one of them holds would never be let go in the child) or a child fails, the parent computes
+that slice itself, so the result is the same either way."""
 
 import os
 import pickle
 import signal
+import threading
 
 from .. import fingerprint
 
-MIN_PER_CHILD = 200   # below this a fork costs about what it saves
+MIN_PER_CHILD = 200   # items: below this a fork costs about what it saves (a pre-check's programs)
 
 
 def cores():
@@ -21,10 +23,12 @@ def cores():
         return os.cpu_count() or 1
 
 
-def spread(fn, items):
-    """[fn(x) for x in items], the slices after the first computed by forked children."""
+def spread(fn, items, least=MIN_PER_CHILD):
+    """[fn(x) for x in items], the slices after the first computed by forked children of at least
+    `least` items each."""
     items = list(items)
-    n = min(cores(), len(items) // MIN_PER_CHILD) if hasattr(os, "fork") else 1
+    n = min(cores(), len(items) // least) \
+        if hasattr(os, "fork") and threading.active_count() == 1 else 1
     if n <= 1:
         return [fn(x) for x in items]
     size = -(-len(items) // n)
@@ -35,10 +39,10 @@ def spread(fn, items):
         got = _collect(child)
         if got is None:
             out += [fn(x) for x in s]
-        else:
-            results, hashes = got
-            fingerprint.merge(hashes)
-            out += results
+            continue
+        results, hashes = got
+        fingerprint.merge(hashes)
+        out += results
     return out
 
 
