@@ -29,7 +29,8 @@ def test_result_cache_follows_the_files_and_survives_a_bad_cache(tmp_path, monke
     from emitter.pipeline.checks import Check, Entry
     from emitter.pipeline.config import ProgramConfig
     from emitter.pipeline.report import build_rows
-    res, status, cache = tmp_path / "r.json", tmp_path / "s.json", tmp_path / "cache.json"
+    res, status, caches = tmp_path / "r.json", tmp_path / "s.json", tmp_path / "cache"
+    cache = caches / "p.json"   # (a file per program)
     status.write_text('{"status": "ok", "bundle": {}}')
     monkeypatch.setattr(keys, "check_parts", lambda *a: {"the": "inputs"})   # current, whatever they are
     monkeypatch.setattr(keys, "made_current", lambda *a: True)                # as its emit left it
@@ -40,16 +41,16 @@ def test_result_cache_follows_the_files_and_survives_a_bad_cache(tmp_path, monke
                        weights_required=False, dtypes=["float64"])
     entries = [Entry(pc, (), str(tmp_path / "b"), str(status), str(tmp_path / "l.json"), str(tmp_path),
                      (Check("float64", None, None, str(res), {}),))]
-    first = build_rows(entries, str(cache), 1)
+    first = build_rows(entries, str(caches), 1)
     assert first[0]["verdict"] == "pass" and first[0]["output"]["max_abs"] == 0.5
-    assert build_rows(entries, str(cache), 1) == first        # from the cache: the same rows
+    assert build_rows(entries, str(caches), 1) == first        # from the cache: the same rows
     assert "stages" not in cache.read_text()                  # slim copies only
     res.write_text(json.dumps({"verdict": "fail", "key": key, "output": {"max_abs": 7.0}}))
     os.utime(res, ns=(1, 1))
-    assert build_rows(entries, str(cache), 1)[0]["verdict"] == "fail"
+    assert build_rows(entries, str(caches), 1)[0]["verdict"] == "fail"
     for junk in ("[]", '{"version": 2, "entries": {"%s": 5}}' % res, "not json"):
         cache.write_text(junk)
-        assert build_rows(entries, str(cache), 1)[0]["output"]["max_abs"] == 7.0
+        assert build_rows(entries, str(caches), 1)[0]["output"]["max_abs"] == 7.0
 
 
 def test_plot_points_sit_where_their_values_say():
