@@ -1,51 +1,65 @@
 """`emitter.pipeline.spread`: a function over many items spread over the cores by fork gives what
-the plain loop gives, keeps what the children added to the records they share, and falls back to
-the loop where a child fails or other threads run (a child's file writes are its own); and a zoo big enough to be spread (the pre-check,
-the report's rows) hands doit exactly what moved, wherever in the zoo it is."""
+the plain loop gives, keeps the hashes the children recorded, and falls back to the loop where a
+child fails or other threads run; and a zoo big enough to be spread (the pre-check, the report's
+rows) hands doit exactly what moved, wherever in the zoo it is."""
 
+import json
 import os
-import threading
 import time
 
 from emitter import fingerprint
 from emitter.pipeline import spread
-from test_pipeline import PROG_B, doit, make_zoo
+from test_pipeline import PROG_B, ROOT, doit, make_zoo
 
 FORKS = spread.cores() >= 2 and hasattr(os, "fork")
 
 
+def _fresh(code, *args):
+    """The stdout of `code` run in a fresh interpreter (this one may hold other tests' threads,
+    and spread never forks beside threads)."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
 def test_results_are_the_loops_in_order_and_the_children_did_part():
-    items = list(range(450))
-    got = spread.spread(lambda x: (x * x, os.getpid()), items)
-    assert [v for v, _ in got] == [x * x for x in items]
-    pids = {p for _, p in got}
-    assert os.getpid() in pids and (len(pids) > 1) == FORKS, pids
-    few = spread.spread(lambda x: os.getpid(), range(10))   # too few to be worth a fork
-    assert set(few) == {os.getpid()}
+    out = _fresh("import os\n"
+                 "from emitter.pipeline.spread import spread\n"
+                 "got = spread(lambda x: (x * x, os.getpid()), range(450))\n"
+                 "assert [v for v, _ in got] == [x * x for x in range(450)]\n"
+                 "print(len({p for _, p in got}), os.getpid() in {p for _, p in got})\n"
+                 "print(len(set(spread(lambda x: os.getpid(), range(10)))))\n")   # too few to fork
+    assert out.split() == [str(2 if FORKS else 1), "True", "1"], out
 
 
 def test_a_failing_child_is_done_again_by_the_parent():
-    parent = os.getpid()
-
-    def fn(x):
-        if os.getpid() != parent:
-            raise RuntimeError("dies in the child")
-        return x + 1
-    assert spread.spread(fn, range(500)) == [x + 1 for x in range(500)]
+    out = _fresh("import os\n"
+                 "from emitter.pipeline.spread import spread\n"
+                 "parent = os.getpid()\n"
+                 "def fn(x):\n"
+                 "    if os.getpid() != parent:\n"
+                 "        raise RuntimeError('dies in the child')\n"
+                 "    return x + 1\n"
+                 "print(spread(fn, range(500)) == [x + 1 for x in range(500)])\n")
+    assert out.split() == ["True"], out
 
 
 def test_no_fork_while_other_threads_run():
-    stop = threading.Event()
-    t = threading.Thread(target=stop.wait)
-    t.start()
-    try:
-        assert set(spread.spread(lambda x: os.getpid(), range(500))) == {os.getpid()}
-    finally:
-        stop.set()
-        t.join()
+    out = _fresh("import os, threading\n"
+                 "from emitter.pipeline.spread import spread\n"
+                 "stop = threading.Event()\n"
+                 "t = threading.Thread(target=stop.wait)\n"
+                 "t.start()\n"
+                 "print(set(spread(lambda x: os.getpid(), range(500))) == {os.getpid()})\n"
+                 "stop.set()\n")
+    assert out.split() == ["True"], out
 
 
 def test_what_children_record_comes_back(tmp_path):
+    import hashlib
     paths = []
     for i in range(300):
         p = tmp_path / f"f{i}"
@@ -53,25 +67,28 @@ def test_what_children_record_comes_back(tmp_path):
         paths.append(str(p))
     time.sleep(fingerprint.RACY_S + 0.1)   # old enough to be recorded
     record = tmp_path / "fingerprints.json"
-    old = fingerprint._CURRENT[0]
-    fingerprint.bind(str(record))
-    try:
-        shas = spread.spread(fingerprint.sha256, paths, least=100)
-        import hashlib
-        assert shas == [hashlib.sha256(open(p, "rb").read()).hexdigest() for p in paths]
-        held = fingerprint._CURRENT[0].files
-        assert all(held.get(p, "").endswith(s) for p, s in zip(paths, shas))   # the children's too
-        fingerprint.save()
-    finally:
-        fingerprint._CURRENT[0] = old
-    assert all(p in record.read_text() for p in paths)   # saved by the parent
+    out = _fresh("import json, sys\n"
+                 "from emitter import fingerprint\n"
+                 "from emitter.pipeline.spread import spread\n"
+                 "fingerprint.bind(sys.argv[1])\n"
+                 "paths = json.load(open(sys.argv[2]))\n"
+                 "print(json.dumps(spread(fingerprint.sha256, paths, least=100)))\n",
+                 record, _json(tmp_path / "paths.json", paths))
+    shas = [hashlib.sha256(open(p, "rb").read()).hexdigest() for p in paths]
+    assert json.loads(out) == shas
+    held = json.loads(record.read_text())["files"]   # saved at exit by the parent: the children's too
+    assert all(held.get(p, "").endswith(s) for p, s in zip(paths, shas))
+
+
+def _json(path, obj):
+    path.write_text(json.dumps(obj))
+    return path
 
 
 def test_a_spread_zoo_hands_doit_what_moved_wherever_it_is(tmp_path):
     """A zoo of 220 programs (the pre-check and the report's rows are spread): a no-op runs
     nothing; an edit of a program at either end of the zoo (the parent's slice, a child's) runs
     that program's tasks and the report, nothing else; the report names every program."""
-    import json
     programs = {f"p{i:03d}": (PROG_B, None) for i in range(220)}
     programs["p000"] = (PROG_B, "lock: true\n")
     programs["p219"] = (PROG_B, "lock: true\n")
