@@ -88,11 +88,12 @@ def emit_bundle(entry, run=None):
     return True
 
 
-def make_report(entries, out_dir, threads, failures=None):
+def make_report(entries, out_dir, threads, failures=None, unmoved=None):
     """report.json, junit.xml, summary.md and report.html from every program's status and results,
     each check's currency judged by its key; fails the task (so the run exits non-zero) when any
     check did not pass. `failures` ({task: message}) are this run's failed tasks: their programs'
-    checks become errors that say so."""
+    checks become errors that say so. `unmoved`: the pre-check's report rows of programs none of
+    whose tasks ran (`Run.unmoved`)."""
     freeze_heap()
     from doit.exceptions import TaskFailed
     from .keys import report_key
@@ -100,7 +101,7 @@ def make_report(entries, out_dir, threads, failures=None):
     from .guards import began_ns
     key_rows = []
     rows = build_rows(entries, os.path.join(out_dir, ".report-cache"), threads, failures, key_rows,
-                      began_ns())
+                      began_ns(), unmoved)
     key = report_key(entries, threads, key_rows)
     bad = [r for r in rows if r["verdict"] != "pass"]
     # only a report of every check passing is ever current: a failing one runs (and fails) again

@@ -12,7 +12,7 @@ import os
 import re
 import xml.etree.ElementTree as ET
 
-from ..files import StampedCache, json_lines, read_json, write_files
+from ..files import json_lines, read_json, write_atomic, write_files
 from ..verify.verdict import decided, decisive, describe, number, one_minus_cos, short
 from ..fingerprint import sha256_or_none, sha256_text
 from .keys import check_key, moved
@@ -46,22 +46,6 @@ def _slim(r):
             **({"from_cache": True, "cache": r.get("cache")} if r.get("from_cache") else {})}
 
 
-def _stamped(cache, path, make):
-    """`make(json)` of one file, from `cache` while its content (its fingerprint) stays: a rebuild
-    after one edit re-reads one program's files, not the zoo's."""
-    stamp = sha256_or_none(path)
-    if stamp is None:
-        return None
-    value = cache.get(path, stamp)
-    if value is None:
-        r = read_json(path)
-        if r is None:
-            return None
-        value = make(r)
-        cache.put(path, stamp, value)
-    return value
-
-
 def _row(name, source, check, verdict, reason, path=None, **extra):
     return {"name": name, "source": source, "check": check, "verdict": verdict,
             "reason": reason, "first_divergence": None, "worst": None, "output": None,
@@ -76,13 +60,14 @@ def _elsewhere(r):
     return None
 
 
-def _check_rows(e, status, cache, now, parts_now, written):
+def _check_rows(e, status, now, parts_now, written):
     """The rows of `e`'s checks from their result files: `now`, their keys now; `written`, the
     sha256 the lock status recorded of each result file (one edited since is not the lock's; with
     no record, the next run locks it again, as its key is all there is to go by)."""
     rows, refused = [], status.get("status") != "ok"
     for c in e.checks:
-        r = _stamped(cache, c.result, _slim)
+        r = read_json(c.result)
+        r = r and _slim(r)
         if r is None or (refused and r["verdict"] == "error"):   # refused now: the emit says why
             reason = status.get("reason") if refused else f"{c.result}: not written (the lock did not run)"
             rows.append(_row(e.name, e.pc.source, c.dtype, "error", reason, c.result, current=False))
@@ -116,22 +101,26 @@ def _check_rows(e, status, cache, now, parts_now, written):
     return rows
 
 
-def build_rows(entries, cache_dir=None, threads=None, failures=None, key_rows=None, began=None):
+def build_rows(entries, cache_dir=None, threads=None, failures=None, key_rows=None, began=None,
+               known=None):
     """One row per check: (program, dtype) for locked programs, (program, "emit") for the rest.
 
     `entries`: the run's `checks.Entry` records. A result recorded under another key than its
     inputs' now is refused as an error that names what moved (and `current` is false); so is
     every check of a program one of whose tasks failed in this run (`failures`: {task name:
-    message}), and a failed task of no program is a row of its own. `cache_dir`, if given,
-    keeps slim copies of the files read between runs, each under its content's fingerprint, a
-    file per program (a rebuild after one edit rewrites one);
+    message}), and a failed task of no program is a row of its own. `cache_dir`, if given, keeps
+    each program's rows between runs under the digest of its `keys.report_row` (what they are
+    made of) and the report's code, a file per program (a rebuild after one edit reads each and
+    rewrites one); `known`: the report rows the run's pre-check took of programs none of whose
+    tasks ran (their rows are then read from the cache alone, as the run found them at its start).
     `key_rows`, if given, gets each program's `keys.report_row` from the same reads. A config
     changed since the run `began` (ns, the file system's clock), after the run read it (a task
     of the dodo's own wrote it, an edit): its programs' checks are errors, not current."""
     from .spread import spread
     failures = dict(failures or {})
     changed = changed_since(entries, began)
-    made = spread(lambda e: _program_rows(e, cache_dir, threads, failures, changed), entries, least=100)
+    made = spread(lambda e: _program_rows(e, cache_dir, threads, failures, changed, known or {}),
+                  entries, least=100)
     rows = [r for mine, _ in made for r in mine]
     if key_rows is not None:
         key_rows += [k for _, k in made]
@@ -143,37 +132,71 @@ def build_rows(entries, cache_dir=None, threads=None, failures=None, key_rows=No
     return rows
 
 
-def _program_rows(e, cache_dir, threads, failures, changed):
+def _program_rows(e, cache_dir, threads, failures, changed, known):
     """(the rows of `e`'s checks, its `keys.report_row`): see `build_rows`."""
     from .keys import current_parts, lock_records, made_current, report_row
-    cache = StampedCache(cache_dir and os.path.join(cache_dir, f"{e.name}.json"), 7)   # v7: rows keep an error's `about`
     failed = [(t, failures[f"{t}:{e.name}"]) for t in PROGRAM_TASKS if f"{t}:{e.name}" in failures]
+    edited = [f for f in e.configs if f in changed]
+    cache = os.path.join(cache_dir, f"{e.name}.json") if cache_dir and not (failed or edited) else None
+    if cache and e.name in known:
+        rows = _cached_rows(cache, known[e.name])
+        if rows is not None:
+            return rows, known[e.name]
     raw = read_json(e.status)
     status = raw or {"status": "error", "reason": f"{e.status}: not written (emit did not run)"}
-    rows = []
-    if not e.checks:
-        ok = status.get("status") == "ok"
-        rows.append(_row(e.name, e.pc.source, "emit", "pass" if ok else "error", status.get("reason"),
-                         current=True))
     lock = read_json(e.lock_status)
     parts = current_parts(e, threads, status)
     now = {dt: p and check_key(p) for dt, p in parts.items()}
     made = made_current(e, raw or {})
     key_row = report_row(e, threads, raw or {}, lock, now, made)
+    rows = cache and _cached_rows(cache, key_row)
+    if rows is not None:
+        return rows, key_row
+    rows = []
+    if not e.checks:
+        ok = status.get("status") == "ok"
+        rows.append(_row(e.name, e.pc.source, "emit", "pass" if ok else "error", status.get("reason"),
+                         current=True))
     if not made:   # the program or bundle moved since its emit: no check of it is current
         now = dict.fromkeys(now)
     written = {dt: x.get("sha256") for dt, x in lock_records(lock).items()}
-    rows += _check_rows(e, status, cache, now, parts, written)
+    rows += _check_rows(e, status, now, parts, written)
+    if cache:
+        _keep_rows(cache, key_row, rows)
     if failed:   # the first of its tasks to fail says why (the later ones waited for it)
         task, message = failed[0]
         for r in rows:
             r.update(verdict="error", reason=f"{task}:{e.name} failed in this run: {message}")
-    edited = [f for f in e.configs if f in changed]
     for r in rows if edited else ():
         r.update(verdict="error", current=False, reason=f"{edited[0]}: changed during this run, "
                  "after the run read it (its checks are about the config as it was): run doit again")
-    cache.save()
     return rows, key_row
+
+
+ROWS_VERSION = 8   # v8: a program's rows under its report row's digest
+
+
+def _rows_key(key_row):
+    from .digests import code, digest
+    return digest([ROWS_VERSION, key_row, code("report")])
+
+
+def _cached_rows(path, key_row):
+    """The rows kept at `path` under `key_row`, or None (missing, damaged, or of other inputs)."""
+    kept = read_json(path)
+    if kept and kept.get("key") == _rows_key(key_row) and isinstance(kept.get("rows"), list) \
+            and all(isinstance(r, dict) for r in kept["rows"]):
+        return kept["rows"]
+    return None
+
+
+def _keep_rows(path, key_row, rows):
+    """Best effort: a cache that cannot be written costs a rebuild of these rows, nothing more."""
+    import json
+    try:
+        write_atomic(path, json.dumps({"key": _rows_key(key_row), "rows": rows}, allow_nan=True))
+    except (OSError, TypeError, ValueError):
+        pass
 
 
 def render_json(rows):
