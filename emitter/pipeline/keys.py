@@ -272,9 +272,9 @@ def golden_as_recorded(bundle, rec):
 def report_row(e, threads, st, lock, now=None, made=None, shas=None):
     """One program's part of the report key (`st`, `lock`: its emit and lock statuses; `now`: its
     current keys, `made`: whether what they take from records is on disk (`made_current`),
-    `shas` its `result_shas`, each worked out here when not given), with each result file's sha256: a result edited by hand
-    makes the report again, whatever doit ignores. Its digest: rows are worked out apart (on
-    the pre-check's cores) and the report key is the digest of theirs."""
+    `shas` its `result_shas`, each worked out here when not given), with each result file's
+    sha256: a result edited by hand makes the report again, whatever doit ignores. Its digest:
+    rows are worked out apart (on the pre-check's cores) and the report key is theirs'."""
     return digest([e.name, e.pc.source, st.get("key"), st.get("status"), st.get("reason"),
                    current_keys(e, threads, st) if now is None else now,
                    (lock or {}).get("checks") or {}, made_current(e, st) if made is None else made,

@@ -137,7 +137,7 @@ def _program_rows(e, cache_dir, threads, failures, changed, known):
     from .keys import current_parts, lock_records, made_current, report_row
     failed = [(t, failures[f"{t}:{e.name}"]) for t in PROGRAM_TASKS if f"{t}:{e.name}" in failures]
     edited = [f for f in e.configs if f in changed]
-    cache = os.path.join(cache_dir, f"{e.name}.json") if cache_dir and not (failed or edited) else None
+    cache = cache_dir and not (failed or edited) and os.path.join(cache_dir, f"{e.name}.json")
     if cache and e.name in known:
         rows = _cached_rows(cache, known[e.name])
         if rows is not None:
@@ -149,7 +149,7 @@ def _program_rows(e, cache_dir, threads, failures, changed, known):
     now = {dt: p and check_key(p) for dt, p in parts.items()}
     made = made_current(e, raw or {})
     key_row = report_row(e, threads, raw or {}, lock, now, made)
-    rows = cache and _cached_rows(cache, key_row)
+    rows = _cached_rows(cache, key_row) if cache else None
     if rows is not None:
         return rows, key_row
     rows = []
