@@ -88,12 +88,12 @@ def emit_bundle(entry, run=None):
     return True
 
 
-def make_report(entries, out_dir, threads, failures=None, unmoved=None):
+def make_report(entries, out_dir, threads, failures=None):
     """report.json, junit.xml, summary.md and report.html from every program's status and results,
     each check's currency judged by its key; fails the task (so the run exits non-zero) when any
     check did not pass. `failures` ({task: message}) are this run's failed tasks: their programs'
-    checks become errors that say so. `unmoved`: the pre-check's report rows of programs none of
-    whose tasks ran (`Run.unmoved`)."""
+    checks become errors that say so. Every program is judged again here (a file may have moved
+    while tasks ran)."""
     freeze_heap()
     from doit.exceptions import TaskFailed
     from .keys import report_key
@@ -101,7 +101,7 @@ def make_report(entries, out_dir, threads, failures=None, unmoved=None):
     from .guards import began_ns
     key_rows = []
     rows = build_rows(entries, os.path.join(out_dir, ".report-cache"), threads, failures, key_rows,
-                      began_ns(), unmoved)
+                      began_ns())
     key = report_key(entries, threads, key_rows)
     bad = [r for r in rows if r["verdict"] != "pass"]
     # only a report of every check passing is ever current: a failing one runs (and fails) again
@@ -119,14 +119,14 @@ def report_current(entries, out_dir, threads, unmoved=None):
     """doit's `uptodate` of the report: the last complete report records the report key of the
     inputs as they are now (it records one only when every check passed); it is then brought back
     from where the run set it aside. `unmoved`: the rows of that key the run's pre-check took, of
-    the programs none of whose tasks ran (the others are read again; where tasks ran, a config or
-    program changed since the run began makes it not current)."""
+    the programs none of whose tasks ran, used only when no task ran (where any did, every program
+    is read again: a file may have moved meanwhile)."""
     from .guards import began_ns
     from .keys import report_key
     from .report_aside import changed_since, recorded_key, restore
     unmoved = unmoved or {}
     ran = any(e.name not in unmoved for e in entries)
-    if recorded_key(out_dir) != report_key(entries, threads, known=unmoved) or (
+    if recorded_key(out_dir) != report_key(entries, threads, known=None if ran else unmoved) or (
             ran and changed_since(entries, began_ns(), sources=True)):   # (a task rewrote one?)
         return False
     restore(out_dir)

@@ -278,8 +278,8 @@ class ProgressReporter(ConsoleReporter):
         failed = {k: v for k, v in failed.items() if k != "report"}
         from .actions import make_report
         action = self.tasks["report"].actions[0]
-        entries, build_dir, threads, _, unmoved = action.args
-        make_report(entries, build_dir, threads, failed, unmoved)
+        entries, build_dir, threads = action.args[:3]
+        make_report(entries, build_dir, threads, failed)
         self.reported = True
         after = sum(1 for m in failed.values() if m.startswith("UnmetDependency"))
         why = [f"{len(failed) - after} failed task(s)" + (f" and {after} that could not run after "

@@ -364,8 +364,7 @@ class Run:
         return {
             "doc": f"report {len(self.entries)} programs into {self.build}/report.json, junit.xml, "
                    "summary.md, report.html",
-            "actions": [(make_report, [self.entries, self.build, self.settings["threads"], None,
-                                       self.unmoved])],
+            "actions": [(make_report, [self.entries, self.build, self.settings["threads"]])],
             "task_dep": self._last_of_each(),
             "uptodate": [(report_current, [self.entries, self.build, self.settings["threads"],
                                            self.unmoved])],
