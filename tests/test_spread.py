@@ -86,20 +86,21 @@ def _json(path, obj):
 
 
 def test_a_spread_zoo_hands_doit_what_moved_wherever_it_is(tmp_path):
-    """A zoo of 220 programs (the pre-check and the report's rows are spread): a no-op runs
+    """A zoo of 420 programs (the pre-check, two children of 200 and more, and the report's
+    rows are spread): a no-op runs
     nothing; an edit of a program at either end of the zoo (the parent's slice, a child's) runs
     that program's tasks and the report, nothing else; the report names every program."""
-    programs = {f"p{i:03d}": (PROG_B, None) for i in range(220)}
+    programs = {f"p{i:03d}": (PROG_B, None) for i in range(420)}
     programs["p000"] = (PROG_B, "lock: true\n")
-    programs["p219"] = (PROG_B, "lock: true\n")
+    programs["p419"] = (PROG_B, "lock: true\n")
     z = make_zoo(tmp_path / "zoo", programs)
     (z / "programs/defaults.yaml").write_text("lock: false\ndtypes: [float64]\n")
     rc, ran, out = doit(z)
-    assert rc == 0 and len(ran) == 220 + 2 + 1, out
+    assert rc == 0 and len(ran) == 420 + 2 + 1, out
     rc, ran, out = doit(z)
     assert (rc, ran) == (0, set()) and "nothing moved since the last run" in out, out
-    for edited, tasks in (("p219", {"emit:p219", "lock:p219"}), ("p000", {"emit:p000", "lock:p000"}),
-                          ("p150", {"emit:p150"}), ("p010", {"emit:p010"})):
+    for edited, tasks in (("p419", {"emit:p419", "lock:p419"}), ("p000", {"emit:p000", "lock:p000"}),
+                          ("p300", {"emit:p300"}), ("p010", {"emit:p010"})):
         with open(z / f"programs/{edited}.logos", "a") as f:
             f.write("Let z be sigmoid of y.\n")
         rc, ran, out = doit(z)
@@ -111,8 +112,8 @@ def test_a_spread_zoo_hands_doit_what_moved_wherever_it_is(tmp_path):
     assert all(r["current"] for r in rows)
     caches = z / "build/.report-cache"   # the report's rows: a file per program, a gone one's goes
     assert sorted(f.name for f in caches.iterdir()) == sorted(f"{n}.json" for n in programs)
-    (z / "programs/p219.logos").unlink()
-    (z / "programs/p219.yaml").unlink()
+    (z / "programs/p419.logos").unlink()
+    (z / "programs/p419.yaml").unlink()
     rc, ran, out = doit(z)
     assert rc == 0 and ran == {"report"}, out
-    assert sorted(f.name for f in caches.iterdir()) == sorted(f"{n}.json" for n in programs if n != "p219")
+    assert sorted(f.name for f in caches.iterdir()) == sorted(f"{n}.json" for n in programs if n != "p419")

@@ -115,19 +115,16 @@ def make_report(entries, out_dir, threads, failures=None):
     return True
 
 
-def report_current(entries, out_dir, threads, unmoved=None):
+def report_current(entries, out_dir, threads, now=None):
     """doit's `uptodate` of the report: the last complete report records the report key of the
     inputs as they are now (it records one only when every check passed); it is then brought back
-    from where the run set it aside. `unmoved`: the rows of that key the run's pre-check took, of
-    the programs none of whose tasks ran, used only when no task ran (where any did, every program
-    is read again: a file may have moved meanwhile)."""
+    from where the run set it aside. `now`: that key as the run's pre-check took it, when no task
+    ran before the report (where any did, every program is read again: a file may have moved)."""
     from .guards import began_ns
     from .keys import report_key
     from .report_aside import changed_since, recorded_key, restore
-    unmoved = unmoved or {}
-    ran = any(e.name not in unmoved for e in entries)
-    if recorded_key(out_dir) != report_key(entries, threads, known=None if ran else unmoved) or (
-            ran and changed_since(entries, began_ns(), sources=True)):   # (a task rewrote one?)
+    if recorded_key(out_dir) != (now or report_key(entries, threads)) or (
+            now is None and changed_since(entries, began_ns())):   # (tasks ran: a config rewritten?)
         return False
     restore(out_dir)
     return True

@@ -281,16 +281,15 @@ def report_row(e, threads, st, lock, now=None, made=None, shas=None):
                    result_shas(e) if shas is None else shas])
 
 
-def report_key(entries, threads, rows=None, known=None):
+def report_key(entries, threads, rows=None):
     """What the report is made of: every program's emit status and every check's recorded entry
     beside its current key, and the report code (`rows`: the digests `report_row` gives, read
-    here when not given, but for those `known` holds by program name) and the commit its headers
-    name. A report recording this key is current."""
+    here when not given) and the commit its headers name. A report recording this key is
+    current."""
     from .report_facts import git_head
     if rows is None:
-        known = known or {}
-        rows = [known.get(e.name) or report_row(e, threads, read_json(e.status) or {},
-                                                read_json(e.lock_status)) for e in entries]
+        rows = [report_row(e, threads, read_json(e.status) or {}, read_json(e.lock_status))
+                for e in entries]
     return digest({"rows": rows, "code": digests.code("report"), "commit": git_head()})
 
 

@@ -101,8 +101,7 @@ def _check_rows(e, status, now, parts_now, written):
     return rows
 
 
-def build_rows(entries, cache_dir=None, threads=None, failures=None, key_rows=None, began=None,
-               known=None):
+def build_rows(entries, cache_dir=None, threads=None, failures=None, key_rows=None, began=None):
     """One row per check: (program, dtype) for locked programs, (program, "emit") for the rest.
 
     `entries`: the run's `checks.Entry` records. A result recorded under another key than its
@@ -111,16 +110,14 @@ def build_rows(entries, cache_dir=None, threads=None, failures=None, key_rows=No
     message}), and a failed task of no program is a row of its own. `cache_dir`, if given, keeps
     each program's rows between runs under the digest of its `keys.report_row` (what they are
     made of) and the report's code, a file per program (a rebuild after one edit reads each and
-    rewrites one); `known`: the report rows the run's pre-check took of programs none of whose
-    tasks ran (their rows are then read from the cache alone, as the run found them at its start).
+    rewrites one).
     `key_rows`, if given, gets each program's `keys.report_row` from the same reads. A config
     changed since the run `began` (ns, the file system's clock), after the run read it (a task
     of the dodo's own wrote it, an edit): its programs' checks are errors, not current."""
     from .spread import spread
     failures = dict(failures or {})
     changed = changed_since(entries, began)
-    made = spread(lambda e: _program_rows(e, cache_dir, threads, failures, changed, known or {}),
-                  entries, least=100)
+    made = spread(lambda e: _program_rows(e, cache_dir, threads, failures, changed), entries, least=100)
     rows = [r for mine, _ in made for r in mine]
     if key_rows is not None:
         key_rows += [k for _, k in made]
@@ -132,16 +129,12 @@ def build_rows(entries, cache_dir=None, threads=None, failures=None, key_rows=No
     return rows
 
 
-def _program_rows(e, cache_dir, threads, failures, changed, known):
+def _program_rows(e, cache_dir, threads, failures, changed):
     """(the rows of `e`'s checks, its `keys.report_row`): see `build_rows`."""
     from .keys import current_parts, lock_records, made_current, report_row
     failed = [(t, failures[f"{t}:{e.name}"]) for t in PROGRAM_TASKS if f"{t}:{e.name}" in failures]
     edited = [f for f in e.configs if f in changed]
     cache = cache_dir and not (failed or edited) and os.path.join(cache_dir, f"{e.name}.json")
-    if cache and e.name in known:
-        rows = _cached_rows(cache, known[e.name])
-        if rows is not None:
-            return rows, known[e.name]
     raw = read_json(e.status)
     status = raw or {"status": "error", "reason": f"{e.status}: not written (emit did not run)"}
     lock = read_json(e.lock_status)

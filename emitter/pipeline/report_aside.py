@@ -59,10 +59,9 @@ def _ctime(path):
         return 0
 
 
-def changed_since(entries, began, sources=False):
-    """The configs of `entries` (and with `sources` their programs) changed since the run `began`
-    (ns, the file system's clock: after the run read them), each looked at once."""
+def changed_since(entries, began):
+    """The configs of `entries` changed since the run `began` (ns, the file system's clock: after
+    the run read them), each looked at once."""
     if began is None:
         return set()
-    files = (f for e in entries for f in e.configs + ((e.pc.source,) if sources else ()))
-    return {f for f in dict.fromkeys(files) if _ctime(f) >= began}
+    return {f for f in dict.fromkeys(f for e in entries for f in e.configs) if _ctime(f) >= began}

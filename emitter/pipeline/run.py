@@ -157,7 +157,7 @@ class Run:
                 LOG.warning(f"warning: the history was not made again: {e}")
         self._follows(args)
         self.handed = None   # None: every task; else the names of those handed beside the report
-        self.unmoved = None   # {program: its report row as the pre-check read it} of those it hands nothing of
+        self.report_now = None   # the report's key as the pre-check read it, when nothing is handed
         # the keys alone decide (`uptodate`), whatever doit's DB holds; a zoo task waits for the
         # dodo's tasks that write what it reads (task_dep). Where those cannot be told (a creator
         # that cannot be called early), doit orders them by the files (file_dep), and then
@@ -218,11 +218,12 @@ class Run:
         for kind in ("lock", "emit", "report") + (("import",) if any(e.pc.derive for e in self.entries) else ()):
             digests.code(kind)   # (taken once, before a fork)
         digests.env()
-        out, self.unmoved = set(), {}
-        for e, (names, row) in zip(self.entries, spread(self._judge, self.entries)):
+        out, rows = set(), []
+        for names, row in spread(self._judge, self.entries):
             out.update(names)
-            if not names:   # no task of it runs: its part of the report key stays this one
-                self.unmoved[e.name] = row
+            rows.append(row)
+        if not out:   # nothing runs before the report: its key is the one these reads make
+            self.report_now = keys.report_key(self.entries, self.settings["threads"], rows)
         return out
 
     def _judge(self, e):
@@ -367,7 +368,7 @@ class Run:
             "actions": [(make_report, [self.entries, self.build, self.settings["threads"]])],
             "task_dep": self._last_of_each(),
             "uptodate": [(report_current, [self.entries, self.build, self.settings["threads"],
-                                           self.unmoved])],
+                                           self.report_now])],
             "clean": [(clean_report, [self.build])],
         }
 

@@ -50,8 +50,13 @@ def _fork(fn, items):
     """(pid, read end) of a child computing fn over `items`, or None where it cannot start."""
     try:
         r, w = os.pipe()
+    except OSError:
+        return None
+    try:
         pid = os.fork()
     except OSError:
+        os.close(r)
+        os.close(w)
         return None
     if pid:
         os.close(w)
@@ -60,8 +65,9 @@ def _fork(fn, items):
     code = 1
     try:
         os.close(r)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        for sig in (signal.SIGTERM, signal.SIGINT):   # (one the parent ignores stays ignored)
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, signal.SIG_DFL)
         before = fingerprint.snapshot()
         results = [fn(x) for x in items]
         body = pickle.dumps((results, fingerprint.added_since(before)), pickle.HIGHEST_PROTOCOL)
