@@ -104,3 +104,19 @@ def test_without_the_key_nothing_is_read_or_written(s3, tmp_path):
     assert rc == 0 and "LOGOS_CACHE_KEY is not set" in out and "cache" not in ran, out
     assert not any("from_cache" in r for r in _results(z).values())
     assert set(_entries(fs)) == before
+
+
+def test_a_cache_that_cannot_be_used_refuses_the_run_before_any_task(s3, tmp_path):
+    """No credentials, or a bucket that does not exist: one line naming the URL and why, exit 3,
+    nothing run (not a run whose every lock fails on the store)."""
+    env, fs, _ = s3
+    z = _zoo(tmp_path, "refused")
+    bare = {k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    bare.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"))
+    for e, url, why in ((bare, URL, "cannot be reached (NoCredentialsError"),
+                        (env, "s3://no-such-bucket/zoo", "its bucket `no-such-bucket` does not exist")):
+        rc, ran, out = doit(z, f"cache={url}", env=e)
+        assert rc == 3 and ran == set() and f"doit: refused: cache={url}: {why}" in out, out
+        assert "Traceback" not in out and not (z / "build/results").exists(), out
+    rc, ran, out = doit(z, f"cache={URL}/not-made-yet", env=env)   # an empty prefix: the first entry makes it
+    assert rc == 0 and "lock:a" in ran, out

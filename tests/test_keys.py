@@ -5,6 +5,7 @@ emitter's own code, a config edited while the run is under way, a task doit igno
 import json
 import os
 import shutil
+import sqlite3
 import time
 
 import numpy as np
@@ -364,6 +365,58 @@ def test_a_deleted_history_is_made_again_by_the_next_run_whatever_it_runs(tmp_pa
     assert rc == 1 and "2 programs, 4 checks, 1 not passing" in out, out
     rc, out = results("--history", "a")
     assert rc == 0 and out.count(" a ") == 2, out
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "broken page"])
+def test_a_damaged_history_is_set_aside_and_made_again(tmp_path, damage):
+    """results.sqlite damaged (overwritten, cut short, a page broken): `logos results` says it cannot
+    read it and that a run makes it again; the next run, a no-op for garbage or a cut file (its
+    header tells) or a run with a lock for a broken page (its pages walked), sets it aside as
+    .damaged in one line and fills a new one from every check's result."""
+    import subprocess
+    import sys
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 0
+    db = z / "build/results.sqlite"
+    with sqlite3.connect(db) as con:   # a history of some size, so a cut or a page can miss
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        con.executemany("INSERT INTO runs (at, name, dtype, verdict, result) VALUES (?,?,?,?,?)",
+                        [("-", f"old{i}", "float32", "pass", "x" * 3000) for i in range(200)])
+    with sqlite3.connect(db) as con:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = db.read_bytes()
+    if damage == "garbage":
+        db.write_bytes(b"not a database at all" * 100)
+    elif damage == "truncated":
+        db.write_bytes(data[:len(data) // 2])
+    else:   # the root page of the runs table overwritten: the header is fine
+        page = int.from_bytes(data[16:18], "big")
+        db.write_bytes(data[:page] + b"\xff" * page + data[2 * page:])
+
+    def results(*args):
+        p = subprocess.run([sys.executable, "-m", "emitter", "results", *args], cwd=z,
+                           capture_output=True, text=True)
+        return p.returncode, p.stdout + p.stderr
+    rc, out = results()
+    if damage != "broken page":
+        assert rc == 2 and "not a history this project can read" in out and "sets it aside" in out, out
+        rc, ran, out = doit(z)   # a no-op
+        assert ran == set(), out
+    else:
+        with open(z / "programs/b.logos", "a") as f:
+            f.write("Let z be silu of y.\n")
+        rc, ran, out = doit(z)
+        assert "lock:b" in ran, out
+    assert rc == 0 and out.count("build/results.sqlite was damaged") == 1, out
+    assert "set aside as build/results.sqlite.damaged" in out and "made again" in out, out
+    assert (z / "build/results.sqlite.damaged").is_file()
+    rc, out = results("--json")
+    assert rc == 0, out
+    got = json.loads(out)
+    assert (got["programs"], got["checks"], got["not_current"]) == (2, 4, 0), got
+    rc, ran, out = doit(z)
+    assert ran == set() and "damaged" not in out, out
 
 
 def test_results_are_not_current_where_a_bundle_or_derived_weights_were_edited_by_hand(tmp_path):

@@ -459,6 +459,15 @@ def test_results_judge_currency_at_the_thread_count_a_run_would_use(tmp_path):
     current, as `doit threads=2` would find it."""
     z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
     assert doit(z, "threads=2")[0] == 0
+
+    def stated(n):   # every view of the report says which thread count its currency is about
+        build = z / "build"
+        assert json.loads((build / "report.json").read_text())["threads"] == n
+        assert f"Each verdict is current against its check's key at threads={n}." in \
+            (build / "summary.md").read_text().splitlines()[2]
+        assert f'<property name="threads" value="{n}" />' in (build / "junit.xml").read_text()
+        assert f"currency judged at threads={n}" in (build / "report.html").read_text()
+    stated(2)
     p = logos("results", cwd=z)
     assert p.returncode == 1 and "2 not current" in p.stdout and "at threads=1" in p.stdout, p.stdout
     p = logos("results", "--threads", "2", "--json", cwd=z)
@@ -466,6 +475,7 @@ def test_results_judge_currency_at_the_thread_count_a_run_would_use(tmp_path):
     assert doit(z, "threads=2")[:2] == (0, set())      # doit agrees: nothing to do at 2
     rc, ran, out = doit(z)
     assert rc == 0 and "lock:b" in ran, out            # and a plain run locks again, at 1
+    stated(1)
     assert logos("results", cwd=z).returncode == 0
     p = logos("results", "--threads", "0", cwd=z)
     assert p.returncode == 2 and "must be a whole number from 1 to 4096" in p.stderr, p.stderr

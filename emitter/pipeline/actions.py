@@ -106,7 +106,7 @@ def make_report(entries, out_dir, threads, failures=None):
     bad = [r for r in rows if r["verdict"] != "pass"]
     # only a report of every check passing is ever current: a failing one runs (and fails) again
     write_reports(rows, out_dir, os.path.join(out_dir, ".report-plots.json"),
-                  key=None if bad or failures else key)
+                  key=None if bad or failures else key, threads=threads)
     if bad:
         names = ", ".join(f"{r['name']}[{r['check']}]={r['verdict']}" for r in bad[:10])
         more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""

@@ -105,6 +105,25 @@ class VerdictCache:
     def path(self, key):
         return f"{self.root}/{self.key_id}/{key[:2]}/{key}.json"
 
+    def reach(self):
+        """Ask the store once, before any task, so a cache that cannot be used (no credentials, no
+        such bucket, nobody answering) refuses the run instead of failing its locks one by one. A
+        folder not made yet is an empty cache (its first entry makes it); a bucket is not."""
+        top = self.root.split("/", 1)[0] if self.fs.root_marker == "" else None   # an object store's bucket
+        for where in (self.root, top):
+            if where is None:
+                continue
+            try:
+                self.fs.ls(where, detail=False)
+                return
+            except FileNotFoundError:
+                if where == top:
+                    raise CacheError(f"cache={self.url}: its bucket `{top}` does not exist (or is not "
+                                     "this account's); make it first") from None
+            except Exception as e:   # noqa: BLE001 (credentials, a refusal, a connection)
+                raise CacheError(f"cache={self.url}: cannot be reached ({type(e).__name__}: "
+                                 f"{str(e)[:200]})") from None
+
     def _sign(self, body):
         return hmac.new(self.secret, body.encode("utf-8"), hashlib.sha256).hexdigest()
 
@@ -141,7 +160,7 @@ class VerdictCache:
         except FileNotFoundError:
             self._other_keys()
             return None
-        except OSError as e:
+        except Exception as e:   # noqa: BLE001 (a store's client raises its own: botocore's credentials)
             self._bad(key, f"could not be read ({type(e).__name__}: {str(e)[:200]})")
             return None
         if len(data) > MAX_ENTRY:
@@ -270,7 +289,9 @@ def open_cache(url, env=None, say=None):
     if not secret:
         return None, (f"cache={url}: {KEY_ENV} is not set, so the cache is not used (neither read "
                       "nor written); set it to the key CI signs with")
-    return VerdictCache(url, secret, say), None
+    found = VerdictCache(url, secret, say)
+    found.reach()
+    return found, None
 
 
 _STORES = {}

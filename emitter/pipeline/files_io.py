@@ -68,7 +68,8 @@ def drop_gone(build, names):
                 unlink_quietly([os.path.join(status, n)])
     caches = os.path.join(build, ".report-cache")   # (the report's, a file per program)
     unlink_quietly([os.path.join(caches, f) for f in listing(caches)
-                    if f.endswith(".json") and f[:-len(".json")] not in names])
+                    if f.endswith(".json") and f[:-len(".json")] not in names]
+                   + [caches + ".json"])   # an earlier version's one file for all, read by none
 
 
 def unlink_quietly(paths):

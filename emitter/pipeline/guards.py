@@ -219,25 +219,19 @@ def die_with_parent():
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def check_db(path):
-    """Set doit's dependency DB (sqlite3) aside as `path.damaged` when sqlite3 cannot read it
-    (garbage, a truncated file, a broken page), with one line on stderr; doit then makes a new one
+_DOIT_THEN = "doit makes a new one (what is current is decided by each task's key)"
+
+
+def check_db(path, then=_DOIT_THEN, pages=True):
+    """Set an SQLite DB aside as `path.damaged` when sqlite3 cannot read it (garbage, a truncated
+    file, a broken page), with one line on stderr saying what comes `then`: doit makes a new one
     and checks every task again, instead of each run ending in doit's traceback. On a good DB:
     one open and `PRAGMA quick_check` (its b-tree pages walked, no index cross-check; about a
-    millisecond for a 1000-program zoo's DB), nothing written."""
+    millisecond for a 1000-program zoo's DB), nothing written; with `pages` false, its 100-byte
+    header alone (a file that is no DB, or shorter than its header says)."""
     if not os.path.isfile(path):
         return
-    import sqlite3
-    reason = None
-    try:
-        with contextlib.closing(sqlite3.connect(path, timeout=1.0)) as con:
-            rows = con.execute("PRAGMA quick_check").fetchall()
-        if rows != [("ok",)]:
-            reason = "; ".join(str(r[0]) for r in rows[:3]) or "no answer to quick_check"
-    except sqlite3.DatabaseError as e:
-        if (getattr(e, "sqlite_errorcode", 0) & 0xFF) not in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
-            return         # busy, unreadable, a full disk: not the file's fault; doit says it
-        reason = str(e)
+    reason = _damage(path) if pages else _header_damage(path)
     if reason is None:
         return
     aside = path + ".damaged"
@@ -253,8 +247,39 @@ def check_db(path):
         sys.stderr.write(f"doit: {path} is damaged ({reason}) and could not be set aside ({e}): "
                          "remove it and run again\n")
         raise BuildBusy(3) from None
-    sys.stderr.write(f"doit: {path} was damaged ({reason}): set aside as {aside}; doit makes a new "
-                     "one (what is current is decided by each task's key)\n")
+    sys.stderr.write(f"doit: {path} was damaged ({reason}): set aside as {aside}; {then}\n")
+
+
+def _damage(path):
+    import sqlite3
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=1.0)) as con:
+            rows = con.execute("PRAGMA quick_check").fetchall()
+        if rows != [("ok",)]:
+            return "; ".join(str(r[0]) for r in rows[:3]) or "no answer to quick_check"
+    except sqlite3.DatabaseError as e:
+        if (getattr(e, "sqlite_errorcode", 0) & 0xFF) in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+            return str(e)
+    return None    # good, or busy, unreadable, a full disk: not the file's fault; the reader says it
+
+
+def _header_damage(path):
+    """What SQLite's file format says of the file's first 100 bytes and its size, unopened."""
+    try:
+        with open(path, "rb") as f:
+            head, size = f.read(100), os.fstat(f.fileno()).st_size
+    except OSError:
+        return None
+    if size == 0:
+        return None     # an empty file is an empty DB
+    if len(head) < 100 or not head.startswith(b"SQLite format 3\x00"):
+        return "file is not a database"
+    page = int.from_bytes(head[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages = int.from_bytes(head[28:32], "big")
+    if head[24:28] == head[92:96] and size < pages * page:   # the page count is valid: a cut file
+        return f"truncated: {size} bytes of its {pages * page}"
+    return None
 
 
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26

@@ -192,9 +192,11 @@ def _keep_rows(path, key_row, rows):
         pass
 
 
-def render_json(rows):
+def render_json(rows, header=None):
+    """(`header`: `threads`, the thread count each row's currency was judged at, where told.)"""
     programs, checks, tasks = tally(rows)
     body = {"schema": "logos.pipeline.report", "version": 2,
+            **({"threads": header["threads"]} if (header or {}).get("threads") else {}),
             "programs": programs, "checks": checks, "failed_tasks": tasks, "counts": counts(rows),
             "failures": [dict(r, why=describe(r)) for r in rows if r["verdict"] != "pass"],
             "results": rows}
@@ -234,6 +236,7 @@ def render_junit(rows, header=None, locate=True):
     props = ET.SubElement(suite, "properties")
     env = header["environment"]
     for name, value in (("commit", header["commit"]), ("environment", header["environment_digest"]),
+                        ("threads", header.get("threads")),
                         ("python", env.get("python")), ("torch", env.get("torch")), ("numpy", env.get("numpy"))):
         if value:
             ET.SubElement(props, "property", name=name, value=str(value))
@@ -264,10 +267,12 @@ def _md(text):
     return str(text).replace("|", "\\|").replace("\n", " ").replace("\r", " ").replace("`", "'")
 
 
-def render_summary(rows):
+def render_summary(rows, header=None):
     c = counts(rows)
     mark = "✅" if c["fail"] == c["error"] == 0 else "❌"
     out = [f"## {mark} LOGOS lock: {headline(rows)}", ""]
+    if (header or {}).get("threads"):
+        out += [f"Each verdict is current against its check's key at threads={header['threads']}.", ""]
     notes = warnings(rows)
     if notes:
         out += ["### Warnings", ""] + [f"- {_md(n)}" for n in notes] + [""]
@@ -319,19 +324,20 @@ def formats():
     """The report's files, each with its renderer (rows, plots cache, header) -> text: a new format is
     one entry here (its code is the report's: digests.CODE["report"])."""
     from .report_html import render
-    return {"report.json": lambda rows, _, h=None: render_json(rows),
+    return {"report.json": lambda rows, _, h=None: render_json(rows, h),
             "junit.xml": lambda rows, _, h=None: render_junit(rows, h),
             "junit-jenkins.xml": lambda rows, _, h=None: render_junit(rows, h, locate=False),
-            "summary.md": lambda rows, _, h=None: render_summary(rows),
+            "summary.md": lambda rows, _, h=None: render_summary(rows, h),
             "report.html": lambda rows, cache, h=None: render(rows, cache, h)}
 
 
-def write_reports(rows, out_dir, plots_cache=None, key=None):
+def write_reports(rows, out_dir, plots_cache=None, key=None, threads=None):
     """All the files (REPORT_FILES), each whole (staged, then renamed together), then the report's
     status: the key it was made under (None: never current), each file's sha256 and its rows'
-    verdicts (name, check, verdict): what the run's last line counts without reading report.json."""
+    verdicts (name, check, verdict): what the run's last line counts without reading report.json.
+    `threads`: the run's threads=, each row's currency judged at it; every file states it."""
     os.makedirs(out_dir, exist_ok=True)
-    header = context(os.path.dirname(os.path.abspath(out_dir)))
+    header = {**context(os.path.dirname(os.path.abspath(out_dir))), "threads": threads}
     from .spread import spread
     renderers = formats()   # (each its own work: they share the cores; the plots cache is the page's)
     files = dict(zip(renderers, spread(lambda f: renderers[f](rows, plots_cache, header), renderers,

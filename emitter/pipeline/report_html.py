@@ -147,7 +147,8 @@ def _header(rows, header):
         out.append(f'<p class="meta">{when}</p>')
     threads = ", ".join(f"{k}={v}" for k, v in sorted((env.get("thread_env") or {}).items()))
     parts = [f"Python {env.get('python')}", f"torch {env.get('torch') or '-'}", f"numpy {env.get('numpy') or '-'}",
-             f"{env.get('machine')} {env.get('system')} {env.get('isa')}", f"{env.get('cpu_count')} CPUs", threads]
+             f"{env.get('machine')} {env.get('system')} {env.get('isa')}", f"{env.get('cpu_count')} CPUs", threads,
+             f"currency judged at threads={header['threads']}" if header.get("threads") else ""]
     out.append(f'<p class="meta">environment <code>{header["environment_digest"][:12]}</code>: '
                f"{html.escape(', '.join(p for p in parts if p))}</p>")
     kinds = {}

@@ -103,11 +103,16 @@ def connect(db):
             con.isolation_level = ""
     except sqlite3.DatabaseError as e:
         con.close()
-        raise HistoryError(f"{db}: not a history this project can read ({e})") from e
+        raise _unreadable(db, e) from e
     except HistoryError:
         con.close()
         raise
     return con
+
+
+def _unreadable(db, e):
+    return HistoryError(f"{db}: not a history this project can read ({e}); the next `doit` sets it "
+                        "aside and makes it again from build/results/")
 
 
 def _bundle_sha(hashes):
@@ -299,6 +304,9 @@ def _threads(text):
 def main(args):
     try:
         return _main(args)
+    except sqlite3.DatabaseError as e:   # a page broken past what opening it reads
+        print(_unreadable(args.db, e), file=sys.stderr)
+        return 2
     except HistoryError as e:
         print(e, file=sys.stderr)
         return 2

@@ -149,12 +149,6 @@ class Run:
         self.entries = entries(programs, build, defaults)
         if handing.is_run(args):
             files_io.drop_gone(build, {e.name for e in self.entries})
-        if not os.path.isfile(self.db):   # deleted: made again before any lock of this run adds to it
-            from . import results as history
-            try:
-                history.refill(self.db, [c.result for e in self.entries for c in e.checks])
-            except history.HistoryError as e:
-                LOG.warning(f"warning: the history was not made again: {e}")
         self._follows(args)
         self.handed = None   # None: every task; else the names of those handed beside the report
         self.report_now = None   # the report's key as the pre-check read it, when nothing is handed
@@ -170,8 +164,21 @@ class Run:
                   + ("every task handed to doit (not a plain run, or a dodo task names the zoo's)"
                      if self.handed is None else f"{len(self.handed)} task(s) not current by their keys"))
         locks = [e for e in self.entries if e.locked and self._hands(f"lock:{e.name}")]
+        if handing.is_run(args):
+            self._history(bool(locks))
         if self.settings["kind"] != "inline" and locks and handing.is_run(args):
             executors.executor(self.settings["executor"], self.settings["workers"]).warm()
+
+    def _history(self, locks):
+        """The history made again before any lock of this run adds to it, when deleted or found
+        damaged: its pages walked where locks run, its header alone on a no-op."""
+        guards.check_db(self.db, "it is made again from the results build/ holds", pages=locks)
+        if not os.path.isfile(self.db):
+            from . import results as history
+            try:
+                history.refill(self.db, [c.result for e in self.entries for c in e.checks])
+            except history.HistoryError as e:
+                LOG.warning(f"warning: the history was not made again: {e}")
 
     def _follows(self, args):
         """Whether the report, and which programs' locks, this run's selection reaches: a lock
