@@ -305,7 +305,7 @@ def test_every_heavy_action_turns_the_paused_collector_back_on(tmp_path, monkeyp
     """The run pauses the cyclic GC while doit loads tasks; each action that does real work
     (imports, parsing, hashing weights) resumes it before starting."""
     import gc
-    from emitter.pipeline import actions as pipeline, guards, lock_task, weights
+    from emitter.pipeline import actions as pipeline, guards, lock_task, report, weights
     from emitter.pipeline.config import Derive
     z = make_zoo(tmp_path / "zoo", {"p": (PROG_B, None)})
     monkeypatch.chdir(z)
@@ -313,7 +313,7 @@ def test_every_heavy_action_turns_the_paused_collector_back_on(tmp_path, monkeyp
     actions = {
         "emit_bundle": lambda: pipeline.emit_bundle(e),
         "lock_program": lambda: lock_task.lock_program(e, RUN, "build/h.sqlite"),
-        "make_report": lambda: pipeline.make_report([], "build/report", 1),
+        "make_report": lambda: report.make_report([], "build/report", 1),
         "import_weights": lambda: weights.import_weights(dataclasses.replace(
             e.pc, derive=Derive("nosuch", e.pc.source, e.pc.source), weights="build/imported")),
     }

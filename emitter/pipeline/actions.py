@@ -88,43 +88,27 @@ def emit_bundle(entry, run=None):
     return True
 
 
-def make_report(entries, out_dir, threads, failures=None):
-    """report.json, junit.xml, summary.md and report.html from every program's status and results,
-    each check's currency judged by its key; fails the task (so the run exits non-zero) when any
-    check did not pass. `failures` ({task: message}) are this run's failed tasks: their programs'
-    checks become errors that say so. Every program is judged again here (a file may have moved
-    while tasks ran)."""
-    freeze_heap()
-    from doit.exceptions import TaskFailed
-    from .keys import report_key
-    from .report import build_rows, write_reports
-    from .guards import began_ns
-    key_rows = []
-    rows = build_rows(entries, os.path.join(out_dir, ".report-cache"), threads, failures, key_rows,
-                      began_ns())
-    key = report_key(entries, threads, key_rows)
-    bad = [r for r in rows if r["verdict"] != "pass"]
-    # only a report of every check passing is ever current: a failing one runs (and fails) again
-    write_reports(rows, out_dir, os.path.join(out_dir, ".report-plots.json"),
-                  key=None if bad or failures else key, threads=threads)
-    if bad:
-        names = ", ".join(f"{r['name']}[{r['check']}]={r['verdict']}" for r in bad[:10])
-        more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
-        return TaskFailed(f"{len(bad)} of {len(rows)} checks did not pass: {names}{more} "
-                          f"(see {out_dir}/summary.md)")
-    return True
-
-
-def report_current(entries, out_dir, threads, now=None):
+def report_current(entries, out_dir, threads, now=None, judge=False):
     """doit's `uptodate` of the report: the last complete report records the report key of the
     inputs as they are now (it records one only when every check passed); it is then brought back
     from where the run set it aside. `now`: that key as the run's pre-check took it, when no task
-    ran before the report (where any did, every program is read again: a file may have moved)."""
+    ran before the report (where any did, every program is read again: a file may have moved).
+    `judge`: read every check's row with it, kept for the report's action (which then needs no
+    second reading) where the report is not current."""
     from .guards import began_ns
     from .keys import report_key
     from .report_aside import changed_since, recorded_key, restore
+    ran = now is None
+    if ran and judge:
+        from .report import JUDGED, judge_rows
+        judged = judge_rows(entries, out_dir, threads)
+        JUDGED[out_dir] = (id(entries), threads, *judged)
+        now = judged[1]
     if recorded_key(out_dir) != (now or report_key(entries, threads)) or (
-            now is None and changed_since(entries, began_ns())):   # (tasks ran: a config rewritten?)
+            ran and changed_since(entries, began_ns())):   # (tasks ran: a config rewritten?)
         return False
+    if judge:
+        from .report import JUDGED
+        JUDGED.pop(out_dir, None)
     restore(out_dir)
     return True

@@ -276,7 +276,7 @@ class ProgressReporter(ConsoleReporter):
                 set(failed) == {"report"} and not failed["report"].startswith("UnmetDependency")):
             return
         failed = {k: v for k, v in failed.items() if k != "report"}
-        from .actions import make_report
+        from .report import make_report
         action = self.tasks["report"].actions[0]
         entries, build_dir, threads = action.args[:3]
         make_report(entries, build_dir, threads, failed)

@@ -101,6 +101,46 @@ def _check_rows(e, status, now, parts_now, written):
     return rows
 
 
+def make_report(entries, out_dir, threads, failures=None):
+    """report.json, junit.xml, summary.md and report.html from every program's status and results,
+    each check's currency judged by its key; fails the task (so the run exits non-zero) when any
+    check did not pass. `failures` ({task: message}) are this run's failed tasks: their programs'
+    checks become errors that say so. Every program is judged again after the tasks ran (a file
+    may have moved while they did): by the report's currency check just before, in this process,
+    or here."""
+    from .guards import freeze_heap
+    freeze_heap()
+    from doit.exceptions import TaskFailed
+    judged = JUDGED.pop(out_dir, None)
+    rows, key = judged[2:] if not failures and judged and judged[:2] == (id(entries), threads) \
+        else judge_rows(entries, out_dir, threads, failures)
+    bad = [r for r in rows if r["verdict"] != "pass"]
+    # only a report of every check passing is ever current: a failing one runs (and fails) again
+    write_reports(rows, out_dir, os.path.join(out_dir, ".report-plots.json"),
+                  key=None if bad or failures else key, threads=threads)
+    if bad:
+        names = ", ".join(f"{r['name']}[{r['check']}]={r['verdict']}" for r in bad[:10])
+        more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+        return TaskFailed(f"{len(bad)} of {len(rows)} checks did not pass: {names}{more} "
+                          f"(see {out_dir}/summary.md)")
+    return True
+
+
+# the rows and key the report's currency check judged, for its action next in the same process
+# (doit runs a task's action right after its `uptodate`; a `-n N` worker judges them again)
+JUDGED = {}
+
+
+def judge_rows(entries, out_dir, threads, failures=None):
+    """(every check's row, the report key) as the inputs are now."""
+    from .guards import began_ns
+    from .keys import report_key
+    key_rows = []
+    rows = build_rows(entries, os.path.join(out_dir, ".report-cache"), threads, failures, key_rows,
+                      began_ns())
+    return rows, report_key(entries, threads, key_rows)
+
+
 def build_rows(entries, cache_dir=None, threads=None, failures=None, key_rows=None, began=None):
     """One row per check: (program, dtype) for locked programs, (program, "emit") for the rest.
 

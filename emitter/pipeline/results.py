@@ -128,8 +128,12 @@ def refill(db, results):
     if os.path.isfile(db):
         return 0
     rs = [r for r in (read_json(p) for p in results) if isinstance(r, dict) and r.get("verdict")]
-    if rs:
-        record_all(db, rs)
+    try:
+        if rs:
+            record_all(db, rs)
+    except HistoryError as e:
+        from .log import LOG
+        LOG.warning(f"warning: the history was not made again: {e}")
     return len(rs)
 
 

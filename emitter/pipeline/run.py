@@ -164,21 +164,14 @@ class Run:
                   + ("every task handed to doit (not a plain run, or a dodo task names the zoo's)"
                      if self.handed is None else f"{len(self.handed)} task(s) not current by their keys"))
         locks = [e for e in self.entries if e.locked and self._hands(f"lock:{e.name}")]
-        if handing.is_run(args):
-            self._history(bool(locks))
+        if handing.is_run(args):   # the history made again before any lock adds to it, when deleted
+            # or damaged (set aside: its header read on every run, its pages walked where locks run)
+            guards.check_db(self.db, "it is made again from the results build/ holds", pages=bool(locks))
+            if not os.path.isfile(self.db):
+                from .results import refill
+                refill(self.db, [c.result for e in self.entries for c in e.checks])
         if self.settings["kind"] != "inline" and locks and handing.is_run(args):
             executors.executor(self.settings["executor"], self.settings["workers"]).warm()
-
-    def _history(self, locks):
-        """The history made again before any lock of this run adds to it, when deleted or found
-        damaged: its pages walked where locks run, its header alone on a no-op."""
-        guards.check_db(self.db, "it is made again from the results build/ holds", pages=locks)
-        if not os.path.isfile(self.db):
-            from . import results as history
-            try:
-                history.refill(self.db, [c.result for e in self.entries for c in e.checks])
-            except history.HistoryError as e:
-                LOG.warning(f"warning: the history was not made again: {e}")
 
     def _follows(self, args):
         """Whether the report, and which programs' locks, this run's selection reaches: a lock
@@ -368,14 +361,15 @@ class Run:
         """The report: after every task handed that it covers, except those `doit ignore` marks
         (a dependency doit ignores would have it ignore the report too: it covers every check
         all the same, each by its currency)."""
-        from .actions import make_report, report_current
+        from .actions import report_current
+        from .report import make_report
         return {
             "doc": f"report {len(self.entries)} programs into {self.build}/report.json, junit.xml, "
                    "summary.md, report.html",
             "actions": [(make_report, [self.entries, self.build, self.settings["threads"]])],
             "task_dep": self._last_of_each(),
             "uptodate": [(report_current, [self.entries, self.build, self.settings["threads"],
-                                           self.report_now])],
+                                           self.report_now, True])],
             "clean": [(clean_report, [self.build])],
         }
 
