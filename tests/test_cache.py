@@ -131,6 +131,29 @@ def test_no_key_no_cache():
         vc.VerdictCache("nosuchprotocol://x", "k")
 
 
+def test_a_cache_is_asked_once_before_any_task_and_not_for_long(tmp_path, monkeypatch):
+    """The run asks the store once (`open_cache`), with a deadline, and refuses one that is a file
+    or a folder that cannot be made; a process's store for its locks (`store`) asks nothing more."""
+    import time
+    env = {"LOGOS_CACHE_KEY": "k"}
+    (tmp_path / "plain").write_text("x")
+    for url, why in (((tmp_path / "plain").as_uri(), "is a file, not a folder"),
+                     ("file:///proc/logos-cache", "cannot be")):
+        with pytest.raises(vc.CacheError, match=f"cache={url}: {why}"):
+            vc.open_cache(url, env=env)
+    made = tmp_path / "not" / "yet"
+    assert vc.open_cache(made.as_uri(), env=env)[0] is not None and made.is_dir()
+    c = vc.VerdictCache(f"memory://slow-{os.getpid()}", "k")
+    monkeypatch.setattr(c.fs, "ls", lambda *a, **k: time.sleep(30))
+    began = time.monotonic()
+    with pytest.raises(vc.CacheError, match="did not answer in 0.5 s"):
+        c.reach(0.5)
+    assert time.monotonic() - began < 10
+    monkeypatch.setattr(vc.VerdictCache, "reach", lambda self, seconds=0: pytest.fail("asked again"))
+    monkeypatch.setenv("LOGOS_CACHE_KEY", "k")
+    assert vc.store(f"memory://store-{os.getpid()}") is not None
+
+
 def test_the_key_covers_what_the_verdict_depends_on():
     base = {"dtype": "float32", "steps": 2, "tolerance": {"abs": 1e-4, "rel": 1e-3}, "config": "c",
             "precision": None, "source": "s", "bundle": {"model.py": "m"}, "weights": "w",
@@ -363,3 +386,24 @@ def test_a_new_release_of_a_package_checkpoint_of_the_same_size_imports_again(tm
     rc, ran, out = doit(z, env=env)
     assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
     assert (z / "build/weights/d/w.f64").read_bytes() == new
+
+
+def test_a_verdict_the_cache_task_cannot_publish_is_a_warning(tmp_path, monkeypatch, capsys):
+    """A put that fails (a full disk, a refusal) leaves the verdicts standing: the cache task
+    says which were not published and succeeds (it raised an UnboundLocalError of its own)."""
+    from emitter.pipeline import log
+    from test_pipeline import _entries
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    assert doit(z)[0] == 0
+    monkeypatch.chdir(z)
+    monkeypatch.setenv("LOGOS_CACHE_KEY", "k")
+    url = (tmp_path / "cache").as_uri()
+
+    def refused(self, key, result):
+        raise PermissionError("refused")
+    monkeypatch.setattr(vc.VerdictCache, "put", refused)
+    said = []
+    monkeypatch.setattr(log.LOG, "warning", said.append)
+    assert vc.publish_all(list(_entries(z).values()), 1, url, str(tmp_path / "memo.json")) is True
+    assert len(said) == 2 and all("cache: not published: build/results/b/" in s and
+                                  "PermissionError: refused" in s for s in said), said

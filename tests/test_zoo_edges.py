@@ -481,6 +481,17 @@ def test_results_judge_currency_at_the_thread_count_a_run_would_use(tmp_path):
     assert p.returncode == 2 and "must be a whole number from 1 to 4096" in p.stderr, p.stderr
 
 
+def test_the_report_states_the_thread_count_of_its_run_where_no_check_is_locked(tmp_path):
+    """The thread count the report states is in the report's key: with no locked check, a run at
+    another threads= writes the report again, saying so."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, "lock: false\n")})
+    assert doit(z)[0] == 0
+    assert json.loads((z / "build/report.json").read_text())["threads"] == 1
+    rc, ran, out = doit(z, "threads=2")
+    assert rc == 0 and ran == {"report"}, out
+    assert json.loads((z / "build/report.json").read_text())["threads"] == 2
+
+
 def test_a_mistyped_variable_is_named_with_the_one_it_is_near(tmp_path):
     z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
     rc, ran, out = doit(z, "worker=4", "exectuor=inline", "mine=1")

@@ -80,6 +80,9 @@ def run_info():
     return _RUN
 
 
+REACH_S = 20   # how long the store may take to answer the run's first question
+
+
 class VerdictCache:
     """Signed JSON entries under `url`, one per key (`<url>/<key id>/<key[:2]>/<key>.json`)."""
 
@@ -105,24 +108,41 @@ class VerdictCache:
     def path(self, key):
         return f"{self.root}/{self.key_id}/{key[:2]}/{key}.json"
 
-    def reach(self):
+    def reach(self, seconds=REACH_S):
         """Ask the store once, before any task, so a cache that cannot be used (no credentials, no
-        such bucket, nobody answering) refuses the run instead of failing its locks one by one. A
-        folder not made yet is an empty cache (its first entry makes it); a bucket is not."""
-        top = self.root.split("/", 1)[0] if self.fs.root_marker == "" else None   # an object store's bucket
-        for where in (self.root, top):
-            if where is None:
-                continue
+        such bucket, a file, nobody answering in `seconds`) refuses the run instead of failing its
+        locks one by one. A folder not made yet is an empty cache (its first entry makes it); a
+        bucket is not. The cache needs list, get and put on its root."""
+        out = []
+        asked = threading.Thread(target=lambda: out.append(self._reach()), daemon=True)
+        asked.start()
+        asked.join(seconds)
+        if not out:
+            raise CacheError(f"cache={self.url}: did not answer in {seconds} s")
+        if out[0]:
+            raise CacheError(f"cache={self.url}: {out[0]}")
+
+    def _reach(self):
+        """Why the store cannot be used, or None."""
+        local = self.fs.root_marker == "/"
+        top = None if local else self.root.split("/", 1)[0]   # an object store's bucket
+        try:
             try:
-                self.fs.ls(where, detail=False)
-                return
+                self.fs.ls(self.root, detail=False)
             except FileNotFoundError:
-                if where == top:
-                    raise CacheError(f"cache={self.url}: its bucket `{top}` does not exist (or is not "
-                                     "this account's); make it first") from None
-            except Exception as e:   # noqa: BLE001 (credentials, a refusal, a connection)
-                raise CacheError(f"cache={self.url}: cannot be reached ({type(e).__name__}: "
-                                 f"{str(e)[:200]})") from None
+                if local:
+                    self.fs.makedirs(self.root, exist_ok=True)
+                else:
+                    self.fs.ls(top, detail=False)
+                return None
+            if self.fs.isfile(self.root):
+                return "is a file, not a folder"
+        except FileNotFoundError as e:
+            return (f"its bucket `{top}` does not exist (or is not this account's); make it first" if top
+                    else f"cannot be made ({e})")
+        except Exception as e:   # noqa: BLE001 (credentials, a refusal, a connection)
+            return f"cannot be reached ({type(e).__name__}: {str(e)[:200]})"
+        return None
 
     def _sign(self, body):
         return hmac.new(self.secret, body.encode("utf-8"), hashlib.sha256).hexdigest()
@@ -274,7 +294,7 @@ class LocalStore(VerdictCache):
         """(A new secret of build/ leaves the old entries behind: nothing to say of them.)"""
 
 
-def open_cache(url, env=None, say=None):
+def open_cache(url, env=None, say=None, reach=True):
     """(VerdictCache or None, a warning or None): no URL, no cache; a URL without the key in
     LOGOS_CACHE_KEY is not used (a reader without the key must not trust entries it cannot check);
     CacheError for a URL that names no location (`file://`, `s3://`, `::`), which fsspec would
@@ -290,7 +310,8 @@ def open_cache(url, env=None, say=None):
         return None, (f"cache={url}: {KEY_ENV} is not set, so the cache is not used (neither read "
                       "nor written); set it to the key CI signs with")
     found = VerdictCache(url, secret, say)
-    found.reach()
+    if reach:
+        found.reach()
     return found, None
 
 
@@ -304,7 +325,7 @@ def store(url):
         return None
     with _STORES_LOCK:
         if url not in _STORES:
-            _STORES[url] = open_cache(url)[0]
+            _STORES[url] = open_cache(url, reach=False)[0]   # (the run asked it once, before any task)
         return _STORES[url]
 
 
@@ -345,8 +366,8 @@ def publish_all(entries, threads, url, memo_path, part=False):
                 if not cache.has(key):
                     cache.put(key, r)
                     sent += 1
-            except Exception as e:   # the verdicts stand; the cache is best effort
-                failed.append(f"{c.result}: {type(e).__name__}: {str(e)[:200]}")
+            except Exception as x:   # the verdicts stand; the cache is best effort
+                failed.append(f"{c.result}: {type(x).__name__}: {str(x)[:200]}")
                 now.discard(key)
     keep = sorted(now | known if part else now)
     if keep != sorted(known):

@@ -222,19 +222,23 @@ def die_with_parent():
 _DOIT_THEN = "doit makes a new one (what is current is decided by each task's key)"
 
 
-def check_db(path, then=_DOIT_THEN, pages=True):
+def check_db(path, then=_DOIT_THEN, pages=True, keep=False):
     """Set an SQLite DB aside as `path.damaged` when sqlite3 cannot read it (garbage, a truncated
     file, a broken page), with one line on stderr saying what comes `then`: doit makes a new one
     and checks every task again, instead of each run ending in doit's traceback. On a good DB:
-    one open and `PRAGMA quick_check` (its b-tree pages walked, no index cross-check; about a
-    millisecond for a 1000-program zoo's DB), nothing written; with `pages` false, its 100-byte
-    header alone (a file that is no DB, or shorter than its header says)."""
+    one open and `PRAGMA quick_check` (its b-tree pages walked, no index cross-check), nothing
+    written; with `pages` false, its 100-byte header alone (a file that is no DB, or shorter than
+    its header says with no write-ahead log beside it to finish it). `keep`: an earlier damaged
+    copy stays (`path.damaged.2`, … for this one)."""
     if not os.path.isfile(path):
         return
     reason = _damage(path) if pages else _header_damage(path)
     if reason is None:
         return
-    aside = path + ".damaged"
+    aside, n = path + ".damaged", 1
+    while keep and os.path.lexists(aside):
+        n += 1
+        aside = f"{path}.damaged.{n}"
     try:
         for suffix in _SQLITE_COMPANIONS:      # an older damaged DB's own journal goes with it
             with contextlib.suppress(FileNotFoundError):
@@ -250,6 +254,29 @@ def check_db(path, then=_DOIT_THEN, pages=True):
     sys.stderr.write(f"doit: {path} was damaged ({reason}): set aside as {aside}; {then}\n")
 
 
+def history_lost(db):
+    """Whether the history at `db` is to be made again before any lock of the run adds to it:
+    deleted, empty, or found damaged and set aside now. Its header is read on every run; its
+    pages are walked where a reader or writer of it met a damaged one (`db.suspect` beside it)."""
+    flagged = os.path.exists(db + SUSPECT)
+    check_db(db, "it is made again from the results build/ holds", pages=flagged, keep=True)
+    if flagged:
+        with contextlib.suppress(OSError):
+            os.unlink(db + SUSPECT)
+    try:
+        return os.stat(db).st_size == 0
+    except FileNotFoundError:
+        return True
+
+
+SUSPECT = ".suspect"
+
+
+def corrupt(e):
+    """Whether sqlite3's error `e` says the file is damaged (not busy, unreadable or full)."""
+    return (getattr(e, "sqlite_errorcode", 0) & 0xFF) in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+
+
 def _damage(path):
     import sqlite3
     try:
@@ -258,7 +285,7 @@ def _damage(path):
         if rows != [("ok",)]:
             return "; ".join(str(r[0]) for r in rows[:3]) or "no answer to quick_check"
     except sqlite3.DatabaseError as e:
-        if (getattr(e, "sqlite_errorcode", 0) & 0xFF) in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        if corrupt(e):
             return str(e)
     return None    # good, or busy, unreadable, a full disk: not the file's fault; the reader says it
 
@@ -277,7 +304,11 @@ def _header_damage(path):
     page = int.from_bytes(head[16:18], "big")
     page = 65536 if page == 1 else page
     pages = int.from_bytes(head[28:32], "big")
-    if head[24:28] == head[92:96] and size < pages * page:   # the page count is valid: a cut file
+    try:   # a checkpoint writes page 1 first: the log beside it holds the pages still to come
+        logged = os.stat(path + "-wal").st_size > 0
+    except OSError:
+        logged = False
+    if head[24:28] == head[92:96] and size < pages * page and not logged:   # a cut file
         return f"truncated: {size} bytes of its {pages * page}"
     return None
 

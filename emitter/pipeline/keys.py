@@ -284,13 +284,13 @@ def report_row(e, threads, st, lock, now=None, made=None, shas=None):
 def report_key(entries, threads, rows=None):
     """What the report is made of: every program's emit status and every check's recorded entry
     beside its current key, and the report code (`rows`: the digests `report_row` gives, read
-    here when not given) and the commit its headers name. A report recording this key is
-    current."""
+    here when not given), the commit its headers name and the thread count they state. A report
+    recording this key is current."""
     from .report_facts import git_head
     if rows is None:
         rows = [report_row(e, threads, read_json(e.status) or {}, read_json(e.lock_status))
                 for e in entries]
-    return digest({"rows": rows, "code": digests.code("report"), "commit": git_head()})
+    return digest({"rows": rows, "code": digests.code("report"), "commit": git_head(), "threads": threads})
 
 
 @uptodate_check

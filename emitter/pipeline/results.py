@@ -7,6 +7,7 @@ busy timeout) and is one file that a CI cache can carry.
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -18,6 +19,7 @@ from .. import fingerprint
 from ..files import read_json
 from ..verify.threads import DEFAULT_THREADS, thread_count
 from ..verify.verdict import number, short
+from .guards import SUSPECT, corrupt
 
 DEFAULT_DB = "build/results.sqlite"
 
@@ -111,8 +113,23 @@ def connect(db):
 
 
 def _unreadable(db, e):
-    return HistoryError(f"{db}: not a history this project can read ({e}); the next `doit` sets it "
-                        "aside and makes it again from build/results/")
+    """The error for sqlite3's `e` on `db`: a damaged file is flagged for the next run to set aside
+    (`guards.history_lost`)."""
+    if not corrupt(e):
+        return HistoryError(f"{db}: not a history this project can read ({e}); if it stays so, move "
+                            "it aside: the next `doit` makes it again from build/results/")
+    with contextlib.suppress(OSError):
+        open(db + SUSPECT, "a").close()
+    return HistoryError(f"{db}: damaged ({e}); the next `doit` sets it aside and makes it again "
+                        "from build/results/")
+
+
+@contextlib.contextmanager
+def _readable(db):
+    try:
+        yield
+    except sqlite3.DatabaseError as e:
+        raise _unreadable(db, e) from e
 
 
 def _bundle_sha(hashes):
@@ -125,7 +142,7 @@ def _bundle_sha(hashes):
 def refill(db, results):
     """A history that was deleted is made again from the result files build/ holds (`results`:
     their paths), so `logos results` has every check's last verdict once more."""
-    if os.path.isfile(db):
+    if os.path.isfile(db) and os.path.getsize(db):
         return 0
     rs = [r for r in (read_json(p) for p in results) if isinstance(r, dict) and r.get("verdict")]
     try:
@@ -143,7 +160,7 @@ def record_all(db, rs, at=None):
     at = at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     con = connect(db)
     try:
-        with con:
+        with con, _readable(db):
             return [con.execute(
                 "INSERT INTO runs (at, name, dtype, steps, verdict, reason, program, source_sha, "
                 "bundle_sha, weights_sha, config_sha, max_abs, max_rel, nmse, cosine, first_stage, "
@@ -320,7 +337,7 @@ def _main(args):
     if args.db == DEFAULT_DB and args.programs == "programs" and not os.path.isdir("programs"):
         from .zoo_cli import enter_zoo   # from a folder inside the zoo, as `logos doit`
         enter_zoo(who="logos results")
-    if not os.path.isfile(args.db):
+    if not os.path.isfile(args.db) or not os.path.getsize(args.db):   # (an emptied one: a run refills it)
         print(f"{args.db}: no lock history yet (run `doit`)", file=sys.stderr)
         return 2
     if args.history and args.names:

@@ -76,9 +76,10 @@ def _listable(folder):
         raise guards.BuildBusy(3) from None
 
 
-def settings(get_var):
+def settings(get_var, ask=True):
     """executor=, workers=, threads=, cache= (doit's command-line variables), checked: a bad one,
-    or a scheduler nobody answers at, is one line and exit 3."""
+    a scheduler nobody answers at or (`ask`: a command that runs tasks) a cache that cannot be
+    used, is one line and exit 3."""
     from . import cache as vcache   # (fsspec, hmac, sockets: only for a run that may use a cache)
     try:
         ex = executors.parse(get_var("executor"), get_var("workers"))
@@ -88,7 +89,7 @@ def settings(get_var):
         except ValueError as e:
             raise executors.ExecutorError(f"threads={threads[:20]}: {e}") from None
         executors.probe(ex)
-        store, warning = vcache.open_cache(get_var("cache"))
+        store, warning = vcache.open_cache(get_var("cache"), reach=ask)
     except (executors.ExecutorError, vcache.CacheError) as e:
         sys.stderr.write(f"doit: refused: {e}\n")
         raise guards.BuildBusy(3) from None
@@ -129,7 +130,7 @@ class Run:
         args = handing.doit_args()
         log.setup(log.verbosity(args))
         self.build, self.db = build, f"{build}/results.sqlite"
-        self.settings = settings(get_var)
+        self.settings = settings(get_var, handing.is_run(args))
         warnings = handing.near_variables(args)
         _listable("programs")
         # the dodo's own tasks, as their creators make them (None: one cannot be called early)
@@ -164,12 +165,9 @@ class Run:
                   + ("every task handed to doit (not a plain run, or a dodo task names the zoo's)"
                      if self.handed is None else f"{len(self.handed)} task(s) not current by their keys"))
         locks = [e for e in self.entries if e.locked and self._hands(f"lock:{e.name}")]
-        if handing.is_run(args):   # the history made again before any lock adds to it, when deleted
-            # or damaged (set aside: its header read on every run, its pages walked where locks run)
-            guards.check_db(self.db, "it is made again from the results build/ holds", pages=bool(locks))
-            if not os.path.isfile(self.db):
-                from .results import refill
-                refill(self.db, [c.result for e in self.entries for c in e.checks])
+        if handing.is_run(args) and guards.history_lost(self.db):   # made again before any lock adds to it
+            from .results import refill
+            refill(self.db, [c.result for e in self.entries for c in e.checks])
         if self.settings["kind"] != "inline" and locks and handing.is_run(args):
             executors.executor(self.settings["executor"], self.settings["workers"]).warm()
 
