@@ -20,7 +20,7 @@ COMMANDS = {
     "lock": ("emitter.verify.lock", "check a bundle's module against the VM, op by op and step by step"),
     "check": ("emitter.pipeline.lint", "read and check programs and configs (no emit, no torch): "
                                        "every error of every file, exit 1 on any"),
-    "results": ("emitter.pipeline.results", "the latest lock verdict per program, or one program's history"),
+    "results": ("emitter.pipeline.results_cli", "the latest lock verdict per program, or one program's history"),
     **{f"import-{name}": entry for name, entry in IMPORTERS.items()},
     "doit": ("emitter.zoo", "the zoo's doit tasks in this folder: `logos doit [doit's arguments]`"),
 }

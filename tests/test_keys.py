@@ -437,6 +437,43 @@ def test_a_damaged_page_met_by_a_lock_is_a_warning_and_flags_the_history(tmp_pat
     assert os.path.exists(db + ".suspect")
 
 
+@pytest.mark.parametrize("kind", ["folder", "dangling link"])
+def test_a_history_that_cannot_be_opened_is_a_warning_never_a_failed_lock(tmp_path, kind):
+    """results.sqlite a folder (a botched restore) or a link to nothing (a volume not mounted):
+    the run's locks pass and it ends 0 with a warning naming it; `logos results` says what it is
+    (exit 2). Neither is a traceback."""
+    import subprocess
+    import sys
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    db = z / "build/results.sqlite"
+    db.parent.mkdir()
+    db.mkdir() if kind == "folder" else db.symlink_to(tmp_path / "nowhere" / "x.sqlite")
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:b" in ran and "2 checks: 2 pass" in out, out
+    assert "build/results.sqlite: not a file (a folder, or a link to nothing)" in out and "Traceback" not in out, out
+    p = subprocess.run([sys.executable, "-m", "emitter", "results"], cwd=z, capture_output=True, text=True)
+    assert p.returncode == 2 and "not a file" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_rows_judged_before_a_config_moved_are_judged_again_by_the_report(tmp_path, monkeypatch):
+    """The report's currency check hands its judged rows to the report's action only where no
+    config moved since the run began; else the action judges them again (and says so)."""
+    from emitter.pipeline import actions, report_aside
+    from test_pipeline import _entries
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    assert doit(z)[0] == 0
+    monkeypatch.chdir(z)
+    entries = list(_entries(z).values())
+    assert actions.report_current(entries, "build", 1, None, True) is True and not report_aside.JUDGED
+    with open(z / "programs/b.logos", "a") as f:
+        f.write("Let z be silu of y.\n")
+    assert actions.report_current(entries, "build", 1, None, True) is False
+    assert list(report_aside.JUDGED) == ["build"]
+    report_aside.JUDGED.clear()
+    monkeypatch.setattr(report_aside, "changed_since", lambda entries, began: {"programs/b.yaml"})
+    assert actions.report_current(entries, "build", 1, None, True) is False and not report_aside.JUDGED
+
+
 def test_a_history_whose_checkpoint_is_under_way_is_not_damaged(tmp_path):
     """A history in WAL mode whose main file is shorter than its header says while its log holds
     the pages to come (a checkpoint under way, or stopped by a kill: SQLite finishes it) is left

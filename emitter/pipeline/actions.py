@@ -97,18 +97,17 @@ def report_current(entries, out_dir, threads, now=None, judge=False):
     second reading) where the report is not current."""
     from .guards import began_ns
     from .keys import report_key
-    from .report_aside import changed_since, recorded_key, restore
+    from .report_aside import JUDGED, changed_since, recorded_key, restore
     ran = now is None
     if ran and judge:
-        from .report import JUDGED, judge_rows
+        from .report import judge_rows
         judged = judge_rows(entries, out_dir, threads)
-        JUDGED[out_dir] = (id(entries), threads, *judged)
         now = judged[1]
+        if not changed_since(entries, began_ns()):   # (else the action judges the rows again)
+            JUDGED[out_dir] = (id(entries), threads, *judged)
     if recorded_key(out_dir) != (now or report_key(entries, threads)) or (
             ran and changed_since(entries, began_ns())):   # (tasks ran: a config rewritten?)
         return False
-    if judge:
-        from .report import JUDGED
-        JUDGED.pop(out_dir, None)
+    JUDGED.pop(out_dir, None)
     restore(out_dir)
     return True

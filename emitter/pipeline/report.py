@@ -16,7 +16,7 @@ from ..files import json_lines, read_json, write_atomic, write_files
 from ..verify.verdict import decided, decisive, describe, number, one_minus_cos, short
 from ..fingerprint import sha256_or_none, sha256_text
 from .keys import check_key, moved
-from .report_aside import changed_since, drop_aside
+from .report_aside import JUDGED, changed_since, drop_aside
 from .report_facts import context, counts, headline, tally, warnings
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
@@ -124,11 +124,6 @@ def make_report(entries, out_dir, threads, failures=None):
         return TaskFailed(f"{len(bad)} of {len(rows)} checks did not pass: {names}{more} "
                           f"(see {out_dir}/summary.md)")
     return True
-
-
-# the rows and key the report's currency check judged, for its action next in the same process
-# (doit runs a task's action right after its `uptodate`; a `-n N` worker judges them again)
-JUDGED = {}
 
 
 def judge_rows(entries, out_dir, threads, failures=None):

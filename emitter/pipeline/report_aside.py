@@ -12,6 +12,11 @@ REPORT_FILES = ("report.json", "junit.xml", "junit-jenkins.xml", "summary.md", "
 STALE = "stale"   # build/stale/: the last complete report while a run is under way
 
 
+# the rows and key the report's currency check judged, for its action next in the same process
+# (doit runs a task's action right after its `uptodate`; a `-n N` worker judges them again)
+JUDGED = {}
+
+
 def recorded_key(out_dir):
     """The key the last complete report was made under, while its files (where the run set them
     aside) are what it wrote; else None."""
