@@ -125,8 +125,8 @@ def _unreadable(db, e):
                             "it aside: the next `doit` makes it again from build/results/")
     with contextlib.suppress(OSError):
         open(db + SUSPECT, "a").close()
-    return HistoryError(f"{db}: damaged ({e}); the next `doit` sets it aside and makes it again "
-                        "from build/results/")
+    return HistoryError(f"{db}: not a history this project can read: damaged ({e}); the next `doit` "
+                        "sets it aside and makes it again from build/results/")
 
 
 @contextlib.contextmanager
