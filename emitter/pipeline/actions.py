@@ -98,16 +98,16 @@ def report_current(entries, out_dir, threads, now=None, judge=False):
     from .guards import began_ns
     from .keys import report_key
     from .report_aside import JUDGED, changed_since, recorded_key, restore
+    JUDGED.pop(out_dir, None)   # (only this judgement is handed on)
     ran = now is None
     if ran and judge:
         from .report import judge_rows
         judged = judge_rows(entries, out_dir, threads)
         now = judged[1]
-        if not changed_since(entries, began_ns()):   # (else the action judges the rows again)
+    moved = ran and changed_since(entries, began_ns())   # (tasks ran: a config rewritten?)
+    if recorded_key(out_dir) != (now or report_key(entries, threads)) or moved:
+        if ran and judge and not moved:   # (where one moved, the action judges the rows again)
             JUDGED[out_dir] = (id(entries), threads, *judged)
-    if recorded_key(out_dir) != (now or report_key(entries, threads)) or (
-            ran and changed_since(entries, began_ns())):   # (tasks ran: a config rewritten?)
         return False
-    JUDGED.pop(out_dir, None)
     restore(out_dir)
     return True
