@@ -240,13 +240,28 @@ def test_a_tables_floor_is_rounded_a_block_at_a_time(tmp_path, monkeypatch):
     largest = []
     real_rounded = bf16.rounded
 
+    shapes = []
+
     def watched(torch_, v, precision):
         largest.append(np.asarray(v).size)
+        shapes.append(np.asarray(v).shape)
         return real_rounded(torch_, v, precision)
     monkeypatch.setattr(bf16, "rounded", watched)
-    got = bf16.floors(torch, program, leaves, stages, stage_precisions(program, {}), exact={0})
+    got = bf16.floors(torch, program, leaves, stages, stage_precisions(program, {}), exact={0: None})
     assert got[0] is None
     assert 8 * max(largest) <= WIDEN_BYTES < 8 * emb.size
+    # the module's own view, exact in bf16 (the precision the transpose's value is held in), stands
+    # for the VM's table: the same floors, and the table is never rounded again
+    rounded_table = len(largest)
+    mine = torch.from_numpy(emb).to(torch.bfloat16).t()
+    again = bf16.floors(torch, program, leaves, stages, stage_precisions(program, {}), exact={0: mine})
+    assert again[0] is None and np.array_equal(again[1], got[1]) and np.array_equal(again[2], got[2])
+    table = [sh for sh in shapes[:rounded_table] if sh[0] == 64]   # embT's blocks: 64 rows
+    assert table and not any(sh[0] == 64 for sh in shapes[rounded_table:])
+    # a module value held in another precision than the policy's is not taken for the VM's
+    other = bf16.floors(torch, program, leaves, stages, stage_precisions(program, {}),
+                        exact={0: torch.from_numpy(emb).t()})
+    assert np.array_equal(other[1], got[1])
     fp32 = _bf16(x) @ _bf16(emb.T.astype(np.float64))       # the logits: fp32 out
     assert np.allclose(got[1], fp32, rtol=2 ** -23, atol=0)
     assert np.array_equal(got[1], got[1].astype(np.float32).astype(np.float64))

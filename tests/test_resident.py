@@ -111,30 +111,35 @@ Let y be x matmul t.
 """
 
 
-def test_a_view_of_a_table_mapped_from_the_vms_bytes_is_known_equal_unread(tmp_path, monkeypatch):
-    """A transposed table the module maps from the very bytes the VM maps is the VM's, bit for bit,
-    without a read of either; once the module has written into the table it is compared in full,
-    and the write is found."""
+@pytest.mark.parametrize("dtype, policy", [("float64", None), ("float32", {}), ("bfloat16", {})])
+def test_a_view_of_a_table_the_vms_by_where_it_points_is_known_equal_unread(tmp_path, monkeypatch, dtype, policy):
+    """A transposed table is the VM's, bit for bit, without a read of either where the module's
+    leaf is a map of the very bytes the VM maps (float64 weights at float64), or its own copy that
+    the load stage found bit for bit the VM's in its dtype (at float32, bfloat16) and that nothing
+    wrote since, the views selecting the same elements. Once the module has written into the table
+    (its pages its own, its version counter moved) or rebound the leaf to another tensor, the view
+    is compared in full, and the write is found."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
     from emitter.verify import compare, probe, resident
     monkeypatch.setattr(resident, "RELEASE_FROM", 0)       # the weights count, however few
     read = []
     monkeypatch.setattr(probe, "same_in_dtype", lambda got, want: read.append(1) or compare.same_in_dtype(got, want))
     (tmp_path / "p.logos").write_text(TABLE)
     weights = write_weights(read_file(str(tmp_path / "p.logos")), tmp_path / "w", seed=5)
-    bundle = emit_bundle(TABLE, tmp_path / "b")
-    r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "float64", 2)
+    bundle = str(tmp_path / "b")
+    write_bundle(emit_program(read_file(str(tmp_path / "p.logos")), policy), bundle)   # {}: bf16's
+    r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, dtype, 2)
     assert r["verdict"] == "pass" and read == [], (r["reason"], read)
     assert r["stages"][0]["op"] == "transpose" and r["stages"][0]["max_abs"] == 0.0
     path = os.path.join(bundle, "model.py")
     text = open(path).read()
-    old = "E.transpose(0, 1)"
+    old = "E.transpose(0, 1)" if policy is None else "self.cast(0, E, moved=True).transpose(0, 1)"
     assert text.count(old) == 1
-    for edit in ("E.mul_(1.5).transpose(0, 1)",   # written into: its pages are the module's own
-                 "self.rebound(E).transpose(0, 1)"):   # the leaf rebound to another buffer
+    for edit in ("E.mul_(1.5)", "self.rebound(E)"):   # written into; the leaf rebound to another
         read.clear()
-        open(path, "w").write(text.replace(old, edit).replace(
+        open(path, "w").write(text.replace(old, old.replace("E", edit, 1)).replace(
             "    def forward(", "    def rebound(self, E):\n        self.leaf_E = E * 1.5\n"
             "        return self.leaf_E\n\n    def forward(", 1))
-        r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "float64", 2)
+        r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, dtype, 2)
         assert r["verdict"] == "fail" and read, (edit, r["first_divergence"])
         assert r["first_divergence"]["op"] == "transpose" and r["first_divergence"]["step"] == 1, edit

@@ -67,10 +67,15 @@ def bounds(overrides=None):
             "cosine": o.get("cosine", COSINE_MIN), "margin_noise": o.get("margin_noise", MARGIN_NOISE)}
 
 
+def _large(value):
+    return len(value.shape) == 2 and 8 * value.shape[0] * value.shape[1] > WIDEN_BYTES
+
+
 def _operand(torch, value, held, compute):
     """An op's input as the policy feeds it: held in `held`, cast to `compute`; a large one
-    (a table) rounded a block at a time as it is read (`Rounded`)."""
-    if isinstance(value, np.ndarray) and value.ndim == 2 and 8 * value.size > WIDEN_BYTES:
+    (a table) rounded a block at a time as it is read (`Rounded`), or, the module's own view
+    that the probe found exact (a torch tensor: already held), only widened."""
+    if (isinstance(value, np.ndarray) or isinstance(value, torch.Tensor)) and _large(value):
         return Rounded(torch, value, held, compute)
     return _computed(torch, rounded(torch, value, held), held, compute)
 
@@ -144,12 +149,19 @@ def _weight(torch, model, name, held, compute, shared, slot=0):
     return x
 
 
-def floors(torch, program, leaves, vm_stages, precisions, model=None, shared=None, exact=()):
+HELD = {"bf16": "bfloat16", "fp32": "float32"}
+
+
+def floors(torch, program, leaves, vm_stages, precisions, model=None, shared=None, exact=None):
     """Each stage's rounding floor on the VM's inputs (see the module docstring), as float64. With
     `model` (whose leaves passed the load stage), its buffers stand for the constant leaves;
     `shared` (a dict kept across a lock's steps) holds those several ops read. The stages in
-    `exact` (views the probe found bit for bit the VM's: nothing to judge) get None, not a floor
-    (a transposed table's would be a float64 copy of it each step)."""
+    `exact` ({index: the module's value}, views the probe found bit for bit the VM's in the
+    precision the module holds them: nothing to judge) get None, not a floor (a transposed
+    table's would be a float64 copy of it each step), and a large one's value stands for the
+    VM's where later stages read it: the VM's rounded as held, without rounding a 262144-row
+    table of the VM's again each step."""
+    exact = exact or {}
     env = dict(leaves)
     held = {v: ("fp32" if not program.decls[v].real else "bf16") for v in program.leaves}
     constant = set() if model is None else set(program.leaves) - set(program.states)
@@ -177,6 +189,9 @@ def floors(torch, program, leaves, vm_stages, precisions, model=None, shared=Non
         bind_result(st, env, vm_stages[st.index])
         for name in filter(None, (st.out if st.binds else None, st.writes)):
             held[name] = output
+        mine = exact.get(st.index)
+        if st.binds and mine is not None and _large(mine) and mine.dtype == getattr(torch, HELD[output]):
+            env[st.out] = mine
     return out
 
 
@@ -226,7 +241,7 @@ def gate_step(torch, program, current, trace, probe, gate, step, label):
     `gate` is the check's judge (emitter.verify.judges.Bf16: its precisions, bounds, the module
     whose weights the floors read, and `seen`, where each op's figures go)."""
     found = floors(torch, program, current, trace.stages, gate.precisions, gate.model,
-                   gate.shared, {i for i, m in probe.results.items() if m.get("view")})
+                   gate.shared, {i: probe.exact.get(i) for i, m in probe.results.items() if m.get("view")})
     for i, m in probe.results.items():
         st = program.stages[i]
         if m.get("view"):      # a view computes nothing: the probe checked it bit for bit

@@ -169,11 +169,17 @@ def _viewed(torch, block):
 _NUMPY = {"torch.float32": np.dtype("<f4"), "torch.float64": np.dtype("<f8")}
 
 
+def _numpy(dtype):
+    """The NumPy dtype of a torch dtype the maps hold, or None (never compare None with a NumPy
+    dtype: NumPy takes it for float64)."""
+    return _NUMPY.get(str(dtype))
+
+
 def _same_bytes(torch, got, want, name, resident):
     """Whether the module's leaf is an untouched map of the very bytes of the VM's (a map of the same
     file at the same offset, in the same dtype): equal bit for bit without reading either."""
     return (isinstance(want, np.memmap) and want.filename is not None and want.flags.c_contiguous
-            and got.is_contiguous() and _NUMPY.get(str(got.dtype)) == want.dtype
+            and got.is_contiguous() and _numpy(got.dtype) is not None and _numpy(got.dtype) == want.dtype
             and resident.maps_as(name, want.filename, want.offset, got))
 
 
@@ -189,6 +195,50 @@ def same_view_bytes(torch, got, want, leaf, vm_leaf, name, resident):
     return (got.data_ptr() - leaf.data_ptr() == offset
             and tuple(s * want.itemsize for s in got.stride()) == want.strides
             and _same_bytes(torch, leaf, vm_leaf, name, resident))
+
+
+def same_view_elements(got, want, leaf, vm_leaf):
+    """Whether `got`, a view the module made of its leaf `leaf`, selects the very elements that
+    `want`, the VM's same view of its leaf `vm_leaf`, does: both leaves whole and contiguous, the
+    views at the same offset with the same shape and strides, counted in elements. Where the load
+    stage found `leaf` to be `vm_leaf` in leaf's dtype bit for bit and nothing wrote it since (the
+    caller's part), `got` is `want` in that dtype, unread (a bfloat16 copy of a tied table)."""
+    if not isinstance(want, np.ndarray) or want.dtype != vm_leaf.dtype or got.dtype != leaf.dtype \
+            or not vm_leaf.flags.c_contiguous or not leaf.is_contiguous() \
+            or tuple(leaf.shape) != vm_leaf.shape or tuple(got.shape) != want.shape:
+        return False
+    size, base = want.itemsize, vm_leaf.__array_interface__["data"][0]
+    offset = want.__array_interface__["data"][0] - base
+    if offset < 0 or offset % size or any(s < 0 or s % size for s in want.strides):
+        return False
+    last = offset + sum((n - 1) * s for n, s in zip(want.shape, want.strides))
+    if want.size == 0 or not 0 <= last < vm_leaf.nbytes:   # inside the VM's leaf: a view of it
+        return False
+    at = got.data_ptr() - leaf.data_ptr()
+    return (at == offset // size * got.element_size()
+            and tuple(got.stride()) == tuple(s // size for s in want.strides))
+
+
+def exact_leaves(model, program, load):
+    """{constant leaf: (the module's tensor, its version counter)} of those the load stage passed."""
+    wrong = {f["leaf"] for f in load["failed"]}
+    return {n: (t, t._version) for n in program.leaves if n not in wrong and n not in program.states
+            for t in (getattr(model, "leaf_" + n),)}
+
+
+def known_view_of(torch, got, want, name, leaf, vm_leaf, resident, loaded):
+    """Whether `got`, the module's view of its leaf `name` (the tensor `leaf`), is `want`, the VM's
+    same view of `vm_leaf`, unread: the leaf the copy the load stage found exact (`loaded`: {name:
+    (that tensor, its version counter then)}) and written by nothing since, or an untouched map of
+    the VM's own bytes; the views selecting the same elements. A leaf in the dtype of the VM's map
+    is judged as a map (its pages show any write, whatever wrote them; a copy of it is read)."""
+    if same_view_bytes(torch, got, want, leaf.detach(), vm_leaf, name, resident):
+        return True
+    if isinstance(vm_leaf, np.memmap) and _numpy(leaf.dtype) is not None and _numpy(leaf.dtype) == vm_leaf.dtype:
+        return False
+    was = loaded.get(name)
+    return was is not None and was[0] is leaf and leaf._version == was[1] and \
+        same_view_elements(got, want, leaf.detach(), vm_leaf)
 
 
 def _as_dtype(torch, buffers, block, dtype):

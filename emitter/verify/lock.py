@@ -27,7 +27,7 @@ from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
 from . import environment, trace as trace_file, verdict, vm
-from .compare import KEYS, compare, figures, load_stage, same_view_bytes, worse  # noqa: F401 (compare: for callers)
+from .compare import KEYS, compare, exact_leaves, figures, known_view_of, load_stage, worse  # noqa: F401
 from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .probe import CouldNotRun, Probe, Raised, run_module
@@ -103,14 +103,14 @@ def _feeding(program):
     return next((bound[n] for n in out.inputs if n in bound and program.real.get(n)), None)
 
 
-def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, golden=None, vm_steps=None):
+def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, loaded, golden=None, vm_steps=None):
     """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures,
     where the module raised or None: the run stops at the step it raised in). Each step has a probe
     pass (every op on the VM's inputs) and a teacher-forced pass (the module alone from the VM's
     states, so each step's error is its own); its VM step also goes to `golden` (a Golden) when
     given; `vm_steps`, the VM's steps (emitter.verify.trace.steps), computed here when not given.
     `judge` (emitter.verify.judges) says what passes: each stage after the probe pass, the
-    output and each state after the free pass."""
+    output and each state after the free pass. `loaded`: compare.exact_leaves."""
     current = dict(leaves)
     details, stages_worst, first, output_worst, argmax_all = [], {}, None, None, True
     out_stage = next(st for st in reversed(program.stages) if st.binds)
@@ -125,11 +125,11 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             stages_worst[i] = worse(stages_worst.get(i), m)
             if first is None and not m["pass"]:
                 first = {"step": step, **_label(program, i), **figures(m)}
-    def known_view(index, value, want):   # a view of one leaf mapped from the VM's own bytes
+    def known_view(index, value, want):   # a view of one leaf, the VM's by where it points
         read = stage_reads.get(index) or ()
         leaf = getattr(model, "leaf_" + read[0], None) if len(read) == 1 else None
-        return leaf is not None and same_view_bytes(torch, value, want, leaf.detach(), leaves[read[0]],
-                                                    read[0], resident)
+        return leaf is not None and known_view_of(torch, value, want, read[0], leaf, leaves[read[0]],
+                                                  resident, loaded)
     vm_steps = iter(vm_steps or trace_file.steps(program, leaves, steps, timings))
     for step in range(1, steps + 1):
         trace = next(vm_steps)
@@ -282,8 +282,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             vm_steps = trace_file.shared(trace, result, program, leaves.values, steps, lambda: weights_dir
                                          and _as_manifest(result, weights_dir, leaves.sources, weights_shas))
             details, stages, first, output, raised = _run(torch, model, torch_dtype, program, leaves.values,
-                                                          steps, judge, result["timings"], resident, keep,
-                                                          vm_steps)
+                                                          steps, judge, result["timings"], resident,
+                                                          exact_leaves(model, program, load), keep, vm_steps)
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
         if load["failed"]:   # a wrong leaf is the first divergence, whatever the module did then

@@ -77,7 +77,7 @@ class Probe:
         # known(index, value, want): the module's view is the VM's by where it points (no read)
         self.known = known or (lambda index, value, want: False)
         self.precisions = precisions   # bf16: each stage's (compute, output); its values are kept
-        self.results, self.values = {}, {}
+        self.results, self.values, self.exact = {}, {}, {}
         self.last = -1
         self.seconds = 0.0  # spent comparing and converting: the lock's, not the module's
 
@@ -125,6 +125,8 @@ class Probe:
                 # a view computes nothing: the VM's, rounded as the module holds its operand (the
                 # load stage's rule), is all there is to check, and the module's own goes on
                 self.results[index], self.last = dict(EXACT, view=True), index
+                if self.precisions is not None:   # the floors read it for the VM's (bf16.floors)
+                    self.exact[index] = value.detach()
                 return value
             m = compare(value.detach(), want, self.tol)
             # exactly the VM's in the dtype it goes on in: its own (a transposed table is not copied)
