@@ -46,10 +46,12 @@ def import_record(checkpoint, path, meta, program):
 
 
 def open_gguf(path):
+    """The GGUF's metadata and tensors (`gguf_reader.GGUFFile`: gguf-py's layout, read in one
+    pass); gguf-py itself is what dequantises them."""
     require("gguf", "import", "reading a GGUF checkpoint", lambda m: ProgramError(m, path=str(path)))
-    from gguf import GGUFReader
+    from .gguf_reader import GGUFFile
     try:
-        return GGUFReader(path)
+        return GGUFFile(path)
     except (OSError, ValueError) as e:
         raise ProgramError(f"cannot read the GGUF file: {e}", path=str(path)) from None
 
