@@ -378,3 +378,40 @@ def test_the_modules_matmul_computes_in_its_stages_precision_whatever_it_is_hand
     meta = mod.LogosModule({"x": x, "W": W}, dtype=torch.bfloat16).to("meta")
     with torch.no_grad():
         assert meta().device.type == "meta"
+
+
+TABLE_VIEWS = {
+    "constant": ("Let E be a 20000 by 64 tensor of Real.\nLet x be a 1 by 64 tensor of Real.\n"
+                 "Let t be transpose of E.\nLet y be x matmul t.\n"),
+    "state": ("Let S be a 2048 by 640 tensor of Real.\nLet x be a 1 by 640 tensor of Real.\n"
+              "Let W be a 640 by 640 tensor of Real.\nLet k be x matmul W.\nSet row 0 of S to k.\n"
+              "Let t be transpose of S.\nLet y be x matmul t.\n"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TABLE_VIEWS))
+def test_the_floors_read_the_modules_exact_view_of_a_constant_table_alone(tmp_path, monkeypatch, kind):
+    """In a bfloat16 lock the module's own view of a big constant table (the load stage found it
+    exact, nothing wrote it since) stands for the VM's in the floors of the ops that read it; a
+    view of a state never does (the free pass and the write-back change it after the probe). Each
+    step's floors are those computed from the VM's values alone, bit for bit, either way."""
+    from conftest import write_weights
+    real, seen = bf16.floors, []
+
+    def both(torch_, program, leaves, vm_stages, precisions, model=None, shared=None, exact=None):
+        got = real(torch_, program, leaves, vm_stages, precisions, model, shared, exact)
+        alone = real(torch_, program, leaves, vm_stages, precisions, model, shared,
+                     dict.fromkeys(exact or {}))
+        seen.append(sorted(i for i, v in (exact or {}).items() if v is not None))
+        for a, b in zip(got, alone):
+            assert (a is None) == (b is None) and (a is None or np.array_equal(a, b))
+        return got
+    monkeypatch.setattr(bf16, "floors", both)
+    (tmp_path / "p.logos").write_text(TABLE_VIEWS[kind])
+    program = read_file(str(tmp_path / "p.logos"))
+    weights = write_weights(program, tmp_path / "w", seed=5)
+    write_bundle(emit_program(program, {}), str(tmp_path / "b"))
+    r = lock_bundle(str(tmp_path / "b"), str(tmp_path / "p.logos"), weights, "bfloat16", 3)
+    assert r["verdict"] == "pass", r["reason"] or r["first_divergence"]
+    view = next(st.index for st in program.stages if st.op.name == "transpose")
+    assert seen == ([[view]] * 3 if kind == "constant" else [[]] * 3)

@@ -114,3 +114,36 @@ def test_duplicate_keys_and_a_bad_alignment_are_refused(tmp_path):
     w.close()
     with pytest.raises(ValueError, match="general.alignment is 48: not a power of two"):
         GGUFFile(str(tmp_path / "a.gguf"))
+
+
+def _gguf(kvs=b"", n_kv=0, tensors=b"", n_tensors=0, data=b""):
+    """A little-endian GGUF v3 from raw parts."""
+    import struct
+    head = b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv) + kvs + tensors
+    return head + b"\0" * (-len(head) % 32) + data
+
+
+def _text(s):
+    import struct
+    return struct.pack("<Q", len(s)) + s.encode()
+
+
+def test_hostile_structures_are_value_errors(tmp_path):
+    """What gguf-py itself trips on: a quantised tensor with no dimensions (an IndexError there),
+    arrays of arrays thousands deep (a RecursionError); and an alignment not a uint32 (gguf-py's
+    rule). Each is a ValueError that says what is wrong."""
+    import struct
+    q8 = int(gguf.GGMLQuantizationType.Q8_0)
+    cases = [
+        (_gguf(tensors=_text("q") + struct.pack("<IIQ", 0, q8, 0), n_tensors=1, data=b"\0" * 64),
+         "the Q8_0 tensor 'q' of shape () is not whole blocks of 32"),
+        (_gguf(_text("deep") + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 5000
+               + struct.pack("<IQ", 4, 0), 1), "arrays nested deeper than 8"),
+        (_gguf(_text("general.alignment") + struct.pack("<IB", 0, 1), 1),
+         "general.alignment is of GGUF type 0, not a uint32"),
+    ]
+    for data, why in cases:
+        (tmp_path / "h.gguf").write_bytes(data)
+        with pytest.raises(ValueError) as e:
+            GGUFFile(str(tmp_path / "h.gguf"))
+        assert str(e.value) == why

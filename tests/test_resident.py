@@ -117,8 +117,8 @@ def test_a_view_of_a_table_the_vms_by_where_it_points_is_known_equal_unread(tmp_
     leaf is a map of the very bytes the VM maps (float64 weights at float64), or its own copy that
     the load stage found bit for bit the VM's in its dtype (at float32, bfloat16) and that nothing
     wrote since, the views selecting the same elements. Once the module has written into the table
-    (its pages its own, its version counter moved) or rebound the leaf to another tensor, the view
-    is compared in full, and the write is found."""
+    (its pages its own, its version counter moved), rebound the leaf to another tensor or swapped
+    its storage, the view is compared in full, and the write is found."""
     from emitter.sambaflow.emit import emit_program, write_bundle
     from emitter.verify import compare, probe, resident
     monkeypatch.setattr(resident, "RELEASE_FROM", 0)       # the weights count, however few
@@ -135,11 +135,12 @@ def test_a_view_of_a_table_the_vms_by_where_it_points_is_known_equal_unread(tmp_
     text = open(path).read()
     old = "E.transpose(0, 1)" if policy is None else "self.cast(0, E, moved=True).transpose(0, 1)"
     assert text.count(old) == 1
-    for edit in ("E.mul_(1.5)", "self.rebound(E)"):   # written into; the leaf rebound to another
-        read.clear()
+    for edit in ("E.mul_(1.5)", "self.rebound(E)", "self.swapped(E)"):   # written into; the leaf
+        read.clear()                                     # rebound to another; its storage swapped
         open(path, "w").write(text.replace(old, old.replace("E", edit, 1)).replace(
             "    def forward(", "    def rebound(self, E):\n        self.leaf_E = E * 1.5\n"
-            "        return self.leaf_E\n\n    def forward(", 1))
+            "        return self.leaf_E\n\n    def swapped(self, E):\n        E.data = E * 1.5\n"
+            "        return E\n\n    def forward(", 1))
         r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, dtype, 2)
         assert r["verdict"] == "fail" and read, (edit, r["first_divergence"])
         assert r["first_divergence"]["op"] == "transpose" and r["first_divergence"]["step"] == 1, edit

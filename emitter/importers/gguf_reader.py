@@ -17,8 +17,9 @@ import numpy as np
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-STRING, ARRAY = 8, 9
+STRING, ARRAY, UINT32 = 8, 9, 4
 DEFAULT_ALIGNMENT = 32
+MAX_NESTING = 8   # arrays of arrays: deeper is refused (gguf-py flattens them; nothing reads one)
 
 Tensor = namedtuple("Tensor", "name tensor_type shape n_elements n_bytes data_offset data")
 
@@ -47,12 +48,14 @@ class GGUFFile:
             key = self._string()
             if key in self.fields:
                 raise ValueError(f"the metadata key {key!r} appears twice")
-            self.fields[key] = Field(key, self._value(self._take("I")))
+            kind = self._take("I")
+            if key == "general.alignment" and kind != UINT32:
+                raise ValueError(f"general.alignment is of GGUF type {kind}, not a uint32")
+            self.fields[key] = Field(key, self._value(kind))
         infos = [self._tensor_info() for _ in range(self._count(n_tensors, 24, "tensors"))]
-        alignment = self.fields.get("general.alignment")
-        align = DEFAULT_ALIGNMENT if alignment is None else alignment.value
-        if alignment is not None and (isinstance(align, bool) or not isinstance(align, int)
-                                      or align <= 0 or align & (align - 1)):
+        align = self.fields["general.alignment"].value if "general.alignment" in self.fields \
+            else DEFAULT_ALIGNMENT
+        if align <= 0 or align & (align - 1):
             raise ValueError(f"general.alignment is {align!r}: not a power of two")
         start = -(-self.at // align) * align
         self.tensors = self._tensors(infos, start)
@@ -83,7 +86,7 @@ class GGUFFile:
         self.at += size
         return text
 
-    def _value(self, kind):
+    def _value(self, kind, depth=0):
         if kind == STRING:
             return self._string()
         if kind in SCALARS:
@@ -97,7 +100,10 @@ class GGUFFile:
             values = np.frombuffer(self.buf, dtype, n, self.at).tolist()
             self.at += n * dtype.itemsize
             return values
-        return [self._value(item) for _ in range(self._count(n, 8 if item == STRING else 12, "array items"))]
+        if item == ARRAY and depth >= MAX_NESTING:
+            raise ValueError(f"arrays nested deeper than {MAX_NESTING}")
+        return [self._value(item, depth + 1) for _ in range(self._count(n, 8 if item == STRING else 12,
+                                                                        "array items"))]
 
     def _tensor_info(self):
         name = self._string()
@@ -125,6 +131,9 @@ class GGUFFile:
             if kind in plain:
                 data = self.map[at:at + n_bytes].view(np.dtype(plain[kind]).newbyteorder(self.order))
             else:
+                if not shape or shape[-1] % block:
+                    raise ValueError(f"the {kind.name} tensor {name!r} of shape {shape} is not whole blocks "
+                                     f"of {block}")
                 shape = quant_shape_to_byte_shape(shape, kind)
                 data = self.map[at:at + n_bytes]
             tensors.append(Tensor(name, kind, tuple(dims), n, n_bytes, at, data.reshape(shape)))

@@ -158,10 +158,12 @@ def floors(torch, program, leaves, vm_stages, precisions, model=None, shared=Non
     `shared` (a dict kept across a lock's steps) holds those several ops read. The stages in
     `exact` ({index: the module's value}, views the probe found bit for bit the VM's in the
     precision the module holds them: nothing to judge) get None, not a floor (a transposed
-    table's would be a float64 copy of it each step), and a large one's value stands for the
-    VM's where later stages read it: the VM's rounded as held, without rounding a 262144-row
-    table of the VM's again each step."""
+    table's would be a float64 copy of it each step), and a large one's value, where it is a
+    view of a constant leaf (never of a state, which the passes write after the probe), stands
+    for the VM's where later stages read it: the VM's rounded as held, without rounding a
+    262144-row table of the VM's again each step."""
     exact = exact or {}
+    fixed = set(program.leaves) - set(program.states)
     env = dict(leaves)
     held = {v: ("fp32" if not program.decls[v].real else "bf16") for v in program.leaves}
     constant = set() if model is None else set(program.leaves) - set(program.states)
@@ -185,12 +187,16 @@ def floors(torch, program, leaves, vm_stages, precisions, model=None, shared=Non
             for slot, name in enumerate(sorted(set(st.inputs) - indices)):
                 renv[name] = _weight(torch, model, name, held[name], compute, shared, slot) if name in constant \
                     else _operand(torch, env[name], held[name], compute)
+            for name in indices & set(renv):   # (an index read from the module's own view)
+                if isinstance(renv[name], torch.Tensor):
+                    renv[name] = renv[name].to(torch.float64).numpy()
             out.append(rounded(torch, run_stage(program, st, renv), output))
         bind_result(st, env, vm_stages[st.index])
         for name in filter(None, (st.out if st.binds else None, st.writes)):
             held[name] = output
         mine = exact.get(st.index)
-        if st.binds and mine is not None and _large(mine) and mine.dtype == getattr(torch, HELD[output]):
+        if st.binds and mine is not None and _large(mine) and mine.dtype == getattr(torch, HELD[output]) \
+                and set(st.inputs) <= fixed:
             env[st.out] = mine
     return out
 

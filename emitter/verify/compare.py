@@ -204,7 +204,7 @@ def same_view_elements(got, want, leaf, vm_leaf):
     stage found `leaf` to be `vm_leaf` in leaf's dtype bit for bit and nothing wrote it since (the
     caller's part), `got` is `want` in that dtype, unread (a bfloat16 copy of a tied table)."""
     if not isinstance(want, np.ndarray) or want.dtype != vm_leaf.dtype or got.dtype != leaf.dtype \
-            or not vm_leaf.flags.c_contiguous or not leaf.is_contiguous() \
+            or got.is_neg() or got.is_conj() or not vm_leaf.flags.c_contiguous or not leaf.is_contiguous() \
             or tuple(leaf.shape) != vm_leaf.shape or tuple(got.shape) != want.shape:
         return False
     size, base = want.itemsize, vm_leaf.__array_interface__["data"][0]
@@ -220,25 +220,28 @@ def same_view_elements(got, want, leaf, vm_leaf):
 
 
 def exact_leaves(model, program, load):
-    """{constant leaf: (the module's tensor, its version counter)} of those the load stage passed."""
+    """{constant leaf: (the module's tensor, its version counter, where its values are)} of those
+    the load stage passed."""
     wrong = {f["leaf"] for f in load["failed"]}
-    return {n: (t, t._version) for n in program.leaves if n not in wrong and n not in program.states
+    return {n: (t, t._version, t.data_ptr()) for n in program.leaves if n not in wrong and n not in program.states
             for t in (getattr(model, "leaf_" + n),)}
 
 
 def known_view_of(torch, got, want, name, leaf, vm_leaf, resident, loaded):
     """Whether `got`, the module's view of its leaf `name` (the tensor `leaf`), is `want`, the VM's
-    same view of `vm_leaf`, unread: the leaf the copy the load stage found exact (`loaded`: {name:
-    (that tensor, its version counter then)}) and written by nothing since, or an untouched map of
-    the VM's own bytes; the views selecting the same elements. A leaf in the dtype of the VM's map
-    is judged as a map (its pages show any write, whatever wrote them; a copy of it is read)."""
+    same view of `vm_leaf`, unread: the leaf the copy the load stage found exact (`loaded`:
+    `exact_leaves`) and written by nothing torch counts since (in place, through a view; its
+    storage not swapped), or an untouched map of the VM's own bytes; the views selecting the same
+    elements. A leaf in the dtype of the VM's map is judged as a map (its pages show any write,
+    whatever wrote them; a copy of it is read). A write torch does not count (through `.data` or
+    NumPy) is found where a later stage reads the table, not at the view."""
     if same_view_bytes(torch, got, want, leaf.detach(), vm_leaf, name, resident):
         return True
     if isinstance(vm_leaf, np.memmap) and _numpy(leaf.dtype) is not None and _numpy(leaf.dtype) == vm_leaf.dtype:
         return False
     was = loaded.get(name)
-    return was is not None and was[0] is leaf and leaf._version == was[1] and \
-        same_view_elements(got, want, leaf.detach(), vm_leaf)
+    return was is not None and was[0] is leaf and leaf._version == was[1] and leaf.data_ptr() == was[2] \
+        and same_view_elements(got, want, leaf.detach(), vm_leaf)
 
 
 def _as_dtype(torch, buffers, block, dtype):

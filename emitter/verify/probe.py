@@ -120,13 +120,13 @@ class Probe:
             if isinstance(value, (tuple, list)):
                 raise Wrong(f"stage {index} returned {len(value)} values, expected one")
             self._tensors(index, (value,))
-            if index in self.views and (self.known(index, value.detach(), want)
-                                        or same_in_dtype(value.detach(), want)):
+            known = index in self.views and self.known(index, value.detach(), want)
+            if known or (index in self.views and same_in_dtype(value.detach(), want)):
                 # a view computes nothing: the VM's, rounded as the module holds its operand (the
                 # load stage's rule), is all there is to check, and the module's own goes on
                 self.results[index], self.last = dict(EXACT, view=True), index
-                if self.precisions is not None:   # the floors read it for the VM's (bf16.floors)
-                    self.exact[index] = value.detach()
+                if known and self.precisions is not None:   # of a constant leaf: the floors read
+                    self.exact[index] = value.detach()      # it for the VM's (bf16.floors)
                 return value
             m = compare(value.detach(), want, self.tol)
             # exactly the VM's in the dtype it goes on in: its own (a transposed table is not copied)
