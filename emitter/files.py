@@ -165,3 +165,15 @@ def size_text(n):
         n /= 1024
         if n < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}"
+
+
+def unwritable(path):
+    """Why the result cannot be written at `path`, or None."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return "is a folder, where the result file is to be written"
+    if not os.path.isdir(folder):
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK):
+        return f"{folder} cannot be written to"
+    return None

@@ -144,3 +144,31 @@ def test_a_view_of_a_table_the_vms_by_where_it_points_is_known_equal_unread(tmp_
         r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, dtype, 2)
         assert r["verdict"] == "fail" and read, (edit, r["first_divergence"])
         assert r["first_divergence"]["op"] == "transpose" and r["first_divergence"]["step"] == 1, edit
+
+
+def test_a_weight_the_module_writes_behind_torchs_back_fails_the_bf16_lock(tmp_path, monkeypatch):
+    """A write torch does not count (through `.data`) leaves the leaf's version counter where it
+    was: the bf16 gate's floors, which read the module's own weights, would follow the written
+    values and pass a table scaled by 1.5. The load stage run again after the steps finds it: a
+    failure naming the leaf, written while the module ran."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    from emitter.verify import resident
+    monkeypatch.setattr(resident, "RELEASE_FROM", 0)       # the weights count, however few
+    (tmp_path / "p.logos").write_text(TABLE.replace("300 by 64", "20000 by 64"))   # floors read its view
+    weights = write_weights(read_file(str(tmp_path / "p.logos")), tmp_path / "w", seed=5)
+    bundle = str(tmp_path / "b")
+    write_bundle(emit_program(read_file(str(tmp_path / "p.logos")), {}), bundle)
+    assert lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "bfloat16", 2)["verdict"] == "pass"
+    path = os.path.join(bundle, "model.py")
+    text = open(path).read()
+    old = "self.cast(0, E, moved=True)"
+    assert text.count(old) == 1
+    open(path, "w").write(text.replace(old, "self.cast(0, self.scaled(E), moved=True)").replace(
+        "    def forward(", "    def scaled(self, E):\n        if not getattr(self, 'done', False):\n"
+        "            self.done = True\n            E.data.mul_(1.5)\n        return E\n\n"
+        "    def forward(", 1))
+    r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "bfloat16", 2)
+    assert r["verdict"] == "fail" and not r["load"]["pass"], r["first_divergence"]   # (a pass before)
+    assert r["load"]["failed"][0]["leaf"] == "E" and r["load"]["failed"][0]["written"]
+    f = r["first_divergence"]
+    assert (f["stage"], f["out"], f["op"], f["step"]) == ("load", "E", "written while it ran", 2), f

@@ -266,12 +266,13 @@ def _same_bits(torch, a, b):
             and b.is_contiguous() and torch.equal(a.view(getattr(torch, bits)), b.view(getattr(torch, bits))))
 
 
-def load_stage(torch, model, program, leaves, dtype, tol, resident):
-    """Every leaf buffer against the VM's leaf rounded to the dtype the module holds it in: equal,
-    bit for bit. Returns {"pass", "leaves", "failed": [{leaf, line, figures}]} (rows in blocks: a
-    1 GB table costs no copy)."""
+def load_stage(torch, model, program, leaves, dtype, tol, resident, names=None):
+    """Every leaf buffer (of `names`, where given) against the VM's leaf rounded to the dtype the
+    module holds it in: equal, bit for bit. Returns {"pass", "leaves", "failed": [{leaf, line,
+    figures}]} (rows in blocks: a 1 GB table costs no copy)."""
     failed, scratch = [], {}
-    for name in program.leaves:
+    names = program.leaves if names is None else names
+    for name in names:
         want = leaves[name]
         held = _held(torch, program, name, dtype)
         buf = getattr(model, "leaf_" + name, None)
@@ -294,4 +295,15 @@ def load_stage(torch, model, program, leaves, dtype, tol, resident):
                            "dtype": None if got is None else str(got.dtype)})
         release(want)
         resident.release([name])
-    return {"pass": not failed, "leaves": len(program.leaves), "failed": failed}
+    return {"pass": not failed, "leaves": len(names), "failed": failed}
+
+
+def still_loaded(torch, model, program, leaves, dtype, tol, resident, load):
+    """The load stage again after the run, over the constant leaves: a weight the module wrote
+    while it ran (through `.data` or NumPy, which torch does not count) is a failure naming it,
+    where the bf16 gate's floors, which read the module's own weights, would pass it. `load` as
+    it was, or the failures, each `written`."""
+    again = load_stage(torch, model, program, leaves, dtype, tol, resident,
+                       [n for n in program.leaves if n not in program.states])
+    return load if again["pass"] else {**load, "pass": False, "failed": [
+        {**f, "written": True} for f in again["failed"]]}

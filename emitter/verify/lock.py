@@ -22,12 +22,12 @@ import numpy as np
 
 from .. import fingerprint
 from ..fingerprint import sha256 as _sha256   # one stat cache: weights the keys hashed are not read again
-from ..files import BUNDLE_FILES, json_lines, size_text, write_atomic, write_files
+from ..files import BUNDLE_FILES, json_lines, size_text, unwritable, write_atomic, write_files
 from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
 from . import environment, trace as trace_file, verdict, vm
-from .compare import KEYS, compare, exact_leaves, figures, known_view_of, load_stage, worse  # noqa: F401
+from .compare import KEYS, compare, exact_leaves, figures, known_view_of, load_stage, still_loaded, worse  # noqa: F401
 from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .probe import CouldNotRun, Probe, Raised, run_module
@@ -284,12 +284,15 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             details, stages, first, output, raised = _run(torch, model, torch_dtype, program, leaves.values,
                                                           steps, judge, result["timings"], resident,
                                                           exact_leaves(model, program, load), keep, vm_steps)
+            if dtype == "bfloat16" and load["pass"] and raised is None:   # the floors read its weights
+                load = result["load"] = still_loaded(torch, model, program, leaves.values, torch_dtype, tol,
+                                                     resident, load)
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
-        if load["failed"]:   # a wrong leaf is the first divergence, whatever the module did then
-            f = load["failed"][0]
-            first = {"step": 0, "stage": "load", "out": f["leaf"], "op": "load", "line": f["line"],
-                     **{k: f[k] for k in figures(f)}}
+        if load["failed"] and not (first and load["failed"][0].get("written")):   # a wrong leaf is the
+            f = load["failed"][0]   # first divergence, whatever the module did then; one it wrote, where seen
+            first = {"step": steps if f.get("written") else 0, "stage": "load", "out": f["leaf"], "line": f["line"],
+                     "op": "written while it ran" if f.get("written") else "load", **{k: f[k] for k in figures(f)}}
         result.update(steps_detail=details, stages=stages, first_divergence=first, output=output,
                       **judge.report(stages, load))
         if raised is not None:
@@ -351,23 +354,11 @@ TESTED = ("float32", "float64")
 ZOO_RECORD = os.path.join("build", ".fingerprints.json")   # a zoo's hash record, from its root
 
 
-def _unwritable(path):
-    """Why the result cannot be written at `path`, or None."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        return "is a folder, where the result file is to be written"
-    if not os.path.isdir(folder):
-        return f"{folder} is not a folder"
-    if not os.access(folder, os.W_OK):
-        return f"{folder} cannot be written to"
-    return None
-
-
 def main(args):
     if not 1 <= args.threads <= MAX_THREADS:
         print(f"--threads must be from 1 to {MAX_THREADS}, got {args.threads}", file=sys.stderr)
         return 2
-    problem = _unwritable(args.out)
+    problem = unwritable(args.out)
     if problem:   # said before the lock runs, not after (its verdict would be lost)
         print(f"-o {args.out}: {problem}", file=sys.stderr)
         return 2
