@@ -5,6 +5,7 @@ its check's judge, which it does not tell apart, for the verdict on each of them
   and its pass;
 - `step(...)`: after each step's probe pass, each stage's pass (the probe's figures in hand);
 - `flip(...)`: an integer output (an argmax's token) the module got wrong: whether it is excused;
+- `settled(...)`: after the steps, the load stage's record as the judge stands on it;
 - `report(stages, load)`: the result's fields the judge adds (the worst stage, a summary).
 
 `Flat` (float64, float32): every tensor within the check's tolerance (compare's own pass). `Bf16`
@@ -17,7 +18,7 @@ import numpy as np
 
 from ..ops.precision import stage_precisions
 from . import bf16
-from .compare import compare, worst_of
+from .compare import compare, still_loaded, worst_of
 from .probe import CouldNotRun
 
 
@@ -38,6 +39,10 @@ class Flat:
 
     def flip(self, out_m, probe, trace, feed):
         """A token the module got wrong stays wrong."""
+
+    def settled(self, torch, program, leaves, dtype, resident, load):
+        """The load stage's record after the steps: every figure was judged against the VM."""
+        return load
 
     def report(self, stages, load):
         """The result's fields this judge gives: the stage furthest from its tolerance."""
@@ -67,6 +72,14 @@ class Bf16(Flat):
     def step(self, torch, program, current, trace, probe, step, label):
         # looked up on the module each step: bench/bench_bf16.py puts its spy there
         bf16.gate_step(torch, program, current, trace, probe, self, step, label)
+
+    def settled(self, torch, program, leaves, dtype, resident, load):
+        """The floors read the module's own weights: the load stage again over the constant
+        leaves, so one the module wrote behind torch's back (through `.data` or NumPy) while it
+        ran, which the floors would have followed, fails, named (compare.still_loaded)."""
+        if self.model is None or not load["pass"]:
+            return load
+        return still_loaded(torch, self.model, program, leaves, dtype, self.tol, resident, load)
 
     def flip(self, out_m, probe, trace, feed):
         """A flipped token passes only where the VM's top-2 margin lies inside the logits' noise."""

@@ -27,7 +27,7 @@ from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
 from . import environment, trace as trace_file, verdict, vm
-from .compare import KEYS, compare, exact_leaves, figures, known_view_of, load_stage, still_loaded, worse  # noqa: F401
+from .compare import KEYS, compare, exact_leaves, figures, known_view_of, load_stage, worse  # noqa: F401
 from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .probe import CouldNotRun, Probe, Raised, run_module
@@ -284,9 +284,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             details, stages, first, output, raised = _run(torch, model, torch_dtype, program, leaves.values,
                                                           steps, judge, result["timings"], resident,
                                                           exact_leaves(model, program, load), keep, vm_steps)
-            if dtype == "bfloat16" and load["pass"] and raised is None:   # the floors read its weights
-                load = result["load"] = still_loaded(torch, model, program, leaves.values, torch_dtype, tol,
-                                                     resident, load)
+            if raised is None:
+                load = result["load"] = judge.settled(torch, program, leaves.values, torch_dtype, resident, load)
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
         if load["failed"] and not (first and load["failed"][0].get("written")):   # a wrong leaf is the
