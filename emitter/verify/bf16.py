@@ -166,7 +166,7 @@ def floors(torch, program, leaves, vm_stages, precisions, model=None, shared=Non
     fixed = set(program.leaves) - set(program.states)
     env = dict(leaves)
     held = {v: ("fp32" if not program.decls[v].real else "bf16") for v in program.leaves}
-    constant = set() if model is None else set(program.leaves) - set(program.states)
+    constant = set() if model is None else fixed   # read from the module's own copies
     shared = {} if shared is None else shared
     if "_readers" not in shared:
         shared["_readers"] = {}
