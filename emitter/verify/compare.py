@@ -16,7 +16,10 @@ BLOCK = 1 << 20   # values compared at a time: a 1 GB table is never widened who
 def _f64(x):
     """A block as float64 numpy: a torch tensor's (detached) or an array's (a map's pages read)."""
     if hasattr(x, "detach"):
-        return x.detach().double().numpy()
+        x = x.detach().resolve_neg()   # (a lazily negated view made real: NumPy reads memory)
+        if x.dtype.is_floating_point and x.dtype.itemsize >= 4:
+            return np.asarray(x.numpy(), dtype=np.float64)   # NumPy widens as torch does, sooner
+        return x.double().numpy()
     return np.asarray(x, dtype=np.float64)
 
 
@@ -29,7 +32,11 @@ def _blocks(got, want, widen=True):
     if got.ndim < 2 or got.shape[0] <= 1:
         yield (_f64(got).reshape(-1), _f64(want).reshape(-1)) if widen else (got, want)
         return
-    rows = max(1, BLOCK // max(1, int(np.prod(got.shape[1:]))))
+    rows = max(1, BLOCK // max(1, math.prod(got.shape[1:])))
+    if rows >= got.shape[0]:   # one block: no slices
+        yield (_f64(got).reshape(-1), _f64(want).reshape(-1)) if widen else (got, want)
+        release(want)
+        return
     for r in range(0, got.shape[0], rows):
         g, w = got[r:r + rows], want[r:r + rows]
         yield (_f64(g).reshape(-1), _f64(w).reshape(-1)) if widen else (g, w)
@@ -62,6 +69,14 @@ def _identical(got, want):
 
 EXACT = {"max_abs": 0.0, "max_rel": 0.0, "guarded_rel": 0.0, "scaled_err": 0.0, "nmse": 0.0,
          "cosine": 1.0, "nonfinite_mismatch": 0, "worst_ratio": 0.0, "pass": True}
+
+
+def _ratio_max(diff, bound, where):
+    """max(diff / bound) over the elements `where` selects, the others counted as 0; `where`
+    None: no bound is 0, so a plain division says the same at half a masked one's cost."""
+    if where is None:
+        return float(np.divide(diff, bound).max())
+    return float(np.divide(diff, bound, out=np.zeros_like(diff), where=where).max())
 
 
 def compare(got, want, tol):
@@ -101,10 +116,11 @@ def compare(got, want, tol):
             aw = np.abs(w)
             max_abs = max(max_abs, float(top))
             scale = max(scale, float(aw.max()))
-            max_rel = max(max_rel, float(np.divide(diff, aw, out=np.zeros_like(diff), where=aw > 0).max()))
-            np.multiply(aw, tol["rel"], out=aw)
-            aw += tol["abs"]   # each value's own bound; a difference of 0 is within any
-            guarded = max(guarded, float(np.divide(diff, aw, out=np.zeros_like(diff), where=diff != 0).max()))
+            if top > 0:   # (all equal: no element's relative error is above 0)
+                max_rel = max(max_rel, _ratio_max(diff, aw, None if aw.min() > 0 else aw > 0))
+                np.multiply(aw, tol["rel"], out=aw)
+                aw += tol["abs"]   # each value's own bound; a difference of 0 is within any
+                guarded = max(guarded, _ratio_max(diff, aw, None if tol["abs"] > 0 else diff != 0))
             sq += float(np.dot(diff, diff))
             power += float(np.dot(w, w))
             gg += float(np.dot(g, g))

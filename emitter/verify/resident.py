@@ -17,12 +17,16 @@ import ctypes.util
 import functools
 import mmap
 import os
+import sys
 import time
 
 import numpy as np
 
 PAGE = mmap.PAGESIZE
-_PRESENT, _SWAPPED, _FILE = np.uint64(1 << 63), np.uint64(1 << 62), np.uint64(1 << 61)
+# a pagemap entry's top byte (bit 63 present, 62 swapped, 61 file-backed or shared): whether that
+# page is the process's own (present and not the file's: copy-on-write copied it; or swapped out)
+_OWN = np.array([bool(b & 0x40) or (b & 0xA0) == 0x80 for b in range(256)])
+_TOP = 7 if sys.byteorder == "little" else 0   # the top byte of each 8-byte (native) entry
 
 
 def _file_maps(paths=None):
@@ -99,8 +103,8 @@ class Resident:
         """Whether a page of the leaf's map is the module's own (written to, or swapped out)."""
         lo, hi = self.ranges[name]
         n = (hi - lo) // PAGE
-        flags = np.frombuffer(os.pread(self._pagemap, 8 * n, 8 * (lo // PAGE)), dtype=np.uint64)
-        return bool(np.any(((flags & _PRESENT != 0) & (flags & _FILE == 0)) | (flags & _SWAPPED != 0)))
+        entries = np.frombuffer(os.pread(self._pagemap, 8 * n, 8 * (lo // PAGE)), dtype=np.uint8)
+        return bool(_OWN[entries[_TOP::8]].any())
 
     def maps_as(self, name, path, offset, tensor):
         """Whether `tensor`, the module's leaf `name`, is still the buffer found at the start and
