@@ -226,16 +226,11 @@ def test_checks_of_every_lock_share_one_queue_longest_first(tmp_path):
         ex.close()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_unreachable_scheduler_is_one_line(tmp_path):
     z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
-    port = _free_port()
-    rc, ran, out = doit(z, f"executor=dask:tcp://127.0.0.1:{port}")
+    with socket.socket() as held:   # bound, never listening: refused, and no other process's for the test
+        held.bind(("127.0.0.1", 0))
+        rc, ran, out = doit(z, f"executor=dask:tcp://127.0.0.1:{held.getsockname()[1]}")
     assert rc == 3 and ran == set(), out
     lines = [x for x in out.splitlines() if x.strip()]
     assert len(lines) == 1 and "no Dask scheduler can be reached at tcp://127.0.0.1:" in lines[0], out
@@ -319,17 +314,20 @@ def test_an_executor_is_one_registry_line(monkeypatch):
     assert executors.parse("inline")["kind"] == "inline" and executors.parse("dask:local", 2)["workers"] == 2
 
 
-def _wait_port(port, proc, seconds=60):
+def _scheduler_port(path, proc, seconds=60):
+    """The port the scheduler `proc` listens on, once its scheduler file says (no port picked
+    here and bound there later, which another test's cluster could take in between)."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         if proc.poll() is not None:
             raise AssertionError(f"{proc.args} exited {proc.returncode}")
         try:
+            port = int(json.loads(path.read_text())["address"].rsplit(":", 1)[1])
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
+            return port
+        except (OSError, ValueError, KeyError):
             time.sleep(0.2)
-    raise AssertionError(f"nothing listens on {port}")
+    raise AssertionError(f"the scheduler wrote no address to {path}")
 
 
 def _workers(z, port, logs, env, n=2):
@@ -364,15 +362,15 @@ def test_a_scheduler_and_two_workers_started_by_hand(tmp_path):
     a worker in another environment (another torch) is not published under this checkout's key."""
     from emitter.pipeline import dask_executor, executors
     z = _zoo(tmp_path)
-    port = _free_port()
     env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False", "PYTHONPATH": str(z)}
     logs = open(tmp_path / "dask.log", "w")
-    tcp = f"executor=dask:tcp://127.0.0.1:{port}"
-    scheduler = subprocess.Popen([f"{BIN}/dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                                  "--no-dashboard"], stdout=logs, stderr=logs, env=env, cwd=z)
+    scheduler = subprocess.Popen([f"{BIN}/dask", "scheduler", "--host", "127.0.0.1", "--port", "0",
+                                  "--no-dashboard", "--scheduler-file", str(tmp_path / "scheduler.json")],
+                                 stdout=logs, stderr=logs, env=env, cwd=z)   # a port of its own choosing
     workers = []
     try:
-        _wait_port(port, scheduler)
+        port = _scheduler_port(tmp_path / "scheduler.json", scheduler)
+        tcp = f"executor=dask:tcp://127.0.0.1:{port}"
         workers = _workers(z, port, logs, env)
         assert all(w["resources"] == {"MEMORY": 2 << 30} for w in _wait_workers(port, 2).values())
         rc, ran, out = doit(z, tcp, "-n", "4")
