@@ -114,6 +114,9 @@ def test_manifest_gguf_names_for_every_stem():
     for var, name in want.items():
         assert got[var] == name, var
         assert gguf_name(var, frozenset({1})) == name
+    # a leading zero names no tensor (Wq01 beside Wq1 would read blk.1's twice); layer 10 does
+    assert [gguf_name(v, frozenset({1, 10})) for v in ("Wq01", "Wq001", "Wq10", "an00")] == \
+        [None, None, "blk.10.attn_q.weight", None]
     # roles come from how the program reads a leaf, not from its checkpoint name: `K` and `Wq1`
     # are read as data (attention's K, plus's A), the rest are never read (weights)
     roles = {t["var"]: t["role"] for t in m["tensors"]}

@@ -87,14 +87,16 @@ def gguf_name(var, attention_layers):
     """The GGUF tensor a weight variable comes from by the extractor's naming convention, or None.
 
     `Wq3` is `blk.3.attn_q.weight` when layer 3 is an attention layer (its `attention` op reads a
-    layer-numbered query) and `blk.3.attn_qkv.weight` on a Gated DeltaNet layer.
+    layer-numbered query) and `blk.3.attn_qkv.weight` on a Gated DeltaNet layer. A layer number
+    written with a leading zero (`Wq01`) names none: it would be `Wq1`'s tensor read twice.
     """
     if var in _WHOLE:
         return _WHOLE[var]
-    layer = layer_of(var)
-    if layer is None:
+    digits = re.search(r"[0-9]+\Z", var)
+    if digits is None or (len(digits.group()) > 1 and digits.group()[0] == "0"):
         return None
-    stem = var[: len(var) - len(re.search(r"[0-9]+\Z", var).group())]
+    layer = int(digits.group())
+    stem = var[: len(var) - len(digits.group())]
     names = _STEMS.get(stem)
     if names is None:
         return None
