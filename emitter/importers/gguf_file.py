@@ -79,7 +79,7 @@ def tensor_array(tensor):
     if tensor.tensor_type in (Q.F32, Q.F16):
         data = np.asarray(tensor.data, dtype=np.float32)
     else:
-        data = dequantize(tensor.data, tensor.tensor_type)
+        data = dequantize(np.asarray(tensor.data), tensor.tensor_type)   # (a plain view: no memmap per row)
     return np.ascontiguousarray(data, dtype=np.float32).reshape(shape)
 
 

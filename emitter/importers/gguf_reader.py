@@ -86,6 +86,25 @@ class GGUFFile:
         self.at += size
         return text
 
+    def _strings(self, n):
+        """`n` strings in a row (a vocabulary: 262144 of them in gemma3's), as `_string` reads
+        them, in one loop."""
+        buf, at, end, size_of = self.buf, self.at, len(self.buf), struct.Struct(self.order + "Q").unpack_from
+        out = []
+        for _ in range(n):
+            if at + 8 > end:
+                self.at = at
+                self._need(8)
+            size = size_of(buf, at)[0]
+            at += 8
+            if at + size > end:
+                self.at = at
+                self._need(size)
+            out.append(str(buf[at:at + size], "utf-8"))
+            at += size
+        self.at = at
+        return out
+
     def _value(self, kind, depth=0):
         if kind == STRING:
             return self._string()
@@ -100,6 +119,8 @@ class GGUFFile:
             values = np.frombuffer(self.buf, dtype, n, self.at).tolist()
             self.at += n * dtype.itemsize
             return values
+        if item == STRING:
+            return self._strings(self._count(n, 8, "array items"))
         if item == ARRAY and depth >= MAX_NESTING:
             raise ValueError(f"arrays nested deeper than {MAX_NESTING}")
         return [self._value(item, depth + 1) for _ in range(self._count(n, 8 if item == STRING else 12,
