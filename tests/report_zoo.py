@@ -58,7 +58,7 @@ def synthetic_rows(directory, programs, dtypes=DTYPES, stages=40, seed=0):
         base = os.path.join(directory, name)
         checks = tuple(Check(dt, *TOLERANCES[dt], f"{base}.{dt}.json", {"dtype": dt}) for dt in dtypes)
         pc = ProgramConfig(name=name, source=f"programs/{name}.logos", config=None, weights=None,
-                           weights_required=False, dtypes=list(dtypes))
+                           dtypes=list(dtypes))
         entry = Entry(pc, (), base + ".bundle", base + ".emit.json", base + ".lock.json", directory, checks)
         status = {"status": "ok", "key": f"emit-{p}", "source_sha": f"{p:064x}", "bundle": {"model.py": "0" * 64}}
         with open(entry.status, "w") as f:

@@ -125,10 +125,9 @@ def test_defaults_and_overrides(tmp_path):
                          "programs/p.logos": SRC, "programs/q.logos": SRC,
                          "programs/q.yaml": "dtypes: float32\nsteps: 1\nweights: data/q\n"})
     p, q = got["p"], got["q"]
-    assert (p.steps, p.dtypes, p.weights, p.weights_required) == (3, ["float64", "float32"],
-                                                                  "weights/p", False)
+    assert (p.steps, p.dtypes, p.weights) == (3, ["float64", "float32"], "weights/p")
     assert p.tolerance("float32") == (0.5, 1e-3)
-    assert (q.steps, q.dtypes, q.weights, q.weights_required) == (1, ["float32"], "data/q", True)
+    assert (q.steps, q.dtypes, q.weights) == (1, ["float32"], "data/q")
     d = load_defaults(str(tmp_path))
     assert d["lock"] is True
 

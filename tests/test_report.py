@@ -38,7 +38,7 @@ def test_result_cache_follows_the_files_and_survives_a_bad_cache(tmp_path, monke
     res.write_text(json.dumps({"verdict": "pass", "key": key, "output": {"max_abs": 0.5},
                                "stages": [1] * 99}))
     pc = ProgramConfig(name="p", source="programs/p.logos", config=None, weights=None,
-                       weights_required=False, dtypes=["float64"])
+                       dtypes=["float64"])
     entries = [Entry(pc, (), str(tmp_path / "b"), str(status), str(tmp_path / "l.json"), str(tmp_path),
                      (Check("float64", None, None, str(res), {}),))]
     first = build_rows(entries, str(caches), 1)

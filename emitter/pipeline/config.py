@@ -75,7 +75,6 @@ class ProgramConfig:
     source: str
     config: Optional[str]                 # programs/NAME.yaml, or None when there is none
     weights: Optional[str]                # weights directory, or None: declared values only
-    weights_required: bool                # the config named it, so it must exist
     lock: bool = True
     dtypes: list = field(default_factory=list)
     steps: int = 1
@@ -150,7 +149,7 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
     p = Problems(cfg_rel, lines)
     given = check_common(p, data, PROGRAM_KEYS, LIMITS, root)
     pc = ProgramConfig(name=name, source=source, config=cfg_rel if has_cfg else None,
-                       weights=None, weights_required=False, lock=defaults["lock"],
+                       weights=None, lock=defaults["lock"],
                        dtypes=list(defaults["dtypes"]), steps=defaults["steps"],
                        tolerances={k: dict(v) for k, v in defaults["tolerances"].items()},
                        limits={**defaults["limits"], **given.get("limits", {})})
@@ -182,10 +181,9 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
             p.add("weights", "a derived program's weights are build/weights/NAME")
         if got:
             pc.derive = Derive(*got)
-        pc.weights, pc.weights_required = f"build/weights/{name}", True
+        pc.weights = f"build/weights/{name}"
     elif "weights" in data:
         pc.weights = p.check(check_weights, p, data["weights"], root, tree, roots)
-        pc.weights_required = True
     else:
         default = f"weights/{name}"
         pc.weights = default if tree.is_dir("weights", name) else None
@@ -265,7 +263,7 @@ def discover(root, programs_dir="programs", cache_file=None, warnings=None, make
             plain = NAME_RE.fullmatch(name) is not None
             pc = ProgramConfig(name=slug(name), source=source if plain else excerpt(source, 200),
                                config=cfg if plain and tree.is_file(programs_dir, f"{name}.yaml") else None,
-                               weights=None, weights_required=False, lock=defaults["lock"],
+                               weights=None, lock=defaults["lock"],
                                dtypes=list(defaults["dtypes"]), steps=1,
                                tolerances=defaults["tolerances"], limits=dict(defaults["limits"]),
                                error=str(e) if not default_error else default_error)
