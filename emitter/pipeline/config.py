@@ -15,7 +15,6 @@ import re
 from dataclasses import dataclass, field
 
 from ..language.errors import excerpt
-from ..language.hints import did_you_mean
 from ..verify.tolerances import DEFAULT_TOLERANCES
 from .config_keys import (Problems, check_bf16, check_common, check_derive, check_precision,
                           check_weights, env_roots, leaves_message)
