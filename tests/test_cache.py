@@ -407,3 +407,22 @@ def test_a_verdict_the_cache_task_cannot_publish_is_a_warning(tmp_path, monkeypa
     assert vc.publish_all(list(_entries(z).values()), 1, url, str(tmp_path / "memo.json")) is True
     assert len(said) == 2 and all("cache: not published: build/results/b/" in s and
                                   "PermissionError: refused" in s for s in said), said
+
+
+def test_a_result_edited_since_its_lock_wrote_it_is_never_published(tmp_path, monkeypatch):
+    """The `cache` task publishes a result only where its bytes are those the lock wrote (the
+    sha256 its lock status records): one edited by hand, its key left as it was (a fail made a
+    pass, a figure made better), is nobody's verdict, and a fresh clone would take it as current."""
+    from test_pipeline import _entries
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    assert doit(z)[0] == 0
+    monkeypatch.chdir(z)
+    monkeypatch.setenv("LOGOS_CACHE_KEY", "k")
+    url = (tmp_path / "cache").as_uri()
+    path = z / "build/results/b/float64.json"
+    r = json.loads(path.read_text())
+    r["output"]["max_abs"], r["worst"] = 0.0, None   # the key, the verdict and the size kept or not
+    path.write_text(json.dumps(r, indent=1))
+    assert vc.publish_all(list(_entries(z).values()), 1, url, str(tmp_path / "memo.json")) is True
+    kept = json.loads((z / "build/results/b/float32.json").read_text())["key"]
+    assert {p.stem for p in (tmp_path / "cache").rglob("*.json")} == {kept} != {r["key"]}

@@ -26,9 +26,9 @@ import threading
 import uuid
 
 from ..extras import require
-from ..files import read_json, write_atomic
+from ..files import MAX_JSON, read_json, write_atomic
 from .digests import canonical
-from .keys import check_key, check_parts, current_keys
+from .keys import check_key, check_parts, current_keys, lock_records
 from .log import LOG
 
 SCHEMA, VERSION = "logos.verdict-cache", 1
@@ -338,6 +338,24 @@ def publishable(r, parts):
             and (r.get("hashes") or {}).get("environment") == parts["environment"])
 
 
+def as_written(path, record):
+    """The result at `path` where its bytes are those the lock wrote (`record`: what the lock
+    status holds of it, its sha256, key and verdict), else None: a result edited since, by hand or
+    by a restore, is nobody's verdict to share. (The bytes hashed are the bytes read.)"""
+    if not isinstance(record, dict):
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_JSON + 1)
+        r = json.loads(data) if len(data) <= MAX_JSON else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(r, dict) or hashlib.sha256(data).hexdigest() != record.get("sha256") \
+            or r.get("key") != record.get("key") or r.get("verdict") != record.get("verdict"):
+        return None
+    return r
+
+
 def publish_all(entries, threads, url, memo_path, part=False):
     """The `cache` task: publish every current pass/fail verdict the cache lacks, including those
     of locks that did not rerun (a no-op over a restored build/ fills a new cache). What is known
@@ -352,9 +370,9 @@ def publish_all(entries, threads, url, memo_path, part=False):
     known = set(memo.get(where) or []) if isinstance(memo, dict) else set()
     now, sent, failed = set(), 0, []
     for e in entries:
-        status = read_json(e.status)
+        status, wrote = read_json(e.status), lock_records(read_json(e.lock_status))
         for c in e.checks:
-            r = read_json(c.result)
+            r = as_written(c.result, wrote.get(c.dtype))
             ran = (r.get("execution") or {}).get("threads") if isinstance(r, dict) else None
             if not publishable(r, check_parts(e, c, status, ran)):
                 continue
