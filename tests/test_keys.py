@@ -287,6 +287,29 @@ def test_checks_of_a_program_changed_after_its_emit_or_refused_are_not_current(t
         assert r["verdict"] == "error" and "sigmoidd" in r["reason"] and "nonsense" not in r["reason"], r
 
 
+def test_a_check_that_fails_fails_the_run_whatever_task_before_its_lock_doit_ignores(tmp_path):
+    """`doit ignore emit:a` has doit skip lock:a after it, and the report too where it waited for
+    lock:a: the report runs all the same, covering a by its recorded verdict, and the run exits 1
+    while a's check fails (it exited 0, a report saying fail)."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "tolerances:\n  float32: {abs: 1.0e-12, rel: 1.0e-12}\n"),
+                                    "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 1    # a fails at its tolerance
+    assert doit(z, "ignore", "emit:a")[0] == 0
+    rc, ran, out = doit(z)
+    assert rc == 1 and "report" in ran and not ran & {"emit:a", "lock:a"}, out
+    rows = {(r["name"], r["check"]): r for r in json.loads((z / "build/report.json").read_text())["results"]}
+    assert rows[("a", "float32")]["verdict"] == "fail" and rows[("a", "float32")]["current"], rows
+    (z / "programs/a.logos").write_text(PROG_A + "Let z be sigmoid of y.\n")   # moved, still ignored
+    rc, ran, out = doit(z)
+    rows = {(r["name"], r["check"]): r for r in json.loads((z / "build/report.json").read_text())["results"]}
+    assert rc == 1 and not rows[("a", "float64")]["current"], out
+    assert doit(z, "forget", "emit:a")[0] == 0
+    (z / "programs/a.yaml").write_text("")
+    (z / "programs/a.logos").write_text(PROG_A)
+    assert doit(z)[0] == 0
+
+
 def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_again(tmp_path):
     import subprocess
     import sys

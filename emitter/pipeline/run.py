@@ -372,14 +372,25 @@ class Run:
         }
 
     def _last_of_each(self):
-        """Each program's last task doit is handed and does not ignore: its lock, else its emit."""
+        """Each program's last task doit is handed and will not skip: its lock, else its emit;
+        none where doit ignores both (a task after an ignored one is skipped too, and so would
+        the report be that waited for it)."""
         deps = []
         for e in self.entries:
             for n in ([f"lock:{e.name}"] if e.locked else []) + [f"emit:{e.name}"]:
-                if self._hands(n) and not handing.ignored(n):
+                if self._hands(n) and not self._skipped(e, n):
                     deps.append(n)
                     break
         return deps
+
+    def _skipped(self, e, name):
+        """Whether doit skips the zoo task `name` of `e` as ignored: it or a task it waits for is."""
+        kind = name.partition(":")[0]
+        before = [f"emit:{e.name}"] + ([f"weights:{e.name}"] if e.pc.derive and not e.pc.error
+                                       and not self.settings["cache"] else []) if kind == "lock" else []
+        waits = () if self.ordered else self._after(e, kind).get("task_dep", ())   # the dodo's own
+        return handing.ignored(name) or any(handing.ignored(n) for n in waits) \
+            or any(self._hands(n) and self._skipped(e, n) for n in before)
 
     def cache_task(self):
         """Always a task (the default tasks name it); with no cache=URL, one with nothing to do."""
