@@ -188,6 +188,9 @@ def main(argv=None):
         where = f"{e.filename}: " if e.filename else ""
         print(f"logos {args.command}: {where}{e.strerror or e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:   # Ctrl-C (or a bundle's forward raising it): no verdict, no traceback
+        print(f"logos {args.command}: interrupted: nothing more was written", file=sys.stderr)
+        return 130
     except Exception as e:
         if not args.command.startswith("import-") or os.environ.get("LOGOS_DEBUG"):
             raise

@@ -109,6 +109,22 @@ def test_an_op_that_diverges_before_the_raise_is_the_first_divergence(zoo, tmp_p
     assert r["raised"]["stage"] == ge.index and r["raised"]["error"] == "RuntimeError: boom"
 
 
+def test_a_forward_that_exits_or_is_interrupted(zoo, tmp_path):
+    """A bundle whose forward calls sys.exit() is wrong: a fail naming the stage, its RESULT.json
+    written (the lock exited 0 and wrote nothing); a KeyboardInterrupt (Ctrl-C) is one line and
+    exit 130, never a traceback."""
+    ge = _stage(zoo, "gelu")
+    out = tmp_path / "r.json"
+    for raised, rc in (("SystemExit(0)", 1), ("KeyboardInterrupt", 130)):
+        bundle = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", f"def gelu_tanh(x):\n    raise {raised}\n",
+                          name=raised[:6])
+        p = run_cli("lock", bundle, "--program", zoo["program"], "--weights", zoo["weights"], "-o", str(out))
+        assert p.returncode == rc and "Traceback" not in p.stderr, p.stderr
+    r = json.loads(out.read_text())   # (the exit's: the interrupt wrote nothing)
+    assert r["verdict"] == "fail" and r["raised"]["stage"] == ge.index and "SystemExit" in r["raised"]["error"]
+    assert "interrupted" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
 def test_a_stage_that_hands_on_no_tensor_fails_at_that_stage(zoo, tmp_path):
     sig = _stage(zoo, "sigmoid")
     bundle = _mutated(zoo, tmp_path, f"self.tap({sig.index}, torch.sigmoid(att))", f"self.tap({sig.index}, 0.5)")

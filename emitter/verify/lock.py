@@ -308,7 +308,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["reason"] = str(e.at(program_path))
     except CouldNotRun as e:
         result["reason"] = str(e)
-    except Exception as e:  # anything else is still "could not run" (exit 2), never a numeric fail
+    except (Exception, SystemExit) as e:  # anything else is still "could not run" (exit 2), never a fail
         result["reason"] = f"the lock check raised {type(e).__name__}: {e}"
     t = result["timings"]
     t["total_s"] = time.perf_counter() - start

@@ -59,7 +59,7 @@ def run_module(model, program, what):
         return model()
     except CouldNotRun:
         raise
-    except Exception as e:
+    except (Exception, SystemExit) as e:   # (a bundle's sys.exit() is its own fault too)
         nxt = getattr(model.probe, "last", -1) + 1 if model.probe else None
         nxt = nxt if nxt is not None and nxt < len(program.stages) else None
         if bundles_fault(e):
