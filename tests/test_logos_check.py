@@ -56,6 +56,12 @@ def test_no_zoo_and_missing_paths_are_one_line_each(tmp_path):
     assert r.returncode == 2 and "no programs/ folder" in r.stderr and "Traceback" not in r.stderr
     r = logos("check", "nothere.logos", cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.startswith("nothere.logos: no such file or folder")
+    os.makedirs(tmp_path / "empty")   # a folder named that holds no program is no pass either
+    r = logos("check", "empty", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.startswith("empty: no program (NAME.logos) there"), r.stderr
+    for cmd in (("emit", "empty", "-o", "out"), ("run", "empty", "--out", "o.json")):   # a folder as a program
+        r = logos(*cmd, cwd=tmp_path)
+        assert r.returncode == 1 and r.stderr.strip() == "empty: cannot read the program: it is a folder", r.stderr
 
 
 def test_a_program_that_is_no_file_is_said_once_and_never_waited_on(tmp_path):

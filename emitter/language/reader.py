@@ -362,11 +362,12 @@ def read_file(path, max_bytes=MAX_PROGRAM_BYTES):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise ProgramError(f"cannot read the program: {e.strerror or e}", path=str(path)) from None
+    kind = os.fstat(fd).st_mode
+    if not stat.S_ISREG(kind):   # (before fdopen: it refuses a folder, naming the descriptor)
+        os.close(fd)
+        raise ProgramError("cannot read the program: " + (
+            "it is a folder" if stat.S_ISDIR(kind) else "it is not a regular file"), path=str(path))
     with os.fdopen(fd, "rb") as f:
-        kind = os.fstat(fd).st_mode
-        if not stat.S_ISREG(kind):
-            raise ProgramError("cannot read the program: " + (
-                "it is a folder" if stat.S_ISDIR(kind) else "it is not a regular file"), path=str(path))
         try:
             data = f.read(max_bytes + 1)
         except OSError as e:

@@ -160,6 +160,9 @@ def _main(args):
     for p in missing:
         print(f"{p}: no such file or folder", file=sys.stderr)
     read, errors = check([p for p in paths if p not in missing])
+    empty = bool(args.paths) and not read and not missing and all(map(os.path.isdir, args.paths))
+    if empty:   # folders named that hold no program: a mistyped folder is no pass
+        print(f"{', '.join(args.paths)}: no program (NAME.logos) there", file=sys.stderr)
     seconds = time.perf_counter() - start
     print(f"logos check: {read} program(s), {errors} error(s) ({seconds * 1000:.0f} ms)", file=sys.stderr)
-    return 1 if errors or missing else 0
+    return 1 if errors or missing or empty else 0
