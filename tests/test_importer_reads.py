@@ -98,3 +98,21 @@ def test_a_checkpoint_folder_holding_its_declared_files_alone_imports_the_same(t
                         "--program", os.path.join(ROOT, pc.source), "-o", str(tmp_path / "c")],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode != 0 and "config.json" in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("text, said", [("[" * 100000 + "]" * 100000, "its JSON nests too deep"),
+                                        ("[1]", "the config is a JSON list, not an object"),
+                                        ("{", "cannot read the config: Expecting"),
+                                        (" " * (17 << 20), "the config is over 16777216 bytes")])
+def test_a_checkpoint_config_it_cannot_use_is_one_line_naming_it(tmp_path, text, said):
+    """config.json nested thousands deep (a RecursionError, said of model.safetensors), not an
+    object, not JSON or over its limit: one line naming config.json, exit 1."""
+    ck = tmp_path / "ck"
+    shutil.copytree(os.path.join(ROOT, "checkpoints/qwen38-tiny"), ck)
+    (ck / "config.json").write_text(text)
+    p = subprocess.run([sys.executable, "-m", "emitter", "import-qwen35", str(ck), "--program",
+                        os.path.join(ROOT, "programs/qwen38.logos"), "-o", str(tmp_path / "out")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"{ck}/config.json: "), p.stderr
+    assert said in p.stderr and "Traceback" not in p.stderr and not (tmp_path / "out").exists(), p.stderr

@@ -42,14 +42,30 @@ def checkpoint_files(checkpoint):
     return checkpoint, files
 
 
+CONFIG_BYTES = 16 << 20   # a model's config.json is kilobytes
+
+
 def read_config(checkpoint):
-    """The config.json dict of a checkpoint (its directory, or a safetensors file inside it)."""
+    """The config.json dict of a checkpoint (its directory, or a safetensors file inside it); one
+    that cannot be read, is over CONFIG_BYTES, is not JSON (or nests too deep) or is not an object
+    is a ProgramError naming it."""
     path = os.path.join(checkpoint_files(checkpoint)[0], "config.json")
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ProgramError(f"cannot read the config: {e}", path=path) from None
+        with open(path, "rb") as f:
+            data = f.read(CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ProgramError(f"cannot read the config: {e.strerror or e}", path=path) from None
+    if len(data) > CONFIG_BYTES:
+        raise ProgramError(f"the config is over {CONFIG_BYTES} bytes", path=path)
+    try:
+        config = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ProgramError("cannot read the config: its JSON nests too deep", path=path) from None
+    except ValueError as e:
+        raise ProgramError(f"cannot read the config: {str(e)[:200]}", path=path) from None
+    if not isinstance(config, dict):
+        raise ProgramError(f"the config is a JSON {type(config).__name__}, not an object", path=path)
+    return config
 
 
 def _read_tensors(checkpoint):
