@@ -437,3 +437,14 @@ def test_check_db_takes_a_damaged_dbs_journal_along(tmp_path, capsys):
                           "each task's key)"), err
     assert not db.exists() and not (tmp_path / ".doit.db-journal").exists()
     assert (tmp_path / ".doit.db.damaged-journal").read_bytes() == journal
+
+
+def test_a_damaged_dbs_reason_is_one_line(tmp_path, capsys):
+    """sqlite's quick_check may answer in lines ('*** in database main ***' then the page): said
+    in one line all the same."""
+    db = tmp_path / ".doit.db"
+    _good_db(db)
+    data = db.read_bytes()
+    db.write_bytes(data[:8192] + os.urandom(4096) + data[12288:])   # page 3
+    err = _check(db, capsys)
+    assert len(err.splitlines()) == 1 and "set aside as" in err and "Page 3" in err, err

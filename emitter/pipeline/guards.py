@@ -235,6 +235,7 @@ def check_db(path, then=_DOIT_THEN, pages=True, keep=False):
     reason = _damage(path) if pages else _header_damage(path)
     if reason is None:
         return
+    reason = " ".join(str(reason).split())   # (sqlite's own text may hold a newline: one line)
     aside, n = path + ".damaged", 1
     while keep and os.path.lexists(aside):
         n += 1
