@@ -219,6 +219,19 @@ def die_with_parent():
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def listable(folder):
+    """A zoo's programs/ that is there but cannot be listed (a link whose target is gone, a loop)
+    refuses the run (exit 3): read as empty, it would pass with no checks and sweep every result."""
+    if not os.path.lexists(folder):
+        return
+    try:
+        os.listdir(folder)
+    except OSError as e:
+        link = f" (a link to {os.readlink(folder)})" if os.path.islink(folder) else ""
+        sys.stderr.write(f"doit: refused: {folder}/ cannot be listed: {e.strerror}{link}\n")
+        raise BuildBusy(3) from None
+
+
 _DOIT_THEN = "doit makes a new one (what is current is decided by each task's key)"
 
 

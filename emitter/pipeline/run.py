@@ -63,19 +63,6 @@ def begin(build):
         set_aside(build)
 
 
-def _listable(folder):
-    """A zoo's programs/ that is there but cannot be listed (a link whose target is gone, a loop)
-    refuses the run (exit 3): read as empty, it would pass with no checks and sweep every result."""
-    if not os.path.lexists(folder):
-        return
-    try:
-        os.listdir(folder)
-    except OSError as e:
-        link = f" (a link to {os.readlink(folder)})" if os.path.islink(folder) else ""
-        sys.stderr.write(f"doit: refused: {folder}/ cannot be listed: {e.strerror}{link}\n")
-        raise guards.BuildBusy(3) from None
-
-
 def settings(get_var, ask=True):
     """executor=, workers=, threads=, cache= (doit's command-line variables), checked: a bad one,
     a scheduler nobody answers at or (`ask`: a command that runs tasks) a cache that cannot be
@@ -132,7 +119,7 @@ class Run:
         self.build, self.db = build, f"{build}/results.sqlite"
         self.settings = settings(get_var, handing.is_run(args))
         warnings = handing.near_variables(args)
-        _listable("programs")
+        guards.listable("programs")
         # the dodo's own tasks, as their creators make them (None: one cannot be called early)
         self.own, self.own_basenames = handing.own_tasks(ours)
         # what they write: the zoo's tasks that read it wait for them (a folder or checkpoint a
@@ -372,9 +359,8 @@ class Run:
         }
 
     def _last_of_each(self):
-        """Each program's last task doit is handed and will not skip: its lock, else its emit;
-        none where doit ignores both (a task after an ignored one is skipped too, and so would
-        the report be that waited for it)."""
+        """Each program's last task doit is handed and will not skip as ignored (doit skips a
+        task after an ignored one, and the report after that): its lock, else its emit."""
         deps = []
         for e in self.entries:
             for n in ([f"lock:{e.name}"] if e.locked else []) + [f"emit:{e.name}"]:
