@@ -64,10 +64,11 @@ def _cases():
     w = rng.standard_normal((3, (1 << 20) // 2 + 5))   # more values than one block holds
     w[1, ::7] = 0.0
     yield torch.from_numpy((w + rng.standard_normal(w.shape) * 1e-4).astype(np.float32)), w
+    yield torch._neg_view(torch.from_numpy(-w)), w   # negated, and big: its bits compared first
 
 
 @pytest.mark.parametrize("tol", [{"abs": 1e-4, "rel": 1e-3}, {"abs": 0.0, "rel": 0.0}, {"abs": 0.0, "rel": 1e-2}])
-@pytest.mark.parametrize("case", range(9))
+@pytest.mark.parametrize("case", range(10))
 def test_figures_are_their_definitions(tol, case):
     got, want = list(_cases())[case]
     m, r = compare(got, want, tol), reference(got, want, tol)

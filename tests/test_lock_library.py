@@ -125,6 +125,21 @@ def test_a_forward_that_exits_or_is_interrupted(zoo, tmp_path):
     assert "interrupted" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_module_writing_in_place_into_what_the_probe_handed_it_fails(zoo, tmp_path, dtype):
+    """What the probe hands the module is a copy of the VM's value: a module scaling it in place
+    (its output, a state before its write-back) is compared with the VM's own values, and fails;
+    at float64 the handed tensor was the VM's memory, so the reference moved with the module and
+    both passed."""
+    for name, old, new, stage in (
+            ("out", "        return y\n", "        y.mul_(2)\n        return y\n", "output"),
+            ("state", "        self.leaf_S.copy_(S)\n", "        S.mul_(1.5)\n        self.leaf_S.copy_(S)\n",
+             "write-back")):
+        bundle = _mutated(zoo, tmp_path / dtype, old, new, name=name)
+        r = lock_bundle(bundle, zoo["program"], zoo["weights"], dtype, 2)
+        assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == stage, (name, r["first_divergence"])
+
+
 def test_a_stage_that_hands_on_no_tensor_fails_at_that_stage(zoo, tmp_path):
     sig = _stage(zoo, "sigmoid")
     bundle = _mutated(zoo, tmp_path, f"self.tap({sig.index}, torch.sigmoid(att))", f"self.tap({sig.index}, 0.5)")

@@ -49,7 +49,7 @@ def same_in_dtype(got, want):
     import torch
     if tuple(got.shape) != tuple(want.shape):
         return False
-    scratch = {}
+    got, scratch = got.resolve_neg(), {}   # (a lazily negated view has no bits to compare)
     for g, w in _blocks(got, want, widen=False):
         b = _as_dtype(torch, scratch, w, g.dtype)
         same = _same_bits(torch, g, b) or torch.equal(g, b)

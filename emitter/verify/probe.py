@@ -88,7 +88,10 @@ class Probe:
         return self.dtype
 
     def to_torch(self, value, index):
-        return self.torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64)).to(self.out_dtype(index))
+        """The VM's value as the module gets it: a copy (never the VM's memory, which a module
+        writing in place, `Z.mul_(2)`, would change under the comparisons still to come)."""
+        return self.torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64)).to(self.out_dtype(index),
+                                                                                      copy=True)
 
     def _tensors(self, index, values):
         for v in values:
