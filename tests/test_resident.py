@@ -171,4 +171,12 @@ def test_a_weight_the_module_writes_behind_torchs_back_fails_the_bf16_lock(tmp_p
     assert r["verdict"] == "fail" and not r["load"]["pass"], r["first_divergence"]   # (a pass before)
     assert r["load"]["failed"][0]["leaf"] == "E" and r["load"]["failed"][0]["written"]
     f = r["first_divergence"]
-    assert (f["stage"], f["out"], f["op"], f["step"]) == ("load", "E", "written while it ran", 2), f
+    assert (f["stage"], f["out"], f["op"], f["step"]) == ("load", "E", "written while it ran", 1), f
+    text = open(path).read()
+    open(path, "w").write(text.replace(   # written in step 1, put back in step 2: seen all the same
+        "            E.data.mul_(1.5)\n", "            self.was = E.clone()\n            E.data.mul_(1.5)\n"
+        "        self.calls = getattr(self, 'calls', 0) + 1\n"
+        "        if self.calls == 3:   # step 2's probe pass\n            E.data.copy_(self.was)\n", 1))
+    r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "bfloat16", 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f["op"], f["step"]) == ("load", "written while it ran", 1), (f, r["reason"])

@@ -314,12 +314,12 @@ def load_stage(torch, model, program, leaves, dtype, tol, resident, names=None):
     return {"pass": not failed, "leaves": len(names), "failed": failed}
 
 
-def still_loaded(torch, model, program, leaves, dtype, tol, resident, load):
-    """The load stage again after the run, over the constant leaves: a weight the module wrote
+def still_loaded(torch, model, program, leaves, dtype, tol, resident, load, step):
+    """The load stage again after a step, over the constant leaves: a weight the module wrote
     while it ran (through `.data` or NumPy, which torch does not count) is a failure naming it,
     where the bf16 gate's floors, which read the module's own weights, would pass it. `load` as
-    it was, or the failures, each `written`."""
+    it was, or the failures, each `written` at `step`."""
     again = load_stage(torch, model, program, leaves, dtype, tol, resident,
                        [n for n in program.leaves if n not in program.states])
     return load if again["pass"] else {**load, "pass": False, "failed": [
-        {**f, "written": True} for f in again["failed"]]}
+        {**f, "written": step} for f in again["failed"]]}

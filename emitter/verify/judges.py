@@ -40,7 +40,10 @@ class Flat:
     def flip(self, out_m, probe, trace, feed):
         """A token the module got wrong stays wrong."""
 
-    def settled(self, torch, program, leaves, dtype, resident, load):
+    def watch(self, torch, program, leaves, dtype, resident, load):
+        """The run's leaves and its load stage's record, before the steps."""
+
+    def settled(self, load):
         """The load stage's record after the steps: every figure was judged against the VM."""
         return load
 
@@ -69,17 +72,23 @@ class Bf16(Flat):
         m["pass"] = m["nonfinite_mismatch"] == 0 and m["cosine"] >= self.bounds["cosine"]
         return m
 
+    def watch(self, torch, program, leaves, dtype, resident, load):
+        self.watched = (torch, program, leaves, dtype, resident)
+        self.load = load
+
     def step(self, torch, program, current, trace, probe, step, label):
+        """The floors read the module's own weights: before they do, the load stage again over
+        the constant leaves, so one the module wrote behind torch's back (through `.data` or
+        NumPy) in this step's passes, which the floors would follow, fails, named, whether or not
+        the module puts it back later (compare.still_loaded)."""
+        if self.model is not None and self.load["pass"]:
+            t, program, leaves, dtype, resident = self.watched
+            self.load = still_loaded(t, self.model, program, leaves, dtype, self.tol, resident, self.load, step)
         # looked up on the module each step: bench/bench_bf16.py puts its spy there
         bf16.gate_step(torch, program, current, trace, probe, self, step, label)
 
-    def settled(self, torch, program, leaves, dtype, resident, load):
-        """The floors read the module's own weights: the load stage again over the constant
-        leaves, so one the module wrote behind torch's back (through `.data` or NumPy) while it
-        ran, which the floors would have followed, fails, named (compare.still_loaded)."""
-        if self.model is None or not load["pass"]:
-            return load
-        return still_loaded(torch, self.model, program, leaves, dtype, self.tol, resident, load)
+    def settled(self, load):
+        return self.load
 
     def flip(self, out_m, probe, trace, feed):
         """A flipped token passes only where the VM's top-2 margin lies inside the logits' noise."""

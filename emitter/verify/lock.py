@@ -274,6 +274,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             result["timings"]["setup_s"] = time.perf_counter() - start
             judge = judge_for(dtype, tol, module, program, precision, bf16_bounds,
                               model if load["pass"] else None)   # its leaves: a floor's weights
+            judge.watch(torch, program, leaves.values, torch_dtype, resident, load)
             keep = None
             if golden is not None and golden_files is not None:
                 from .golden import Golden
@@ -284,13 +285,14 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             details, stages, first, output, raised = _run(torch, model, torch_dtype, program, leaves.values,
                                                           steps, judge, result["timings"], resident,
                                                           exact_leaves(model, program, load), keep, vm_steps)
-            if raised is None:
-                load = result["load"] = judge.settled(torch, program, leaves.values, torch_dtype, resident, load)
+            load = result["load"] = judge.settled(load)
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
-        if load["failed"] and not (first and load["failed"][0].get("written")):   # a wrong leaf is the
-            f = load["failed"][0]   # first divergence, whatever the module did then; one it wrote, where seen
-            first = {"step": steps if f.get("written") else 0, "stage": "load", "out": f["leaf"], "line": f["line"],
+        # a wrong leaf is the first divergence, whatever the module did then; one the module wrote
+        # (`written`: the step it was seen after) is, unless a stage diverged at that step or before
+        f = load["failed"][0] if load["failed"] else None
+        if f and not (first and f.get("written") and first["step"] <= f["written"]):
+            first = {"step": f.get("written") or 0, "stage": "load", "out": f["leaf"], "line": f["line"],
                      "op": "written while it ran" if f.get("written") else "load", **{k: f[k] for k in figures(f)}}
         result.update(steps_detail=details, stages=stages, first_divergence=first, output=output,
                       **judge.report(stages, load))
