@@ -111,18 +111,25 @@ def test_an_op_that_diverges_before_the_raise_is_the_first_divergence(zoo, tmp_p
 
 def test_a_forward_that_exits_or_is_interrupted(zoo, tmp_path):
     """A bundle whose forward calls sys.exit() is wrong: a fail naming the stage, its RESULT.json
-    written (the lock exited 0 and wrote nothing); a KeyboardInterrupt (Ctrl-C) is one line and
-    exit 130, never a traceback."""
+    written (the lock exited 0 and wrote nothing). A KeyboardInterrupt (Ctrl-C) is one line and
+    exit 130, never a traceback; a bundle that ends the process itself (os._exit: no Python after
+    it) has its own exit status. Either way RESULT.json holds no earlier verdict, only the error
+    that the lock did not finish."""
     ge = _stage(zoo, "gelu")
     out = tmp_path / "r.json"
-    for raised, rc in (("SystemExit(0)", 1), ("KeyboardInterrupt", 130)):
-        bundle = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", f"def gelu_tanh(x):\n    raise {raised}\n",
-                          name=raised[:6])
+
+    def lock(line, name):
+        bundle = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", f"def gelu_tanh(x):\n    {line}\n", name=name)
         p = run_cli("lock", bundle, "--program", zoo["program"], "--weights", zoo["weights"], "-o", str(out))
-        assert p.returncode == rc and "Traceback" not in p.stderr, p.stderr
-    r = json.loads(out.read_text())   # (the exit's: the interrupt wrote nothing)
+        return p, json.loads(out.read_text())
+    p, r = lock("raise SystemExit(0)", "exit")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert r["verdict"] == "fail" and r["raised"]["stage"] == ge.index and "SystemExit" in r["raised"]["error"]
-    assert "interrupted" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    for line, name in (("raise KeyboardInterrupt", "interrupt"), ("os._exit(0)", "gone")):
+        p, r = lock(line, name)
+        assert r["verdict"] == "error" and r["reason"].startswith("the lock did not finish"), r
+    p, _ = lock("raise KeyboardInterrupt", "interrupt2")
+    assert p.returncode == 130 and p.stderr.strip() == "logos lock: interrupted: nothing more was written", p.stderr
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -166,6 +173,10 @@ def test_what_is_not_the_bundles_fault_stays_an_error(zoo, tmp_path):
     out = tmp_path / "r.json"
     p = run_cli("lock", memory, "--program", zoo["program"], "--weights", zoo["weights"], "-o", str(out))
     assert p.returncode == 2 and "MemoryError: no room" in p.stderr
+    huge = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    torch.empty(1 << 50)\n",
+                    name="huge")   # torch's allocator says so with a RuntimeError: the same
+    r = lock_bundle(huge, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "error" and "can't allocate memory" in r["reason"] and "raised" not in r, r["reason"]
 
 
 # 3. the code that runs is the code that was hashed
@@ -284,3 +295,17 @@ def test_the_lock_command_writes_golden_beside_the_bundle_for_compile_py_test(zo
     p = subprocess.run([sys.executable, str(bundle / "compile.py"), "test", "--dtype", "float32"],
                        capture_output=True, text=True, cwd=str(tmp_path))
     assert p.returncode == 0 and "PASS" in p.stdout and "2 step(s)" in p.stdout, p.stdout + p.stderr
+
+
+def test_a_module_raising_after_its_last_stage_names_the_output_where_nothing_is_written_back(tmp_path):
+    """A program with no states (mlp): a forward that raises past its last stage fails at the
+    output, its line the output's, not at a write-back the program does not have."""
+    program = read_file(os.path.join(ROOT, "programs/mlp.logos"))
+    bundle = emit_bundle(program.source, tmp_path / "b")
+    text = open(os.path.join(bundle, "model.py")).read()
+    assert text.count("        return Z\n") == 1
+    open(os.path.join(bundle, "model.py"), "w").write(text.replace("        return Z\n",
+                                                                   "        raise RuntimeError('late')\n"))
+    r = lock_bundle(bundle, os.path.join(ROOT, "programs/mlp.logos"), os.path.join(ROOT, "weights/mlp"), "float64", 1)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f["out"], f["line"]) == ("output", "Z", program.bound_at["Z"]), f

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import fingerprint
 from ..fingerprint import sha256 as _sha256   # one stat cache: weights the keys hashed are not read again
-from ..files import BUNDLE_FILES, json_lines, size_text, unwritable, write_atomic, write_files
+from ..files import BUNDLE_FILES, size_text, unwritable, write_files
 from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
@@ -32,11 +32,9 @@ from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .probe import CouldNotRun, Probe, Raised, run_module
 from .resident import Releasing, Resident, reads, worth_releasing
+from .result import unfinished, write_result
 from .threads import DEFAULT_THREADS, MAX_THREADS, thread_limits
 from .tolerances import DEFAULT_TOLERANCES as TOLERANCES, tolerance
-
-SCHEMA, VERSION = "logos.lock.result", 2
-
 
 def weights_digest(weights_dir, sources):
     """One sha256 over the leaf files the run read (name and content), or None for none."""
@@ -90,6 +88,8 @@ def _raised_label(program, e):
     """The label of the stage a module raised in; after the last stage, its write-backs."""
     if e.stage is not None:
         return _label(program, e.stage)
+    if not program.states:   # (no write-back: on its way to the output)
+        return {"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)}
     if len(program.states) == 1:
         return _writer(program, program.states[0])
     return {"stage": "write-back", "out": ", ".join(program.states) or program.output,
@@ -221,18 +221,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     its program's others ({"path", "key", "source", "environment"}: emitter.verify.trace), used
     only where the program read and this process's environment are those its key names."""
     start = time.perf_counter()
-    tol = tolerance(dtype, atol, rtol)
-    result = {
-        "schema": SCHEMA, "version": VERSION, "program": None,
-        "name": os.path.splitext(os.path.basename(str(program_path)))[0],
-        "program_path": str(program_path), "bundle": str(bundle_dir),
-        "weights": None if weights_dir is None else str(weights_dir), "dtype": dtype, "steps": steps,
-        "verdict": "error", "reason": None, "tolerance": tol, "output": None, "worst": None,
-        "first_divergence": None, "load": None, "stages": [], "steps_detail": [],
-        "timings": {"vm_s": 0.0, "module_s": 0.0, "probe_s": 0.0, "judge_s": 0.0},
-        "hashes": {"source": None, "bundle": {}, "weights": None}, "environment": None,
-        "unmatched_weights": [],
-    }
+    result = unfinished(bundle_dir, program_path, weights_dir, dtype, steps, atol, rtol, None)
+    tol = result["tolerance"]
     try:
         if dtype not in TOLERANCES:
             raise CouldNotRun(f"dtype must be one of {', '.join(TOLERANCES)}, not {dtype!r}")
@@ -320,10 +310,6 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     return result
 
 
-def write_result(result, path):
-    write_atomic(path, json_lines(result))
-
-
 def write_golden(bundle_dir, files):
     """golden/'s files (lock_bundle's `golden_files`) into the bundle, whole or not at all."""
     write_files(os.path.join(bundle_dir, "golden"), files)
@@ -362,6 +348,12 @@ def main(args):
     problem = unwritable(args.out)
     if problem:   # said before the lock runs, not after (its verdict would be lost)
         print(f"-o {args.out}: {problem}", file=sys.stderr)
+        return 2
+    try:   # (until the verdict replaces it: a process ended mid-way leaves no earlier verdict there)
+        write_result(unfinished(args.bundle, args.program, args.weights, args.dtype, args.steps,
+                                args.atol, args.rtol), args.out)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"-o {args.out}: not written: {e}", file=sys.stderr)
         return 2
     if os.path.isfile(ZOO_RECORD):   # run inside a zoo: a weights file it hashed is not read again
         fingerprint.bind(ZOO_RECORD)

@@ -39,7 +39,7 @@ def bundles_fault(e):
     """Whether an exception the module let through is the bundle's: raised by its own code or by
     what it calls (torch, numpy), not for want of memory, nor by this package's own code (the
     lock's hooks, a deadline's signal handler: its innermost frame, or its class, is ours)."""
-    if isinstance(e, (MemoryError, CouldNotRun)):
+    if isinstance(e, (MemoryError, CouldNotRun)) or "can't allocate memory" in str(e):   # (torch's)
         return False
     if isinstance(e, Wrong):
         return True
