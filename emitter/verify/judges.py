@@ -66,6 +66,7 @@ class Bf16(Flat):
         self.shared = {}     # the floors' float64 weights, kept across the lock's steps
         self.seen, self.flips, self.excused = [], 0, 0
         self.routing = []    # each routing flip: its stage, step, token, expert sets, margin, noise
+        self.watched = self.load = None   # (watch: what the weights are checked against each step)
 
     def compare(self, got, want):
         m = compare(got, want, self.tol)
@@ -81,14 +82,14 @@ class Bf16(Flat):
         the constant leaves, so one the module wrote behind torch's back (through `.data` or
         NumPy) in this step's passes, which the floors would follow, fails, named, whether or not
         the module puts it back later (compare.still_loaded)."""
-        if self.model is not None and self.load["pass"]:
+        if self.model is not None and self.load is not None and self.load["pass"]:
             t, program, leaves, dtype, resident = self.watched
             self.load = still_loaded(t, self.model, program, leaves, dtype, self.tol, resident, self.load, step)
         # looked up on the module each step: bench/bench_bf16.py puts its spy there
         bf16.gate_step(torch, program, current, trace, probe, self, step, label)
 
     def settled(self, load):
-        return self.load
+        return load if self.load is None else self.load
 
     def flip(self, out_m, probe, trace, feed):
         """A flipped token passes only where the VM's top-2 margin lies inside the logits' noise."""
