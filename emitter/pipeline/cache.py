@@ -26,7 +26,8 @@ import threading
 import uuid
 
 from ..extras import require
-from ..files import MAX_JSON, read_json, write_atomic
+from ..files import read_json, write_atomic
+from ..fingerprint import sha256_or_none
 from .digests import canonical
 from .keys import check_key, check_parts, current_keys, lock_records
 from .log import LOG
@@ -339,21 +340,14 @@ def publishable(r, parts):
 
 
 def as_written(path, record):
-    """The result at `path` where its bytes are those the lock wrote (`record`: what the lock
+    """The result at `path` where its file is the one the lock wrote (`record`: what the lock
     status holds of it, its sha256, key and verdict), else None: a result edited since, by hand or
-    by a restore, is nobody's verdict to share. (The bytes hashed are the bytes read.)"""
-    if not isinstance(record, dict):
+    by a restore, is nobody's verdict to share."""
+    if not isinstance(record, dict) or sha256_or_none(path) != record.get("sha256"):
         return None
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_JSON + 1)
-        r = json.loads(data) if len(data) <= MAX_JSON else None
-    except (OSError, ValueError, RecursionError):
-        return None
-    if not isinstance(r, dict) or hashlib.sha256(data).hexdigest() != record.get("sha256") \
-            or r.get("key") != record.get("key") or r.get("verdict") != record.get("verdict"):
-        return None
-    return r
+    r = read_json(path)
+    return r if r is not None and (r.get("key"), r.get("verdict")) == (record.get("key"), record.get("verdict")) \
+        else None
 
 
 def publish_all(entries, threads, url, memo_path, part=False):
