@@ -80,15 +80,11 @@ class GGUFFile:
         return n
 
     def _string(self):
-        size = self._take("Q")
-        self._need(size)
-        text = str(self.buf[self.at:self.at + size], "utf-8")
-        self.at += size
-        return text
+        return self._strings(1)[0]
 
     def _strings(self, n):
-        """`n` strings in a row (a vocabulary: 262144 of them in gemma3's), as `_string` reads
-        them, in one loop."""
+        """`n` strings in a row (a vocabulary: 262144 of them in gemma3's), each its uint64 size
+        and its UTF-8 bytes, in one loop."""
         buf, at, end, size_of = self.buf, self.at, len(self.buf), struct.Struct(self.order + "Q").unpack_from
         out = []
         for _ in range(n):
