@@ -29,11 +29,8 @@ def _blocks(got, want, widen=True):
     reads its own pages; a mapped `want`'s pages are released after each block."""
     if getattr(want, "ndim", 0) == 2 and want.flags.f_contiguous and not want.flags.c_contiguous:
         got, want = got.T, want.T
-    if got.ndim < 2 or got.shape[0] <= 1:
-        yield (_f64(got).reshape(-1), _f64(want).reshape(-1)) if widen else (got, want)
-        return
     rows = max(1, BLOCK // max(1, math.prod(got.shape[1:])))
-    if rows >= got.shape[0]:   # one block: no slices
+    if got.ndim < 2 or rows >= got.shape[0]:   # one block: no slices
         yield (_f64(got).reshape(-1), _f64(want).reshape(-1)) if widen else (got, want)
         release(want)
         return
