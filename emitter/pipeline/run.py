@@ -283,13 +283,9 @@ class Run:
         for e in self.entries:
             if not e.locked or not self._hands(f"lock:{e.name}"):
                 continue
-            deps = [f"emit:{e.name}"]
-            more = {}
-            if e.pc.derive and not e.pc.error:
-                if self.settings["cache"]:
-                    more = {"calc_dep": [f"cachelookup:{e.name}"]}
-                elif self._hands(f"weights:{e.name}"):
-                    deps.append(f"weights:{e.name}")
+            deps = self._lock_deps(e)
+            more = {"calc_dep": [f"cachelookup:{e.name}"]} if e.pc.derive and not e.pc.error \
+                and self.settings["cache"] else {}
             after = self._after(e, "lock")
             yield {
                 "name": e.name,
@@ -369,14 +365,18 @@ class Run:
                     break
         return deps
 
+    def _lock_deps(self, e):
+        """The zoo's tasks lock:NAME waits for: its emit, and its import where it is handed (with
+        a cache, the lookup decides that, as a calc_dep)."""
+        derived = e.pc.derive and not e.pc.error and not self.settings["cache"]
+        return [f"emit:{e.name}"] + ([f"weights:{e.name}"] if derived and self._hands(f"weights:{e.name}") else [])
+
     def _skipped(self, e, name):
         """Whether doit skips the zoo task `name` of `e` as ignored: it or a task it waits for is."""
         kind = name.partition(":")[0]
-        before = [f"emit:{e.name}"] + ([f"weights:{e.name}"] if e.pc.derive and not e.pc.error
-                                       and not self.settings["cache"] else []) if kind == "lock" else []
         waits = () if self.ordered else self._after(e, kind).get("task_dep", ())   # the dodo's own
         return handing.ignored(name) or any(handing.ignored(n) for n in waits) \
-            or any(self._hands(n) and self._skipped(e, n) for n in before)
+            or any(self._skipped(e, n) for n in (self._lock_deps(e) if kind == "lock" else ()))
 
     def cache_task(self):
         """Always a task (the default tasks name it); with no cache=URL, one with nothing to do."""
