@@ -180,3 +180,32 @@ def test_a_weight_the_module_writes_behind_torchs_back_fails_the_bf16_lock(tmp_p
     r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "bfloat16", 2)
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and (f["stage"], f["op"], f["step"]) == ("load", "written while it ran", 1), (f, r["reason"])
+
+
+@pytest.mark.parametrize("edit", ["E.data.mul_(1.5)", "E.data = E * 1.5", "self.leaf_E = E * 1.5"])
+def test_the_bf16_lock_reads_a_weight_again_only_where_it_moved(tmp_path, monkeypatch, edit):
+    """After each step the bf16 lock knows a constant leaf unchanged from its tensor, place and
+    bytes' CRC-32 (one read, no cast): a passing bundle's leaves are compared with the VM's once,
+    at the load stage. A leaf written in place, whose storage was swapped, or rebound to another
+    tensor, each between the forward's calls, is compared again and fails, written at step 1."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    from emitter.verify import compare
+    again, load_stage = [], compare.load_stage
+    monkeypatch.setattr(compare, "load_stage", lambda *a: again.append(list(a[7])) or load_stage(*a))
+    (tmp_path / "p.logos").write_text(TABLE.replace("300 by 64", "20000 by 64"))   # floors read its view
+    weights = write_weights(read_file(str(tmp_path / "p.logos")), tmp_path / "w", seed=5)
+    bundle = str(tmp_path / "b")
+    write_bundle(emit_program(read_file(str(tmp_path / "p.logos")), {}), bundle)
+    r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "bfloat16", 3)
+    assert r["verdict"] == "pass" and again == [[], [], []], again     # after each of 3 steps: none
+    path = os.path.join(bundle, "model.py")
+    text = open(path).read()
+    old = "self.cast(0, E, moved=True)"
+    open(path, "w").write(text.replace(old, "self.cast(0, self.edited(E), moved=True)").replace(
+        "    def forward(", "    def edited(self, E):\n        if not getattr(self, 'done', False):\n"
+        f"            self.done = True\n            {edit}\n        return E\n\n    def forward(", 1))
+    again.clear()
+    r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "bfloat16", 3)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and again[0] == ["E"], (again, f)
+    assert (f["stage"], f["out"], f["op"], f["step"]) == ("load", "E", "written while it ran", 1), (f, r["reason"])

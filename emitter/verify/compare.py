@@ -2,6 +2,7 @@
 lock's load stage, every leaf the module holds against the VM's, bit for bit."""
 
 import math
+import zlib
 
 import numpy as np
 
@@ -311,12 +312,41 @@ def load_stage(torch, model, program, leaves, dtype, tol, resident, names=None):
     return {"pass": not failed, "leaves": len(names), "failed": failed}
 
 
-def still_loaded(torch, model, program, leaves, dtype, tol, resident, load, step):
+def _crc(torch, t):
+    """The CRC-32 of a contiguous CPU tensor's bytes (zlib's: ~3 GB/s here), else None."""
+    t = t.detach()
+    if t.device.type != "cpu" or not t.is_contiguous() or t.is_neg() or t.is_conj():
+        return None
+    return zlib.crc32(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _sum(torch, t):
+    return None if t is None else (t, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, _crc(torch, t))
+
+
+def leaf_sums(torch, model, names, resident):
+    """{leaf: (its tensor, where its values start, shape, strides, dtype, its bytes' CRC-32)} of
+    the module's leaves `names` that are its own memory, what still_loaded holds such a leaf to,
+    to know it unchanged with one read of its bytes, not a cast and a comparison of the VM's
+    values. (A leaf that maps its file is known unchanged from its pages: resident.maps_as.)"""
+    return {n: _sum(torch, getattr(model, "leaf_" + n, None)) for n in names if n not in resident.ranges}
+
+
+def _unchanged(torch, model, name, was):
+    t = getattr(model, "leaf_" + name, None)
+    return was is not None and t is was[0] and was[5] is not None and _sum(torch, t) == was
+
+
+def still_loaded(torch, model, program, leaves, dtype, tol, resident, load, step, sums):
     """The load stage again after a step, over the constant leaves: a weight the module wrote
     while it ran (through `.data` or NumPy, which torch does not count) is a failure naming it,
     where the bf16 gate's floors, which read the module's own weights, would pass it. `load` as
-    it was, or the failures, each `written` at `step`."""
-    again = load_stage(torch, model, program, leaves, dtype, tol, resident,
-                       [n for n in program.leaves if n not in program.states])
-    return load if again["pass"] else {**load, "pass": False, "failed": [
-        {**f, "written": step} for f in again["failed"]]}
+    it was, or the failures, each `written` at `step`. `sums` (leaf_sums', kept up to date here):
+    a leaf still the tensor, place and bytes' CRC-32 it passed with is not compared again (a
+    change of at most 4 bytes always moves a CRC-32; any other keeps it by a chance of 2^-32)."""
+    moved = [n for n in program.leaves if n not in program.states and not _unchanged(torch, model, n, sums.get(n))]
+    again = load_stage(torch, model, program, leaves, dtype, tol, resident, moved)
+    if again["pass"]:
+        sums.update(leaf_sums(torch, model, moved, resident))
+        return load
+    return {**load, "pass": False, "failed": [{**f, "written": step} for f in again["failed"]]}

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..ops.precision import stage_precisions
 from . import bf16
-from .compare import compare, still_loaded, worst_of
+from .compare import compare, leaf_sums, still_loaded, worst_of
 from .probe import CouldNotRun
 
 
@@ -67,6 +67,7 @@ class Bf16(Flat):
         self.seen, self.flips, self.excused = [], 0, 0
         self.routing = []    # each routing flip: its stage, step, token, expert sets, margin, noise
         self.watched = self.load = None   # (watch: what the weights are checked against each step)
+        self.sums = {}       # (watch: the constant leaves as they passed the load stage)
 
     def compare(self, got, want):
         m = compare(got, want, self.tol)
@@ -76,6 +77,8 @@ class Bf16(Flat):
     def watch(self, torch, program, leaves, dtype, resident, load):
         self.watched = (torch, program, leaves, dtype, resident)
         self.load = load
+        if self.model is not None and load["pass"]:
+            self.sums = leaf_sums(torch, self.model, [n for n in program.leaves if n not in program.states], resident)
 
     def step(self, torch, program, current, trace, probe, step, label):
         """The floors read the module's own weights: before they do, the load stage again over
@@ -84,7 +87,8 @@ class Bf16(Flat):
         the module puts it back later (compare.still_loaded)."""
         if self.model is not None and self.load is not None and self.load["pass"]:
             t, program, leaves, dtype, resident = self.watched
-            self.load = still_loaded(t, self.model, program, leaves, dtype, self.tol, resident, self.load, step)
+            self.load = still_loaded(t, self.model, program, leaves, dtype, self.tol, resident, self.load, step,
+                                     self.sums)
         # looked up on the module each step: bench/bench_bf16.py puts its spy there
         bf16.gate_step(torch, program, current, trace, probe, self, step, label)
 
