@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
 
@@ -52,8 +53,11 @@ class Fingerprints:
     def sha256(self, path, st=None):
         """The sha256 of `path`'s bytes (links followed; `st`: its os.stat when the caller has
         it); OSError when it cannot be read. (`_stamp` and `recorded` written out: a no-op run
-        makes ten of these calls per program.)"""
+        makes ten of these calls per program.) Only a regular file is read: a FIFO or a device
+        (/dev/zero behind a link) is an OSError, never a hang or an endless read."""
         st = st or os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file")
         stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:"
         hit = self.files.get(path)
         if type(hit) is str and len(hit) == len(stamp) + 64 and hit.startswith(stamp):

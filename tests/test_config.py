@@ -105,6 +105,32 @@ def test_symlink_out_of_repo_is_refused(tmp_path):
     assert "leaves the repository" in got["p"].error
 
 
+def test_a_file_the_importer_reads_beside_the_checkpoint_is_held_as_the_checkpoint_is(tmp_path):
+    """An HF importer reads the config.json beside its checkpoint: one linked out of the
+    repository, or to a device (/dev/zero: an endless read), is refused by name, as a linked
+    checkpoint is, and only that program carries the error; the fingerprint never reads a device."""
+    from emitter import fingerprint
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "model.safetensors").write_bytes(b"x")
+    files = {"programs/p.logos": SRC, "programs/ok.logos": SRC,
+             "programs/p.yaml": "derive: {importer: qwen35, checkpoint: ck/model.safetensors}\n"}
+    (tmp_path / "ck" / "config.json").write_text("{}")
+    assert zoo(tmp_path, files)["p"].error is None
+    for target, said in ((str(tmp_path.parent), "leaves the repository"), ("/dev/zero", "leaves the repository")):
+        os.unlink(tmp_path / "ck" / "config.json")
+        os.symlink(target, tmp_path / "ck" / "config.json")
+        got = zoo(tmp_path, files)
+        assert said in got["p"].error and "ck/config.json" in got["p"].error, got["p"].error
+        assert "the importer reads it beside the checkpoint" in got["p"].error
+        assert got["ok"].error is None
+    os.unlink(tmp_path / "ck" / "config.json")
+    os.mkfifo(tmp_path / "ck" / "config.json")          # inside, but no file
+    got = zoo(tmp_path, files)
+    assert "`ck/config.json`, which the importer reads, is not a file" in got["p"].error, got["p"].error
+    assert fingerprint.sha256_or_none(str(tmp_path / "ck" / "config.json")) is None   # never opened
+    assert fingerprint.sha256_or_none("/dev/zero") is None
+
+
 def test_names_and_orphans(tmp_path):
     zoo(tmp_path, {"programs/has space.logos": SRC, "programs/ok.logos": SRC,
                    "programs/lonely.yaml": "steps: 1\n"})

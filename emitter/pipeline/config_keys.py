@@ -9,7 +9,7 @@ import math
 import os
 import re
 
-from ..importers import IMPORTERS, chunked_spec, chunks, resolve_package_file
+from ..importers import IMPORTERS, chunked_spec, chunks, declared_reads, resolve_package_file
 from ..language.errors import excerpt
 from ..language.hints import did_you_mean, unknown
 from ..verify.links import ROOTS_ENV, env_roots  # noqa: F401  (config reads env_roots here)
@@ -251,7 +251,21 @@ def check_derive(p, d, keys, root, tree, roots):
         raise p.error("derive.checkpoint", leaves_message(ck, roots))
     if not os.path.isfile(os.path.join(root, resolved)) and not (tree and tree.to_be_made(resolved)):
         raise p.error("derive.checkpoint", f"`{excerpt(ck, 120)}` is not a file")
+    for name, _ in declared_reads(imp, ck, os.path.join(root, resolved))[1:]:   # (a folder's
+        _read_beside(p, name, root, tree, roots)          # parts, the config.json beside it)
     return imp, ck, resolved
+
+
+def _read_beside(p, name, root, tree, roots):
+    """A file the importer reads beside its checkpoint is held as the checkpoint is: inside the
+    repository or a root, and a regular file where it is there at all (missing: the import says)."""
+    rel = inside(root, name, tree, roots)
+    if rel is None:
+        raise p.error("derive.checkpoint", f"{leaves_message(name, roots)}: the importer reads it "
+                      "beside the checkpoint (a link?)")
+    full = os.path.join(root, rel)
+    if os.path.lexists(full) and not os.path.isfile(full):
+        raise p.error("derive.checkpoint", f"`{excerpt(name, 120)}`, which the importer reads, is not a file")
 
 
 def check_weights(p, w, root, tree, roots):
