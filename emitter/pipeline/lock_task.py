@@ -22,7 +22,7 @@ from ..files import json_lines, read_json, write_atomic
 from ..fingerprint import entry as on_record, sha256_or_none
 from . import digests, golden_store
 from .guards import freeze_heap
-from .keys import check_key, check_parts, golden_as_recorded, golden_record, trace_key
+from .keys import DERIVED, check_key, check_parts, golden_as_recorded, golden_record, trace_key
 from .log import LOG
 
 RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
@@ -64,9 +64,22 @@ def _weights_shas(entry, parts):
     if "files" in w:
         return w["files"]
     if "import" in w:
-        from .keys import DERIVED
         return (read_json(os.path.join(entry.pc.weights, DERIVED)) or {}).get("files")
     return None
+
+
+def _derived_from_others(entry, parts):
+    """Why a check's derived weights are not the import its key names (the checkpoint or a file
+    the importer reads changed after this run derived them), or None: computed on them, a verdict
+    would stand under a key it is not about."""
+    w = (parts or {}).get("weights") or {}
+    if "import" not in w:
+        return None
+    record = read_json(os.path.join(entry.pc.weights, DERIVED))
+    if isinstance(record, dict) and record.get("key") == w["import"]:
+        return None
+    return (f"{entry.pc.weights} holds weights derived from other inputs than the checkpoint's "
+            "files now (changed while the run was under way?)")
 
 
 def _about(r, parts):
@@ -139,6 +152,7 @@ def lock_program(entry, run, db):
     own = digests.code("lock")
     done, parts_of, keys, jobs, fresh, restored, intact, taken = {}, {}, {}, [], set(), set(), set(), set()
     golden = {c.dtype: c.tolerance for c in entry.checks}
+    lost = None
     for c in entry.checks:
         if status.get("status") != "ok":
             done[c.dtype] = error_result(pc.name, pc.source, c.dtype, pc.steps, status.get("reason") or pc.error)
@@ -166,10 +180,15 @@ def lock_program(entry, run, db):
                                          f"{pc.weights}: the weights directory does not exist")
             fresh.add(c.dtype)   # (this run's verdict: in the history too)
             continue
+        lost = lost or _derived_from_others(entry, parts)
+        if lost:   # (an error this run's inputs caused: the next run derives and locks again)
+            done[c.dtype] = {**error_result(pc.name, pc.source, c.dtype, pc.steps, lost), "stale_weights": [DERIVED]}
+            fresh.add(c.dtype)
+            continue
         jobs.append(_job(entry, c, parts, run, golden, traces))
         golden = golden if (run.get("executor") or "inline") != "inline" else None
     golden_copies = os.path.join(os.path.dirname(db) or ".", "store", "golden")
-    if not jobs and not run.get("cache") and status.get("status") == "ok" and \
+    if not jobs and not lost and not run.get("cache") and status.get("status") == "ok" and \
             all(keys.get(c.dtype) for c in entry.checks) and \
             not golden_store.held(golden_copies, keys, golden_as_recorded(entry.bundle, prior.get("golden"))
                                   and entry.bundle):
@@ -183,7 +202,6 @@ def lock_program(entry, run, db):
         restored.discard(c.dtype)
     if len(jobs) == 1 and jobs[0]["kwargs"]["trace"]:   # no other check to share the VM's trace with
         jobs[0]["kwargs"]["trace"] = {**jobs[0]["kwargs"]["trace"], "alone": True}
-    lost = None
     try:
         ex = executors.executor(run.get("executor"), run.get("workers"))
         outcomes = ex.run(jobs, pc.limits["seconds"]) if jobs else []
