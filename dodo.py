@@ -33,26 +33,42 @@ def _check_small():
     return True
 
 
+SMALL_BYTES = 1 << 20
+
+
 def _plain(path):
-    """A regular file, links followed (os.stat: a FIFO is never opened)."""
+    """A regular file of at most SMALL_BYTES, links followed (os.stat: a FIFO is never opened)."""
     import stat
     try:
-        return stat.S_ISREG(os.stat(path).st_mode)
+        st = os.stat(path)
     except OSError:
         return False
+    return stat.S_ISREG(st.st_mode) and st.st_size <= SMALL_BYTES
 
 
 def task_small_weights():
     """weights/*: the small programs' committed weights are what weights/make_small.py makes."""
     if not os.path.isfile(SMALL):
         return
-    files = sorted(f"weights/{d}/{f}" for d in os.listdir("weights") if os.path.isdir(f"weights/{d}")
-                   for f in os.listdir(f"weights/{d}") if f.endswith(".f64")
-                   and _plain(f"weights/{d}/{f}"))   # what it writes: a file of another name
-    #   there is never read (nor hashed); nor is a FIFO, a device or a folder (doit would hang on
-    #   it or crash): the packaged lock tasks name such a leaf as an error
+    made = _made()
+    files = [f for f in made if _plain(f)]
+    # only what it writes is a dependency: another file there is never read (nor hashed), nor is
+    # a FIFO, a device, a folder or a file of over SMALL_BYTES in its place (it is checked: its
+    # head read, it differs); the packaged lock tasks name such a leaf as an error
     return {
         "actions": [_check_small],
         "file_dep": [SMALL] + files,
+        "uptodate": [len(files) == len(made)],
         "verbosity": 0,
     }
+
+
+def _made():
+    """weights/NAME/VAR.f64 of every VAR of every NAME in make_small.py's PROGRAMS, read from its
+    text (its import would load NumPy into every run)."""
+    import ast
+    with open(SMALL, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    table = next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                 and any(getattr(t, "id", None) == "PROGRAMS" for t in n.targets))
+    return sorted(f"weights/{k.value}/{v.value}.f64" for k, d in zip(table.keys, table.values) for v in d.keys)

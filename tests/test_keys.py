@@ -925,3 +925,26 @@ def test_a_file_no_leaf_claims_is_never_read(zoo):
     os.utime(big)
     rc, ran, out = doit(zoo)
     assert rc == 0 and "lock:a" not in ran, (ran, out)
+
+
+def test_a_program_over_its_size_limit_is_never_hashed(tmp_path, monkeypatch):
+    """The emit refuses a program over limits.program_bytes unread; its key holds its size, so a
+    sparse 4 GiB file costs a stat, not a read of 4 GiB, and a change of its size moves the key."""
+    from emitter import fingerprint
+    from emitter.pipeline import keys
+    from emitter.pipeline.checks import entries
+    from emitter.pipeline.config import discover
+    (tmp_path / "programs").mkdir()
+    big = tmp_path / "programs" / "p.logos"
+    with open(big, "wb") as f:
+        f.truncate(4 << 30)
+    monkeypatch.chdir(tmp_path)
+    read = []
+    real = fingerprint.sha256_or_none
+    monkeypatch.setattr(keys, "sha256_or_none", lambda p, *a: read.append(p) or real(p, *a))
+    e = entries(discover(str(tmp_path)))[0]
+    first = keys.emit_key(e)
+    assert keys.over_limit(e.pc) == 4 << 30 and not [p for p in read if p.endswith("p.logos")], read
+    with open(big, "r+b") as f:
+        f.truncate((4 << 30) + 1)
+    assert keys.emit_key(e) != first

@@ -266,3 +266,29 @@ def test_the_repos_weights_check_names_the_file_that_differs(tmp_path):
     out = p.stdout + p.stderr
     assert p.returncode == 1 and "weights/mlp/W1.f64" in out and "weights/norms/Lw.f64" in out, out
     assert "not what weights/make_small.py makes" in out, out
+
+
+def test_the_repos_weights_check_depends_on_what_make_small_writes_and_nothing_else(tmp_path, monkeypatch):
+    """doit's checker hashes a task's file_dep whole: small_weights names only the files
+    make_small.py writes (a stray 16 GiB file beside them is never read), and one of them that is
+    not a small plain file (a sparse 16 GiB one in its place) is no dependency but makes the task
+    run, which reads its head and names it."""
+    import runpy
+    import shutil
+    shutil.copytree(os.path.join(ROOT, "weights"), tmp_path / "weights",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(ROOT, "dodo.py"), tmp_path / "dodo.py")
+    shutil.copytree(os.path.join(ROOT, "emitter"), tmp_path / "emitter", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(ROOT, "programs"), tmp_path / "programs")
+    with open(tmp_path / "weights/mlp/zzz.f64", "wb") as f:
+        f.truncate(16 << 30)
+    monkeypatch.chdir(tmp_path)   # (dodo.py goes to its folder: back where the test began after)
+    task = runpy.run_path(str(tmp_path / "dodo.py"))["task_small_weights"]()
+    deps = task["file_dep"]
+    assert "weights/mlp/zzz.f64" not in deps and "weights/mlp/W1.f64" in deps and task["uptodate"] == [True]
+    assert len(deps) == 1 + 51   # make_small.py and what it writes
+    with open(tmp_path / "weights/mlp/W1.f64", "r+b") as f:
+        f.truncate(16 << 30)
+    task = runpy.run_path(str(tmp_path / "dodo.py"))["task_small_weights"]()
+    assert "weights/mlp/W1.f64" not in task["file_dep"] and task["uptodate"] == [False]
+    assert "weights/mlp/W1.f64" in str(task["actions"][0]())

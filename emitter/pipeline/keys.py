@@ -90,12 +90,28 @@ def import_key(pc):
     return inputs and digest(inputs)
 
 
+def over_limit(pc):
+    """The program file's size where it is over limits.program_bytes (the emit refuses it
+    unread: never hashed, a 20 GiB file costs a stat), else None."""
+    try:
+        size = os.stat(pc.source).st_size
+    except OSError:
+        return None
+    return size if size > pc.limits["program_bytes"] else None
+
+
+def source_sha(pc):
+    """The program file's sha256, or its size where it is over the limit (`over_limit`)."""
+    size = over_limit(pc)
+    return f"over the limit: {size} bytes" if size else sha256_or_none(pc.source)
+
+
 def emit_key(entry):
     """The key of an emit: the program's bytes, what of the config it uses (a refusal, the limits
     it checks, the precision policy) and the emit code."""
     pc = entry.pc
     limits = {k: pc.limits.get(k) for k in ("program_bytes", "tensor_bytes")}
-    return digest({"source": None if pc.error else sha256_or_none(pc.source), "error": pc.error,
+    return digest({"source": None if pc.error else source_sha(pc), "error": pc.error,
                    "limits": limits, "policy": pc.precision, "code": digests.code("emit")})
 
 

@@ -310,7 +310,7 @@ class Run:
             there = self._claimable(e) if e.pc.weights and not e.pc.derive and os.path.isdir(e.pc.weights) else ()
             return {"file_dep": [f"{e.pc.weights}/{n}" for n in there]}
         files = [p for p in self._inputs(e, kind) if not os.path.isabs(p)]
-        return {"file_dep": [p for p in files if p != e.pc.source or not e.pc.error]}
+        return {"file_dep": [p for p in files if p != e.pc.source or not (e.pc.error or keys.over_limit(e.pc))]}
 
     @staticmethod
     def _claimable(e):
