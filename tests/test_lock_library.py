@@ -10,6 +10,7 @@ import py_compile
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -159,13 +160,26 @@ def test_a_stage_that_hands_on_no_tensor_fails_at_that_stage(zoo, tmp_path):
 def test_what_is_not_the_bundles_fault_stays_an_error(zoo, tmp_path):
     """Out of time (the pipeline's deadline, raised by its signal handler while the module runs)
     or out of memory is the run's, not the bundle's: an error, exit 2."""
-    from emitter.pipeline.guards import deadline
+    from emitter.pipeline.timelimit import deadline
     slow = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    import time\n    time.sleep(30)\n",
                     name="slow")
+    lock_bundle(zoo["bundle"], zoo["program"], zoo["weights"], "float64", 1)   # (imports made first)
     with deadline(1, "the float64 lock check"):
         r = lock_bundle(slow, zoo["program"], zoo["weights"], "float64", 1)
     assert r["verdict"] == "error" and "TimeLimit: the float64 lock check took over 1 s" in r["reason"], r["reason"]
     assert r["first_divergence"] is None and "raised" not in r
+    spin = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    while True:\n        pass\n",
+                    name="spin")
+    got = []
+
+    def in_a_thread():   # (`doit -P thread`: no signal reaches it; the timer's exception does)
+        with deadline(1, "the float32 lock check"):
+            got.append(lock_bundle(spin, zoo["program"], zoo["weights"], "float32", 1))
+    t = threading.Thread(target=in_a_thread, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive() and got, "the limit was not kept in a thread"
+    assert got[0]["verdict"] == "error" and "TimeLimit: the float32 lock check took over 1 s" in got[0]["reason"]
     memory = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    raise MemoryError('no room')\n",
                       name="memory")
     r = lock_bundle(memory, zoo["program"], zoo["weights"], "float64", 1)

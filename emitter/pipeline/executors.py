@@ -73,8 +73,10 @@ class Inline(Executor):
         return {"kind": "inline", "address": None, "workers": None, "spec": spec} if spec == "inline" else None
 
     def run(self, jobs, seconds):
-        from .guards import TimeLimit, deadline
-        out = []
+        from .check_worker import loaded_code
+        from .timelimit import TimeLimit, deadline
+        loaded_code()   # the lock code and torch imported before any limit runs: one cut mid-import
+        out = []        # would leave torch half made for every later check of this process
         for job in jobs:
             try:
                 with deadline(seconds, f"the {job['kwargs']['dtype']} lock check"):

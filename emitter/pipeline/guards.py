@@ -24,29 +24,6 @@ class BuildBusy(SystemExit):
     pass
 
 
-class TimeLimit(Exception):
-    """A task's work ran past its wall-time limit."""
-
-
-@contextlib.contextmanager
-def deadline(seconds, what):
-    """Raise TimeLimit in this (main) thread once `seconds` of wall time have passed; a worker
-    thread (`doit -P thread`) cannot take a signal, so there the limit is not kept."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(signum, frame):
-        raise TimeLimit(f"{what} took over {seconds} s (limits.seconds)")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def safe_build(root, build_dir):
     """Refuse a build/ that is a link or resolves outside the repository (targets would escape it),
     or is no folder."""
