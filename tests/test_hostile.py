@@ -168,6 +168,25 @@ def test_a_size_reads_at_its_own_scale():
         ["100 bytes", "1.5 KiB", "47.7 MiB", "3.0 GiB", "5.0 TiB"]
 
 
+def test_an_ops_temporaries_count_against_the_memory_limit(tmp_path):
+    """limits.tensor_bytes bounds what a run allocates, not only what the program declares: full
+    attention over T rows holds T×T scores per head (the module all heads at once), which outgrow
+    its T-row tensors; `logos check` refuses the program before anything is allocated."""
+    from conftest import run_cli
+    from emitter.language.reader import read_program
+    rows, heads = 8000, 2
+    src = "".join(f"Let {n} be a {rows} by 4 tensor of Real.\n" for n in "QKV") + \
+        f"Let O be full attention of Q over K and V with {heads} heads.\n"
+    declared = 4 * rows * 4                                   # Q, K, V and O
+    assert read_program(src).tensor_bytes == 8 * (declared + 3 * heads * rows * rows)
+    (tmp_path / "programs").mkdir()
+    (tmp_path / "programs/att.logos").write_text(src)
+    (tmp_path / "programs/att.yaml").write_text("limits: {tensor_bytes: 100000000}\n")
+    p = run_cli("check", cwd=str(tmp_path))
+    assert p.returncode == 1 and "programs/att.logos" in p.stdout + p.stderr, p.stdout + p.stderr
+    assert "its tensors take" in p.stdout + p.stderr
+
+
 def test_limits_are_per_program_and_can_be_raised(tmp_path):
     from test_pipeline import doit, make_zoo
     big = "".join(f"Let t{i} be a 2000 by 2000 tensor of Real.\nSet item 1 of t{i} to 1.\n" for i in range(2))

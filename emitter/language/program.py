@@ -86,9 +86,11 @@ class Program:
 
     @property
     def tensor_bytes(self):
-        """What every tensor of the program takes in float64 (the VM's type): the memory a run needs,
-        known before anything is allocated."""
-        return 8 * sum(r * c for r, c in self.shapes.values())
+        """What every tensor of the program takes in float64 (the VM's type), with the largest
+        temporary of one of its ops (Op.scratch): the memory a run needs, known before anything
+        is allocated."""
+        scratch = max((st.op.scratch(Args(st.bound, self.shapes)) for st in self.stages if st.op.scratch), default=0)
+        return 8 * (sum(r * c for r, c in self.shapes.values()) + scratch)
 
     @property
     def required(self):

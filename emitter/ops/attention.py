@@ -76,5 +76,6 @@ OPS = (
        ints=("H", "KV"), excess=4.0),
     Op("full attention", "full attention of Q over K and V with H heads",
        shape=full_attention_shape, vm=full_attention_vm, call=full_attention_call,
-       spelling="full_attention(q, k, v, heads, hd)", ints=("H",), excess=4.0),
+       spelling="full_attention(q, k, v, heads, hd)", ints=("H",), excess=4.0,
+       scratch=lambda a: 3 * a.int("H") * a.shape("Q")[0] ** 2),   # the module's scores, softmax, scaled
 )

@@ -149,6 +149,10 @@ class Op:
     precision: tuple = (FP32, BF16)
     excess: Optional[float] = None
     gain_test: bool = True
+    # the float64 values the op holds at its peak beside its inputs and output (the VM's meaning
+    # or the module's call, the larger), where they can outgrow the program's tensors (attention's
+    # T×T scores): what limits.tensor_bytes counts before anything is allocated
+    scratch: Optional[Callable[[Args], int]] = None
 
     def placeholders(self):
         return list(_order(self.pattern))
