@@ -129,6 +129,15 @@ def test_a_file_the_importer_reads_beside_the_checkpoint_is_held_as_the_checkpoi
     assert "`ck/config.json`, which the importer reads, is not a file" in got["p"].error, got["p"].error
     assert fingerprint.sha256_or_none(str(tmp_path / "ck" / "config.json")) is None   # never opened
     assert fingerprint.sha256_or_none("/dev/zero") is None
+    # the checkpoint a link to another folder's: the config.json read is the one beside its target
+    os.unlink(tmp_path / "ck" / "config.json")
+    (tmp_path / "ck" / "config.json").write_text("{}")
+    (tmp_path / "real").mkdir()
+    os.replace(tmp_path / "ck" / "model.safetensors", tmp_path / "real" / "model.safetensors")
+    os.symlink("../real/model.safetensors", tmp_path / "ck" / "model.safetensors")
+    os.symlink(str(tmp_path.parent), tmp_path / "real" / "config.json")
+    got = zoo(tmp_path, files)
+    assert "`real/config.json` leaves the repository" in got["p"].error, got["p"].error
 
 
 def test_names_and_orphans(tmp_path):

@@ -501,3 +501,16 @@ def test_a_mistyped_variable_is_named_with_the_one_it_is_near(tmp_path):
     assert "workers=" not in out.replace("`worker=`", "")
     rc, ran, out = doit(z, "workers=3")    # a variable of the zoo's that this executor never reads
     assert rc == 0 and "warning: workers=3 is read by executor=dask:local only; executor=inline ignores it" in out, out
+
+
+def test_lock_code_that_cannot_be_imported_is_an_error_per_check_never_a_crash(monkeypatch):
+    """The inline executor imports the lock code before any limit runs; an import that fails is
+    each check's error (recorded as such), not an exception out of the lock task."""
+    from emitter.pipeline import check_worker, executors
+
+    def broken():
+        raise ModuleNotFoundError("No module named 'torch'")
+    monkeypatch.setattr(check_worker, "loaded_code", broken)
+    jobs = [{"kwargs": {"dtype": d}} for d in ("float64", "float32")]
+    assert executors.Inline().run(jobs, 10) == \
+        [{"error": "the lock check raised ModuleNotFoundError: No module named 'torch'"}] * 2

@@ -251,21 +251,24 @@ def check_derive(p, d, keys, root, tree, roots):
         raise p.error("derive.checkpoint", leaves_message(ck, roots))
     if not os.path.isfile(os.path.join(root, resolved)) and not (tree and tree.to_be_made(resolved)):
         raise p.error("derive.checkpoint", f"`{excerpt(ck, 120)}` is not a file")
-    for name, _ in declared_reads(imp, ck, os.path.join(root, resolved))[1:]:   # (a folder's
-        _read_beside(p, name, root, tree, roots)          # parts, the config.json beside it)
+    for _, path in declared_reads(imp, ck, os.path.join(root, resolved))[1:]:   # (a folder's
+        _read_beside(p, path, root, tree, roots)          # parts, the config.json beside it)
     return imp, ck, resolved
 
 
-def _read_beside(p, name, root, tree, roots):
-    """A file the importer reads beside its checkpoint is held as the checkpoint is: inside the
-    repository or a root, and a regular file where it is there at all (missing: the import says)."""
-    rel = inside(root, name, tree, roots)
+def _read_beside(p, path, root, tree, roots):
+    """A file the importer reads beside its checkpoint (at `path`: beside the resolved one, links
+    followed, as the importer and the import key read it) is held as the checkpoint is: inside
+    the repository or a root, and a regular file where it is there at all (missing: the import
+    says)."""
+    shown = os.path.relpath(path, root) if path.startswith(os.path.join(root, "")) else path
+    rel = inside(root, shown, tree, roots)
     if rel is None:
-        raise p.error("derive.checkpoint", f"{leaves_message(name, roots)}: the importer reads it "
+        raise p.error("derive.checkpoint", f"{leaves_message(shown, roots)}: the importer reads it "
                       "beside the checkpoint (a link?)")
     full = os.path.join(root, rel)
     if os.path.lexists(full) and not os.path.isfile(full):
-        raise p.error("derive.checkpoint", f"`{excerpt(name, 120)}`, which the importer reads, is not a file")
+        raise p.error("derive.checkpoint", f"`{excerpt(shown, 120)}`, which the importer reads, is not a file")
 
 
 def check_weights(p, w, root, tree, roots):

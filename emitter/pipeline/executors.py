@@ -75,8 +75,11 @@ class Inline(Executor):
     def run(self, jobs, seconds):
         from .check_worker import loaded_code
         from .timelimit import TimeLimit, deadline
-        loaded_code()   # the lock code and torch imported before any limit runs: one cut mid-import
-        out = []        # would leave torch half made for every later check of this process
+        try:   # the lock code and torch imported before any limit runs: one cut mid-import
+            loaded_code()   # would leave torch half made for every later check of this process
+        except Exception as e:
+            return [{"error": f"the lock check raised {type(e).__name__}: {e}"}] * len(jobs)
+        out = []
         for job in jobs:
             try:
                 with deadline(seconds, f"the {job['kwargs']['dtype']} lock check"):

@@ -14,7 +14,8 @@ def deadline(seconds, what):
     """Raise TimeLimit in this thread once `seconds` of wall time have passed: by SIGALRM in the
     main thread; in another (`doit -P thread`), which cannot take a signal, by a timer thread
     that sets it as this thread's asynchronous exception. Either is raised between two bytecodes,
-    so a long NumPy or torch call ends first."""
+    so a long NumPy or torch call ends first, and in a worker thread a blocking call (a sleep, a
+    read) too. Not nested: an inner limit's end clears an outer one's pending exception."""
     message = f"{what} took over {seconds} s (limits.seconds)"
     if threading.current_thread() is not threading.main_thread():
         with _async_deadline(seconds, message):

@@ -343,7 +343,9 @@ def still_loaded(torch, model, program, leaves, dtype, tol, resident, load, step
     where the bf16 gate's floors, which read the module's own weights, would pass it. `load` as
     it was, or the failures, each `written` at `step`. `sums` (leaf_sums', kept up to date here):
     a leaf still the tensor, place and bytes' CRC-32 it passed with is not compared again (a
-    change of at most 4 bytes always moves a CRC-32; any other keeps it by a chance of 2^-32)."""
+    change of at most 4 bytes always moves a CRC-32; any other keeps it by a chance of 2^-32).
+    What it finds is a module's writes, not one built to hide them: a CRC-32 can be kept on
+    purpose, as a weight can be put back before the step ends, which no check between steps sees."""
     moved = [n for n in program.leaves if n not in program.states and not _unchanged(torch, model, n, sums.get(n))]
     again = load_stage(torch, model, program, leaves, dtype, tol, resident, moved)
     if again["pass"]:
