@@ -251,8 +251,8 @@ def check_derive(p, d, keys, root, tree, roots):
         raise p.error("derive.checkpoint", leaves_message(ck, roots))
     if not os.path.isfile(os.path.join(root, resolved)) and not (tree and tree.to_be_made(resolved)):
         raise p.error("derive.checkpoint", f"`{excerpt(ck, 120)}` is not a file")
-    for _, path in declared_reads(imp, ck, os.path.join(root, resolved))[1:]:   # (a folder's
-        _read_beside(p, path, root, tree, roots)          # parts, the config.json beside it)
+    for _, path in declared_reads(imp, ck, os.path.join(root, resolved)):   # (the checkpoint,
+        _read_beside(p, path, root, tree, roots)          # a folder's parts, the config.json)
     return imp, ck, resolved
 
 

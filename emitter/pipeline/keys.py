@@ -90,20 +90,24 @@ def import_key(pc):
     return inputs and digest(inputs)
 
 
-def over_limit(pc):
+def over_limit(pc, st=None):
     """The program file's size where it is over limits.program_bytes (the emit refuses it
-    unread: never hashed, a 20 GiB file costs a stat), else None."""
+    unread: never hashed, a 20 GiB file costs a stat), else None; `st`: its os.stat, if taken."""
     try:
-        size = os.stat(pc.source).st_size
+        size = (st or os.stat(pc.source)).st_size
     except OSError:
         return None
     return size if size > pc.limits["program_bytes"] else None
 
 
 def source_sha(pc):
-    """The program file's sha256, or its size where it is over the limit (`over_limit`)."""
-    size = over_limit(pc)
-    return f"over the limit: {size} bytes" if size else sha256_or_none(pc.source)
+    """The program file's sha256, or its size where it is over the limit (`over_limit`): one stat."""
+    try:
+        st = os.stat(pc.source)
+    except OSError:
+        return None
+    size = over_limit(pc, st)
+    return f"over the limit: {size} bytes" if size else sha256_or_none(pc.source, st)
 
 
 def emit_key(entry):

@@ -20,12 +20,12 @@ from doit.exceptions import TaskFailed
 
 from ..files import json_lines, read_json, write_atomic
 from ..fingerprint import entry as on_record, sha256_or_none
+from ..verify.result import SCHEMA as RESULT_SCHEMA, VERSION as RESULT_VERSION
 from . import digests, golden_store
 from .guards import freeze_heap
 from .keys import DERIVED, check_key, check_parts, golden_as_recorded, golden_record, trace_key
 from .log import LOG
 
-RESULT_SCHEMA, RESULT_VERSION = "logos.lock.result", 2
 
 
 class ChecksFailed(TaskFailed):
