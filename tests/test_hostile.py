@@ -171,7 +171,8 @@ def test_a_size_reads_at_its_own_scale():
 def test_an_ops_temporaries_count_against_the_memory_limit(tmp_path):
     """limits.tensor_bytes bounds what a run allocates, not only what the program declares: full
     attention over T rows holds T×T scores per head (the module all heads at once), which outgrow
-    its T-row tensors; `logos check` refuses the program before anything is allocated."""
+    its T-row tensors, and routed experts T rows by every expert's columns; `logos check` refuses
+    the program before anything is allocated."""
     from conftest import run_cli
     from emitter.language.reader import read_program
     rows, heads = 8000, 2
@@ -179,6 +180,13 @@ def test_an_ops_temporaries_count_against_the_memory_limit(tmp_path):
         f"Let O be full attention of Q over K and V with {heads} heads.\n"
     declared = 4 * rows * 4                                   # Q, K, V and O
     assert read_program(src).tensor_bytes == 8 * (declared + 3 * heads * rows * rows)
+    # routed experts in the module's dense form hold T rows by every expert's columns, five times
+    t, d, n, f = 4096, 8, 16, 64
+    moe = (f"Let X be a {t} by {d} tensor of Real.\nLet R be a {t} by {n} tensor of Real.\n"
+           f"Let WG be a {d} by {n * f} tensor of Real.\nLet WU be a {d} by {n * f} tensor of Real.\n"
+           f"Let WD be a {n * f} by {d} tensor of Real.\n"
+           "Let Y be experts of X weighted by R with gate WG up WU down WD.\n")
+    assert read_program(moe).tensor_bytes == 8 * (2 * t * d + t * n + 3 * d * n * f + 5 * t * n * f)
     (tmp_path / "programs").mkdir()
     (tmp_path / "programs/att.logos").write_text(src)
     (tmp_path / "programs/att.yaml").write_text("limits: {tensor_bytes: 100000000}\n")

@@ -186,5 +186,6 @@ OPS = (
        ints=("K", "G", "N"), reals=("F",), params=("B",)),
     Op("experts", "experts of X weighted by R with gate WG up WU down WD", shape=experts_shape,
        vm=experts_vm, call=experts_call, spelling="experts(x, r, wg, wu, wd, n)",
-       params=("WG", "WU", "WD")),
+       params=("WG", "WU", "WD"),   # the module's dense form: x·WG, x·WU, silu, product, R spread
+       scratch=lambda a: 5 * a.shape("X")[0] * a.shape("WG")[1]),
 )
