@@ -207,3 +207,35 @@ def test_limits_are_per_program_and_can_be_raised(tmp_path):
     assert rows[("roomy", "float64")]["verdict"] == "pass"
     assert "its tensors take 91.6 MiB in float64, over the limit of 47.7 MiB" in rows[("tight", "float64")]["reason"]
     assert "`limits.tensr_bytes`: `tensr_bytes` is not a limit; did you mean `tensor_bytes`?" in rows[("bad", "float64")]["reason"]
+
+
+def test_a_weights_file_its_size_refuses_is_never_read(tmp_path):
+    """A leaf's file whose size no reader accepts (a raw file of another size, any file over
+    limits.tensor_bytes) is an error of its program naming the file, the size and what was
+    expected, and is never read: neither the check's key nor doit's file checker hashes it (the
+    hash record holds no entry for it). The file put right, the program passes."""
+    from test_pipeline import PROG_A, _weights, doit, make_zoo
+    z = make_zoo(tmp_path / "zoo", {"raw": (PROG_A, None), "tensors": (PROG_A, "limits: {tensor_bytes: 1000000}\n"),
+                                    "good": (PROG_A, None)})
+    for name in ("raw", "good"):
+        _weights(str(z / "weights" / name / "w.f64"), 0)
+    junk = {z / "weights/raw/w.f64": 3 << 30, z / "weights/tensors/m.safetensors": 2 << 30}
+    for path, size in junk.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:   # sparse: no disk, but a hash would read every byte
+            f.truncate(size)
+    for run in range(2):
+        rc, ran, out = doit(z)
+        rows = {(r["name"], r["check"]): r for r in json.loads((z / "build/report.json").read_text())["results"]}
+        assert rc == 1 and rows[("good", "float64")]["verdict"] == "pass", out
+        raw, tensors = rows[("raw", "float64")], rows[("tensors", "float64")]
+        assert raw["verdict"] == "error" and "weights/raw/w.f64: `w` is 4 by 4: expected 128 bytes of " \
+            "float64, the file has 3221225472" in raw["reason"], raw
+        assert tensors["verdict"] == "error" and "weights/tensors/m.safetensors: a file of 2147483648 bytes" \
+            in tensors["reason"] and "limits.tensor_bytes, 1000000" in tensors["reason"], tensors
+        hashed = json.loads((z / "build/.fingerprints.json").read_text())["files"]
+        assert not [p for p in hashed if p.endswith(("raw/w.f64", "m.safetensors"))], sorted(hashed)
+        assert any(p.endswith("good/w.f64") for p in hashed)
+    _weights(str(z / "weights/raw/w.f64"), 0)
+    rc, ran, out = doit(z, "lock:raw")
+    assert rc == 0 and json.loads((z / "build/results/raw/float64.json").read_text())["verdict"] == "pass", out

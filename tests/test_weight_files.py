@@ -3,6 +3,7 @@ read the same by the VM (`logos run`), the lock and model.py run by hand; every 
 naming it (and the tensor), exit 1; stray files a warning on the terminal; the key claims every
 file a reader reads."""
 
+import io
 import json
 import os
 import subprocess
@@ -98,6 +99,13 @@ def test_npy_and_safetensors_folders_run_lock_and_load_by_hand(affine, tmp_path,
     assert "<var>.npy" in manifest["weight_files"] and manifest["tensors"][0]["file"] == "X.f64"
 
 
+def _npy(a):
+    """The bytes np.save writes for `a`."""
+    b = io.BytesIO()
+    np.save(b, a)
+    return b.getvalue()
+
+
 # 2. a bad file is one line naming it (and the tensor), from the VM and from model.py alike
 
 BAD = [
@@ -114,6 +122,9 @@ BAD = [
     # a header cut short: numpy's own parser raises tokenize's TokenError, no ValueError
     ("npy_cut", {"X.npy": b"\x93NUMPY\x01\x00\x05\x00{'des\n", "W.f64": W, "b.f64": B},
      "X.npy: not a .npy file numpy can read (TokenError"),
+    # values past the array's: a .npy file is its header and its values, nothing after them
+    ("npy_trailing", {"X.npy": _npy(X) + b"\0" * 8, "W.f64": W, "b.f64": B},
+     "X.npy: `X` should take 48 bytes, the file holds 56"),
     ("f64_odd_size", {"X.f64": b"\0" * 17, "W.f64": W, "b.f64": B},
      "X.f64: `X` is 2 by 3: expected 48 bytes of float64, the file has 17"),
     ("twice", {"m.safetensors": {"X": X}, "X.f64": X, "W.f64": W, "b.f64": B},

@@ -50,7 +50,8 @@ def emit_bundle(entry, run=None):
             from ..language.reader import read_file
             from ..sambaflow.emit import emit_program
             program = read_file(pc.source, pc.limits["program_bytes"])
-            state.update(source_sha=sha256_text(program.source), leaves=sorted(program.leaves))
+            state.update(source_sha=sha256_text(program.source),   # leaves: {name: [rows, cols]}
+                         leaves={n: [program.decls[n].rows, program.decls[n].cols] for n in sorted(program.leaves)})
             error = _too_big(program, pc.limits)
             artifact = None if error else emit_program(program, pc.precision)
         except ProgramError as e:

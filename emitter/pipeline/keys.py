@@ -18,7 +18,7 @@ import os
 
 from ..files import read_json
 from ..fingerprint import sha256_or_none, sha256_text
-from ..sambaflow.weight_files import claimed_files
+from ..sambaflow.weight_files import LEAF_SUFFIXES, TENSOR_FILES, claimed_files, size_refusal
 from ..verify.links import refused_links
 from . import digests
 from .digests import digest
@@ -119,10 +119,16 @@ def emit_key(entry):
                    "limits": limits, "policy": pc.precision, "code": digests.code("emit")})
 
 
+def shapes(leaves):
+    """{leaf: (rows, cols)} of the emit status's `leaves` ({} where it names no shapes)."""
+    return {n: tuple(s) for n, s in leaves.items()} if isinstance(leaves, dict) else {}
+
+
 def weights_part(entry, leaves):
     """The weights a check reads, as its key names them: the import key of derived weights; else
-    the sha256 of each file a leaf (`leaves`, from the emit status) claims and the name and size
-    of every other file of the folder; None for none."""
+    the sha256 of each file a leaf (`leaves`, from the emit status: {leaf: [rows, cols]}) claims
+    (or, for one its size alone refuses, that refusal: never read) and the name and size of every
+    other file of the folder; None for none."""
     pc = entry.pc
     if pc.derive:
         key = import_key(pc)
@@ -133,7 +139,7 @@ def weights_part(entry, leaves):
         found = files(pc.weights)
     except OSError:
         return {"missing": pc.weights}
-    claimed = claimed_files(found, leaves)
+    claimed, held = claimed_files(found, leaves), shapes(leaves)
     shas, others, links = {}, {}, [n for n in claimed if found[n].is_symlink()]
     refused = links and refused_links(pc.weights, links)   # the roots decide those
     for n in sorted(found):
@@ -141,11 +147,31 @@ def weights_part(entry, leaves):
             st = found[n].stat()
         except OSError:
             st = None
-        if n in claimed:
+        unread = n in claimed and st and size_refusal(n, st.st_size, held, pc.limits["tensor_bytes"])
+        if unread:
+            shas[n] = {"refused": unread}
+        elif n in claimed:
             shas[n] = st and sha256_or_none(found[n].path, st)
         else:
             others[n] = st and st.st_size
     return {"files": shas, "others": others, **({"refused_links": refused} if refused else {})}
+
+
+def readable(pc, names, leaves):
+    """The files of `names` a leaf of `leaves` claims (any leaf's, where `leaves` names no shapes:
+    before an emit) whose size does not refuse them: those a reader reads (doit's file checker
+    too), sorted."""
+    held = shapes(leaves)
+    claimed = claimed_files(names, held) if held else \
+        {n for n in names if n.endswith(LEAF_SUFFIXES + (TENSOR_FILES,))}
+
+    def ok(n):
+        try:
+            return not size_refusal(n, os.path.getsize(os.path.join(pc.weights, n)), held,
+                                    pc.limits["tensor_bytes"])
+        except OSError:   # (gone since it was listed: the key says so)
+            return False
+    return sorted(n for n in claimed if ok(n))
 
 
 _NONE = object()

@@ -68,6 +68,13 @@ def _weights_shas(entry, parts):
     return None
 
 
+def _unread(entry, parts):
+    """Why a check's weights cannot be read, from a file's size alone (keys.weights_part), or None."""
+    files = ((parts or {}).get("weights") or {}).get("files") or {}
+    return next((f"{os.path.join(entry.pc.weights, n)}: {v['refused']}"
+                 for n, v in sorted(files.items()) if isinstance(v, dict)), None)
+
+
 def _derived_from_others(entry, parts):
     """Why a check's derived weights are not the import its key names (the checkpoint or a file
     the importer reads changed after this run derived them), or None: computed on them, a verdict
@@ -180,6 +187,10 @@ def lock_program(entry, run, db):
                                          f"{pc.weights}: the weights directory does not exist")
             fresh.add(c.dtype)   # (this run's verdict: in the history too)
             continue
+        if _unread(entry, parts):   # (the reader would refuse it; it is not read whole first)
+            done[c.dtype] = error_result(pc.name, pc.source, c.dtype, pc.steps, _unread(entry, parts))
+            fresh.add(c.dtype)
+            continue
         lost = lost or _derived_from_others(entry, parts)
         if lost:   # (an error this run's inputs caused: the next run derives and locks again)
             done[c.dtype] = {**error_result(pc.name, pc.source, c.dtype, pc.steps, lost), "stale_weights": [DERIVED]}
@@ -196,7 +207,7 @@ def lock_program(entry, run, db):
         # runs again, for its golden/ (the VM's outputs are the same for every dtype): float32's,
         # the cheapest, where there is one
         c = next((c for c in entry.checks if c.dtype == "float32"), entry.checks[0])
-        if not _derived_from_others(entry, parts_of[c.dtype]):   # (else the next run makes it)
+        if not _derived_from_others(entry, parts_of[c.dtype]) and not _unread(entry, parts_of[c.dtype]):
             jobs.append(_job(entry, c, parts_of[c.dtype], run, golden, traces))
             done.pop(c.dtype)
             intact.discard(c.dtype)

@@ -316,13 +316,11 @@ class Run:
     def _claimable(e):
         """The files of a weights folder its leaves may read (by name: the emit status's leaves,
         before an emit every file named as a leaf's could be): what doit orders the lock by. The
-        others count in the key by name and size and are never read, by doit's checker neither."""
-        from ..sambaflow.weight_files import LEAF_SUFFIXES, TENSOR_FILES, claimed_files
-        from .keys import listed
-        names, st = listed(e.pc.weights), read_json(e.status) or {}
-        if st.get("status") == "ok" and isinstance(st.get("leaves"), list):
-            return sorted(claimed_files(names, st["leaves"]))
-        return sorted(n for n in names if n.endswith(LEAF_SUFFIXES + (TENSOR_FILES,)))
+        others count in the key by name and size and are never read, by doit's checker neither,
+        nor are those whose size alone refuses them (keys.weights_part)."""
+        from .keys import listed, readable
+        st = read_json(e.status) or {}
+        return readable(e.pc, listed(e.pc.weights), st.get("status") == "ok" and st.get("leaves"))
 
     def cachelookup_tasks(self):
         if not self.settings["cache"]:

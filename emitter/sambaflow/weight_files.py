@@ -19,6 +19,7 @@ TENSOR_FILES = ".safetensors"              # a file of tensors named by leaf
 DTYPE_NAMES = {"<f8": "float64", "<f4": "float32"}
 SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4"}
 HEADER_LIMIT = 100 << 20   # the safetensors format's own cap on its JSON header
+NPY_HEADER_LIMIT = 10000 + 16   # numpy's cap on a .npy header it reads, with the preamble
 
 
 class WeightsError(ValueError):
@@ -36,6 +37,30 @@ def claimed_files(names, leaves):
     file opened: what a key hashes, never fewer files than a reader reads."""
     own = {leaf + s for leaf in leaves for s in LEAF_SUFFIXES}
     return {n for n in names if n in own or n.endswith(TENSOR_FILES)}
+
+
+def size_refusal(name, size, shapes, limit):
+    """Why the file `name` of `size` bytes, claimed by a leaf of `shapes` ({leaf: (rows, cols)}),
+    is refused for its size alone, or None: a leaf's raw file is exactly its values, a .npy file
+    its values and a header numpy reads, and no file is over `limit` bytes and a header
+    (limits.tensor_bytes: every tensor of the program in float64). What a key records in place of
+    a file's sha256: a file no reader accepts is never read whole."""
+    stem, suffix = os.path.splitext(name)
+    rows, cols = shapes.get(stem, (None, None))
+    if size > limit + 8 + HEADER_LIMIT:   # (whatever it is: no leaf takes more, header aside)
+        return (f"a file of {size} bytes, more than every tensor of the program takes in float64 "
+                f"(limits.tensor_bytes, {limit}): keep its leaves in a file of their own, or raise "
+                "the limit")
+    if suffix in (".f64", ".f32") and rows is not None:
+        itemsize = 8 if suffix == ".f64" else 4
+        if size != rows * cols * itemsize:
+            return (f"`{stem}` is {rows} by {cols}: expected {rows * cols * itemsize} bytes of "
+                    f"{DTYPE_NAMES['<f8' if itemsize == 8 else '<f4']}, the file has {size}")
+    elif suffix == ".npy" and rows is not None:
+        if size > rows * cols * 8 + NPY_HEADER_LIMIT:
+            return (f"`{stem}` is {rows} by {cols}: its .npy file takes at most "
+                    f"{rows * cols * 8 + NPY_HEADER_LIMIT} bytes, the file has {size}")
+    return None
 
 
 def npy_place(path):
@@ -140,7 +165,7 @@ def weight_array(directory, place, leaf, rows, cols, mode="r"):
     if shape is not None and shape not in ((rows, cols), (count,)):
         raise WeightsError(path, f"{what} is {' by '.join(map(str, shape)) or 'a scalar'}, the "
                                  f"program's `{leaf}` is {rows} by {cols} (or {count} values 1-D)")
-    if shape is not None and (size < count * itemsize or (tensor and size != count * itemsize)):
+    if shape is not None and size != count * itemsize:
         raise WeightsError(path, f"{what} should take {count * itemsize} bytes, the file holds {size}")
     if count == 0:
         return np.zeros((rows, cols), dtype=dtype)
