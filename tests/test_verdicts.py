@@ -97,6 +97,90 @@ def test_a_dropped_or_wrong_write_back_names_the_state_and_step(ring, new):
     assert not r["steps_detail"][0]["states"]["cs"]["pass"]
 
 
+@pytest.mark.parametrize("old, new, where", [
+    ("import torch.nn.functional as F\n", "import torch.nn.functional as F\nF = undefined_name\n",
+     ("import", "model.py", 0)),
+    ("    if not os.path.isdir(directory):", "    1 / 0\n    if not os.path.isdir(directory):",
+     ("load", "load_weights", 0)),
+    ("k = self.tap(1, h * g)", "k = h * g", (1, "hadamard", 1)),   # a stage never tapped
+])
+def test_a_bundle_that_fails_where_no_stage_runs_is_a_fail_naming_that_part(ring, tmp_path, old, new, where):
+    """A model.py that does not import, a loader that raises on the weights the VM read, a forward
+    that skips a stage: the bundle is wrong, so the check fails (exit 1) naming that part of it;
+    exit 2 stays for what is not the bundle's fault."""
+    _mutate(ring["bundle"], old, new)
+    r = _lock(ring)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f["op"], f["step"]) == where, r["reason"]
+    assert f["raised"] == r["reason"] and r["worst"]["stage"] == where[0]
+    p = run_cli("lock", ring["bundle"], "--program", ring["program"], "--weights", ring["weights"],
+                "-o", str(tmp_path / "r.json"))
+    assert p.returncode == 1 and "FAIL" in p.stdout + p.stderr, p.stdout + p.stderr
+    assert r["reason"].split(": ", 1)[1][:40] in p.stdout + p.stderr
+
+
+DECODE = """Let tok be a 1 by 1 tensor of Int.
+Let pos be a 1 by 1 tensor of Int.
+Set item 1 of tok to 3.
+Set item 1 of pos to 5000.
+Let one be a 1 by 1 tensor of Int.
+Set item 1 of one to 1.
+Let emb be a 8 by 32 tensor of Real.
+Let W be a 32 by 8 tensor of Real.
+Let S be a 1 by 32 tensor of Real.
+Let pn be pos plus one.
+Let x be row tok of emb.
+Let s2 be S plus x.
+Let logits be s2 matmul W.
+Let nxt be argmax of logits.
+Set row 0 of tok to nxt.
+Set row 0 of pos to pn.
+Set row 0 of S to s2.
+"""
+
+
+def _decode(tmp_path):
+    """DECODE's bundle (emitted with the bf16 policy), its source and its weights."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    (tmp_path / "d.logos").write_text(DECODE)
+    program = read_file(str(tmp_path / "d.logos"))
+    weights = write_weights(program, tmp_path / "w", seed=1, skip=("S",))
+    write_bundle(emit_program(program, {}), str(tmp_path / "b"))
+    return str(tmp_path / "b"), str(tmp_path / "d.logos"), weights
+
+
+@pytest.mark.parametrize("dtype, state, new", [
+    ("float32", "pos", "pos + 1"),       # 5002 for 5001: inside float32's relative tolerance
+    ("bfloat16", "pos", "pos + 1"),
+    ("bfloat16", "tok", "tok + 1"),
+    ("bfloat16", "S", "S * 2"),          # a gain: the cosine is 1
+    ("bfloat16", "S", "S * 0.5"),
+])
+def test_a_state_written_back_wrong_fails_whatever_its_cosine(tmp_path, dtype, state, new):
+    """An Int state (a token, a position) is the VM's value for value at every dtype; a real one
+    at bfloat16 is judged on its nmse too, as a gain leaves its cosine 1."""
+    bundle, source, weights = _decode(tmp_path)
+    good = lock_bundle(bundle, source, weights, dtype, 3)
+    assert good["verdict"] == "pass", good["first_divergence"]
+    assert good["steps_detail"][2]["states"]["pos"]["integer_mismatches"] == 0
+    _mutate(bundle, f"self.leaf_{state}.copy_({state})", f"self.leaf_{state}.copy_({new})")
+    r = lock_bundle(bundle, source, weights, dtype, 3)
+    assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"]), r["first_divergence"]
+    f = r["first_divergence"]
+    assert (f["stage"], f["out"], f["step"]) == ("write-back", state, 1)
+
+
+def test_an_output_that_is_a_states_buffer_fails(tmp_path):
+    """A forward that returns its token state's buffer gives the right values at each step, but a
+    caller's earlier outputs change under it as the next step writes the state back: a fail."""
+    bundle, source, weights = _decode(tmp_path)
+    _mutate(bundle, "return nxt", "return self.leaf_tok")
+    r = lock_bundle(bundle, source, weights, "float64", 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f["out"], f["step"]) == ("output", "nxt", 1), r["reason"]
+    assert "the buffer of its state `tok`" in r["reason"]
+
+
 def test_the_lock_command_locks_a_hand_edited_bundle_on_its_merits(ring, tmp_path):
     _mutate(ring["bundle"], "# stage 0", "# a comment a person added\n        # stage 0")
     out = tmp_path / "r.json"

@@ -20,7 +20,8 @@ EMITTED = frozenset({
     "rmsnorm", "l2norm", "layernorm", "rope", "attention", "full_attention", "gelu_tanh",
     "softmax_rows", "swiglu", "causal_conv", "decay", "gated_delta", "row_of", "set_row", "row_index",
     "WeightsError", "npy_place", "safetensors_places", "file_place", "weight_places", "weight_array",
-    "claimed_files", "LEAF_SUFFIXES", "TENSOR_FILES", "DTYPE_NAMES", "SAFETENSORS_DTYPES", "HEADER_LIMIT",
+    "claimed_files", "size_refusal", "LEAF_SUFFIXES", "TENSOR_FILES", "DTYPE_NAMES", "SAFETENSORS_DTYPES",
+    "HEADER_LIMIT", "NPY_HEADER_LIMIT",
     "top_mask", "softmax_routing", "sigmoid_routing", "experts",
 })
 

@@ -31,12 +31,16 @@ def logits_stage(program):
 
 def stage_precisions(program, policy=None):
     """{stage index: (compute, output)} of every stage under `policy` (op kind or "logits" ->
-    (compute, output)) over the defaults: LOGITS for the logits stage, each op's `precision`."""
+    (compute, output)) over the defaults: LOGITS for the logits stage, each op's `precision`; a
+    stage whose value is Int (a token written back, a position plus one) fp32 whatever the policy:
+    a token id rounded to bf16 (1195 to 1192) reads another row at the next step."""
     policy = policy or {}
     logits = logits_stage(program)
     out = {}
     for st in program.stages:
-        if st.index == logits:
+        if not program.real.get(st.out, True):
+            out[st.index] = (FP32, FP32)
+        elif st.index == logits:
             out[st.index] = tuple(policy.get("logits", LOGITS))
         else:
             out[st.index] = tuple(policy.get(st.op.name, st.op.precision))

@@ -175,7 +175,8 @@ def check_precision(p, policy):
 # the bf16 gate's bounds: each a finite number in its range (a cosine above 1 never passes, a
 # NaN bound never compares, an infinite one excuses anything)
 BF16_RANGES = {"excess": (0, False, None), "excess_other": (0, False, None), "deviation": (0, False, None),
-               "z": (0, False, None), "cosine": (0, False, 1), "margin_noise": (0, True, None)}
+               "z": (0, False, None), "cosine": (0, False, 1), "margin_noise": (0, True, None),
+               "nmse": (0, False, None)}
 
 
 def _bound(x, low, closed, high):

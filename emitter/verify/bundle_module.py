@@ -6,7 +6,7 @@ import threading
 import types
 import uuid
 
-from .probe import CouldNotRun
+from .probe import BundleFault, CouldNotRun, bundles_fault
 
 _CODE, _KEPT = {}, 8   # (path, sha256 of the bytes): their code object, the last few compiled
 _LOCK = threading.Lock()   # (a worker may run checks on several threads)
@@ -41,8 +41,11 @@ def load_bundle_module(bundle_dir, source=None):
     module.__file__ = path
     try:
         exec(_compiled(source, path), module.__dict__)
-    except Exception as e:  # the bundle is generated text: any failure to import is a finding
-        raise CouldNotRun(f"{path}: importing the module failed: {type(e).__name__}: {e}") from None
+    except Exception as e:  # the bundle is generated text: a failure of its own to import is a finding
+        message = f"{path}: importing the module failed: {type(e).__name__}: {e}"
+        if bundles_fault(e):
+            raise BundleFault({"stage": "import", "out": None, "op": "model.py", "line": None}, message) from None
+        raise CouldNotRun(message) from None
     return module
 
 

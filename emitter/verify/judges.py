@@ -8,10 +8,11 @@ its check's judge, which it does not tell apart, for the verdict on each of them
 - `settled(...)`: after the steps, the load stage's record as the judge stands on it;
 - `report(stages, load)`: the result's fields the judge adds (the worst stage, a summary).
 
-`Flat` (float64, float32): every tensor within the check's tolerance (compare's own pass). `Bf16`
+`Flat` (float64, float32): every tensor within the check's tolerance (compare's own pass). Both:
+an Int state (a token, a position) passes only where it is the VM's, value for value. `Bf16`
 (bfloat16): the per-op gate of emitter.verify.bf16, each op against its rounding floor under the
 program's precision policy, which the bundle's PRECISION table must be; a real output or state
-passes on its cosine, a flipped token only inside the logits' noise; its summary is the result's
+passes on its cosine and nmse, a flipped token only inside the logits' noise; its summary is the result's
 `bf16` and its furthest op the result's `worst`."""
 
 import numpy as np
@@ -30,9 +31,17 @@ class Flat:
     def __init__(self, tol):
         self.tol = tol
 
-    def compare(self, got, want):
-        """A real tensor's figures (the module's against the VM's) and its pass."""
-        return compare(got, want, self.tol)
+    def compare(self, got, want, integer=False):
+        """A tensor's figures (the module's against the VM's) and its pass; an Int one (`integer`:
+        a token, a position) passes only where each value is the VM's."""
+        m = compare(got, want, self.tol)
+        if integer:
+            got = np.asarray(got.double() if hasattr(got, "double") else got, np.float64).reshape(-1)
+            want = np.asarray(want, np.float64).reshape(-1)
+            m["integer_mismatches"] = int(np.count_nonzero(got != want)) if got.size == want.size \
+                else max(got.size, want.size)
+            m["pass"] = m["integer_mismatches"] == 0
+        return m
 
     def step(self, torch, program, current, trace, probe, step, label):
         """One step's probe pass judged: each stage's pass is the tolerance's, as the probe set it."""
@@ -69,9 +78,14 @@ class Bf16(Flat):
         self.watched = self.load = None   # (watch: what the weights are checked against each step)
         self.sums = {}       # (watch: the constant leaves as they passed the load stage)
 
-    def compare(self, got, want):
+    def compare(self, got, want, integer=False):
+        """An Int tensor exactly (the policy holds it in fp32); a real one on its cosine and, as a
+        gain moves no cosine, its nmse."""
+        if integer:
+            return super().compare(got, want, integer)
         m = compare(got, want, self.tol)
-        m["pass"] = m["nonfinite_mismatch"] == 0 and m["cosine"] >= self.bounds["cosine"]
+        m["pass"] = m["nonfinite_mismatch"] == 0 and m["cosine"] >= self.bounds["cosine"] and \
+            m["nmse"] <= self.bounds["nmse"]
         return m
 
     def watch(self, torch, program, leaves, dtype, resident, load):

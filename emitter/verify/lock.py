@@ -30,7 +30,7 @@ from . import environment, trace as trace_file, verdict, vm
 from .compare import KEYS, compare, exact_leaves, figures, known_view_of, load_stage, worse  # noqa: F401
 from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
-from .probe import CouldNotRun, Probe, Raised, run_module
+from .probe import BundleFault, CouldNotRun, Probe, Raised, bundles_fault, run_module
 from .resident import Releasing, Resident, reads, worth_releasing
 from .result import unfinished, write_result
 from .threads import DEFAULT_THREADS, MAX_THREADS, thread_limits
@@ -80,8 +80,11 @@ def _build(torch, module, program, weights_dir, dtype, allow_nonfinite):
         else:
             weights = module.load_weights(weights_dir, dtype)
         return module.LogosModule(weights, dtype)
-    except Exception as e:
-        raise CouldNotRun(f"the bundle's load_weights / LogosModule raised: {type(e).__name__}: {e}") from None
+    except Exception as e:   # the VM read these weights: the bundle's refusal is its own fault
+        message = f"the bundle's load_weights / LogosModule raised: {type(e).__name__}: {e}"
+        if bundles_fault(e) and not isinstance(e, OSError):
+            raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None}, message) from None
+        raise CouldNotRun(message) from None
 
 
 def _raised_label(program, e):
@@ -144,7 +147,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                 model.probe = Releasing(probe, resident, stage_reads)
                 t, let_go = time.perf_counter(), resident.seconds
                 try:
-                    run_module(model, program, f"the probe pass of step {step}")
+                    run_module(model, program, f"the probe pass of step {step}", step)
                 finally:
                     timings["probe_s"] += time.perf_counter() - t - probe.seconds - (resident.seconds - let_go)
                     model.probe = None
@@ -152,7 +155,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                 model.probe = Releasing(None, resident, stage_reads)   # hands each value on as it is
                 t, let_go = time.perf_counter(), resident.seconds
                 try:
-                    out = run_module(model, program, f"the free pass of step {step}")
+                    out = run_module(model, program, f"the free pass of step {step}", step)
                 finally:
                     timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
                     model.probe = None
@@ -166,8 +169,8 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             break
         if len(probe.results) != len(program.stages):
             missing = [i for i in range(len(program.stages)) if i not in probe.results]
-            raise CouldNotRun(f"the module's forward never tapped stage {missing[0]}: "
-                              "the bundle does not match the program")
+            raise BundleFault(_label(program, missing[0]), f"the module's forward never tapped stage "
+                              f"{missing[0]}: the bundle does not match the program", step)
         t = time.perf_counter()
         judge.step(torch, program, current, trace, probe, step, _label)   # bf16: the rounding floors
         timings["judge_s"] += time.perf_counter() - t
@@ -181,7 +184,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             out_m["pass"] = out_m["integer_mismatches"] == 0
             if out_m["integer_mismatches"] and feed is not None:
                 judge.flip(out_m, probe, trace, feed)
-        state_m = {s: judge.compare(getattr(model, "leaf_" + s).detach(), trace.states[s])
+        state_m = {s: judge.compare(getattr(model, "leaf_" + s).detach(), trace.states[s], not program.real[s])
                    for s in program.states}
         compared(step, probe)
         for s, m in state_m.items():
@@ -280,8 +283,10 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
         # a wrong leaf is the first divergence, whatever the module did then; one the module wrote
         # (`written`: the step it was seen after) is, unless a stage diverged at that step or before
+        # (the free pass's output and states, compared after the probe pass, may have read it written)
         f = load["failed"][0] if load["failed"] else None
-        if f and not (first and f.get("written") and first["step"] <= f["written"]):
+        w = f and f.get("written")
+        if f and not (w and first and (first["step"] < w or first["step"] == w and isinstance(first["stage"], int))):
             first = {"step": f.get("written") or 0, "stage": "load", "out": f["leaf"], "line": f["line"],
                      "op": "written while it ran" if f.get("written") else "load", **{k: f[k] for k in figures(f)}}
         result.update(steps_detail=details, stages=stages, first_divergence=first, output=output,
@@ -300,6 +305,10 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["reason"] = str(e.at(program_path))
     except CouldNotRun as e:
         result["reason"] = str(e)
+    except BundleFault as e:
+        result.update(verdict="fail", reason=str(e), first_divergence={
+            "step": e.step, **e.where, **{k: None for k in KEYS}, "raised": str(e)},
+            worst={**e.where, "ratio": None, "max_abs": None, "guarded_rel": None})
     except (Exception, SystemExit) as e:  # anything else is still "could not run" (exit 2), never a fail
         result["reason"] = f"the lock check raised {type(e).__name__}: {e}"
     t = result["timings"]

@@ -27,6 +27,16 @@ class Raised(Exception):
         self.stage, self.where, self.error = stage, where, error
 
 
+class BundleFault(Exception):
+    """The bundle is wrong where no stage of the program runs (its model.py does not import, its
+    loader or constructor refuses the weights the VM read, its forward skips a stage): the check
+    fails (exit 1), `where` naming that part of it ({stage, out, op, line}) and `step` when."""
+
+    def __init__(self, where, message, step=0):
+        super().__init__(message)
+        self.where, self.step = where, step
+
+
 class Wrong(Exception):
     """The module handed the probe what no stage of the program is (a value that is not a tensor,
     a wrong count of values): the bundle's fault."""
@@ -51,12 +61,18 @@ def bundles_fault(e):
     return last is None or not os.path.abspath(last.tb_frame.f_code.co_filename).startswith(PACKAGE + os.sep)
 
 
-def run_module(model, program, what):
+def run_module(model, program, what, step=0):
     """The module's forward. An exception it raises on the program's inputs is a finding about the
     bundle (Raised, naming the stage after the last one tapped); one that is not the bundle's
-    (out of time or memory, the lock's own) is CouldNotRun."""
+    (out of time or memory, the lock's own) is CouldNotRun. An output that is a state's buffer,
+    which the next step overwrites under a caller's feet, is a BundleFault."""
     try:
-        return model()
+        out = model()
+        mine = out.untyped_storage().data_ptr() if hasattr(out, "untyped_storage") else None
+        alias = next((s for s in program.states if mine and mine == getattr(
+            model, "leaf_" + s).untyped_storage().data_ptr()), None)
+        if alias is None:
+            return out
     except CouldNotRun:
         raise
     except (Exception, SystemExit) as e:   # (a bundle's sys.exit() is its own fault too)
@@ -67,6 +83,10 @@ def run_module(model, program, what):
         where = "" if nxt is None else (f" at stage {nxt} ({program.stages[nxt].out} = "
                                         f"{program.stages[nxt].op.name}, line {program.stages[nxt].line})")
         raise CouldNotRun(f"the module raised{where} in {what}: {type(e).__name__}: {e}") from None
+    raise BundleFault({"stage": "output", "out": program.output, "op": "output",
+                       "line": program.bound_at.get(program.output)},
+                      f"in {what} the module's output is the buffer of its state `{alias}`, which "
+                      "the next step overwrites: a caller's earlier outputs would change", step)
 
 
 class Probe:

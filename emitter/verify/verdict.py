@@ -43,7 +43,9 @@ def describe(r, limit=240):
         return short(r.get("reason") or "error", limit)
     parts = []
     f = r.get("first_divergence")
-    if f:
+    if f and f.get("raised"):   # the bundle raised there (or skipped that stage): no figures
+        parts.append(f"first diverging op: {where(f)}: {short(f['raised'], 200)}")
+    elif f:
         parts.append(f"first diverging op: {where(f)}, max abs {number(f.get('max_abs'))}")
     w = r.get("worst")
     if w:   # under the bf16 gate, the op furthest towards any bound, `by` naming which
