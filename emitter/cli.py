@@ -157,15 +157,15 @@ _LOCAL = {"emit": (add_emit_arguments, emit_main), "run": (add_run_arguments, ru
 def _command(name):
     if name in _LOCAL:
         return _LOCAL[name]
+    if name.startswith("import-"):   # (emitter.importers.entry: what the pipeline's imports run)
+        from .importers import entry
+        return (lambda p: entry.parser(name[7:], p)), (lambda args: entry.run(name[7:], args))
     module = importlib.import_module(COMMANDS[name][0])
     return module.add_arguments, module.main
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if os.environ.get("LOGOS_DIE_WITH"):   # started by a run (an import): it ends with that run
-        from .pipeline.guards import die_with_parent
-        die_with_parent()
     if argv[:1] == ["doit"]:   # doit's own arguments, untouched by argparse
         from .zoo import main as zoo_main
         return zoo_main(argv[1:], COMMANDS)
@@ -191,11 +191,3 @@ def main(argv=None):
     except KeyboardInterrupt:   # Ctrl-C (or a bundle's forward raising it): no verdict, no traceback
         print(f"logos {args.command}: interrupted: nothing more was written", file=sys.stderr)
         return 130
-    except Exception as e:
-        if not args.command.startswith("import-") or os.environ.get("LOGOS_DEBUG"):
-            raise
-        # an importer that meets a checkpoint it does not understand (a damaged file, a config
-        # lacking a key): one line naming it; LOGOS_DEBUG=1 shows the traceback
-        print(f"logos {args.command}: {getattr(args, 'checkpoint', '')}: cannot be imported: "
-              f"{type(e).__name__}: {str(e)[:300]} (LOGOS_DEBUG=1 shows where)", file=sys.stderr)
-        return 1

@@ -27,10 +27,13 @@ def hook(event, args):
         p = args[0].decode() if isinstance(args[0], bytes) else args[0]
         opened.add(os.path.realpath(p))
 sys.addaudithook(hook)
-from emitter.cli import main
+from emitter.importers.entry import main   # what the weights task runs: -m emitter.importers
 rc = main(sys.argv[1:])
+package = os.path.dirname(os.path.abspath(sys.modules["emitter"].__file__))
+code = sorted(os.path.relpath(m.__file__, package) for m in list(sys.modules.values())
+              if (getattr(m, "__file__", None) or "").startswith(package + os.sep))
 with open(os.environ["AUDIT_OUT"], "w") as f:
-    json.dump(sorted(opened), f)
+    json.dump({"opened": sorted(opened), "code": code}, f)
 sys.exit(rc)
 """
 
@@ -39,13 +42,15 @@ DERIVED = sorted(pc.name for pc in discover(ROOT) if pc.derive and not pc.error)
 
 def _import(pc, checkpoint, tmp):
     out = tmp / "out"
-    env = {**os.environ, "AUDIT_OUT": str(tmp / "opened.json"), "TMPDIR": str(tmp)}
-    p = subprocess.run([sys.executable, "-c", AUDIT, f"import-{pc.derive.importer}", checkpoint,
+    env = {**os.environ, "AUDIT_OUT": str(tmp / "opened.json"), "TMPDIR": str(tmp),
+           "LOGOS_DIE_WITH": str(os.getpid())}   # as the weights task starts it
+    p = subprocess.run([sys.executable, "-c", AUDIT, pc.derive.importer, checkpoint,
                         "--program", os.path.join(ROOT, pc.source), "-o", str(out)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     made = {f: hashlib.sha256((out / f).read_bytes()).hexdigest() for f in sorted(os.listdir(out))}
-    return json.loads((tmp / "opened.json").read_text()), made
+    audit = json.loads((tmp / "opened.json").read_text())
+    return audit["opened"], made, audit["code"]
 
 
 def _homes(paths):
@@ -69,13 +74,17 @@ def test_an_importer_opens_no_file_of_its_checkpoint_it_did_not_declare(name, tm
                 for _, p in declared_reads(d.importer, d.checkpoint, d.checkpoint_path)}
     checkpoint = d.checkpoint_path if os.path.isabs(d.checkpoint_path) or "#" in d.checkpoint_path \
         else os.path.join(ROOT, d.checkpoint_path)
-    opened, made = _import(pc, checkpoint, tmp_path)
+    opened, made, code = _import(pc, checkpoint, tmp_path)
     homes = _homes(declared)
     theirs = {p for p in opened if any(p.startswith(h + os.sep) for h in homes)
               and not p.endswith((".py", ".pyc")) and not p.startswith(str(tmp_path))}
     assert os.path.realpath(os.path.join(ROOT, pc.source)) in opened   # (the audit sees its reads)
     assert theirs <= declared, sorted(theirs - declared)
     assert made
+    # and the code it ran is the code its import key names: an edit of any of it derives again
+    from emitter.pipeline.digests import code_files
+    assert "importers/entry.py" in code and set(code) <= set(code_files("import")), \
+        sorted(set(code) - set(code_files("import")))
 
 
 def test_a_checkpoint_folder_holding_its_declared_files_alone_imports_the_same(tmp_path):
@@ -89,12 +98,12 @@ def test_a_checkpoint_folder_holding_its_declared_files_alone_imports_the_same(t
         shutil.copy(os.path.join(ROOT, p), alone / os.path.basename(p))
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    _, made = _import(pc, os.path.join(ROOT, d.checkpoint_path), tmp_path / "a")
-    _, again = _import(pc, str(alone / os.path.basename(d.checkpoint_path)), tmp_path / "b")
+    _, made, _ = _import(pc, os.path.join(ROOT, d.checkpoint_path), tmp_path / "a")
+    _, again, _ = _import(pc, str(alone / os.path.basename(d.checkpoint_path)), tmp_path / "b")
     assert again == made and len(made) > 10
     os.unlink(alone / "config.json")     # and the declaration is not wider than it needs: without
     env = {**os.environ, "AUDIT_OUT": str(tmp_path / "x.json")}    # config.json it cannot import
-    p = subprocess.run([sys.executable, "-c", AUDIT, "import-qwen35", str(alone / "model.safetensors"),
+    p = subprocess.run([sys.executable, "-c", AUDIT, "qwen35", str(alone / "model.safetensors"),
                         "--program", os.path.join(ROOT, pc.source), "-o", str(tmp_path / "c")],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode != 0 and "config.json" in p.stderr, p.stderr[-2000:]

@@ -21,7 +21,7 @@ CODE = {
                      "pipeline/__init__.py", "pipeline/check_worker.py", "pipeline/digests.py",
                      "pipeline/worker_code.py"),
     "import": _BASE + ("extras.py", "importers", "language", "ops", "sambaflow/__init__.py",
-                       "sambaflow/weight_files.py"),
+                       "sambaflow/weight_files.py", "pipeline/__init__.py", "pipeline/guards.py"),
     # what the VM's trace is computed and stored by (emitter.verify.trace): a trace is shared by a
     # program's checks until this code changes, whatever else of the lock's does
     "vm": _BASE + ("fingerprint.py", "yamlfile.py", "ops", "language", "sambaflow/__init__.py",

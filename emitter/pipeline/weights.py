@@ -16,7 +16,7 @@ from .guards import DIE_WITH, freeze_heap
 from .keys import DERIVED, import_key, listed
 
 def import_weights(pc, tmp_root="build/tmp"):
-    """`python -m emitter import-IMPORTER CHECKPOINT --program SOURCE -o DIR` (`pc`: the program's
+    """`python -m emitter.importers IMPORTER CHECKPOINT --program SOURCE -o DIR` (`pc`: the program's
     config: its importer and checkpoint, its source, its weights folder) into a fresh folder
     under `tmp_root` (the importer's own temporary files go there too), then swapped into place:
     the old weights stay until the new exist, and what a killed import leaves is swept at the next
@@ -30,7 +30,7 @@ def import_weights(pc, tmp_root="build/tmp"):
     key = import_key(pc)
     tmp = tempfile.mkdtemp(dir=tmp_root, prefix=f"import-{os.path.basename(out_dir)}.")
     try:
-        cmd = [sys.executable, "-m", "emitter", f"import-{derive.importer}", derive.checkpoint_path,
+        cmd = [sys.executable, "-m", "emitter.importers", derive.importer, derive.checkpoint_path,
                "--program", source,
                "-o", os.path.join(tmp, "out")]
         try:
@@ -38,12 +38,14 @@ def import_weights(pc, tmp_root="build/tmp"):
                                   env={**os.environ, "TMPDIR": os.path.abspath(tmp),
                                        DIE_WITH: str(os.getpid())})   # it ends with this run
         except subprocess.TimeoutExpired:
-            return TaskFailed(f"{' '.join(cmd[1:4])} ran past {seconds} s (limits.seconds) and was stopped")
+            return TaskFailed(f"import-{derive.importer} {derive.checkpoint_path} ran past {seconds} s "
+                              "(limits.seconds) and was stopped")
         sys.stdout.write(done.stdout[-20000:])
         sys.stderr.write(done.stderr[-20000:])
         if done.returncode != 0:
             last = [x for x in done.stderr.splitlines() if x.strip()][-1:] or [""]
-            return TaskFailed(f"{' '.join(cmd[3:7])} (into {out_dir}) exited {done.returncode}: {last[0][:300]}")
+            return TaskFailed(f"import-{derive.importer} {derive.checkpoint_path} --program {source} (into "
+                              f"{out_dir}) exited {done.returncode}: {last[0][:300]}")
         if key is None or import_key(pc) != key:
             return TaskFailed(f"the checkpoint {derive.checkpoint} (or a file its importer reads) "
                               "changed or could not be read while it was imported: run doit again")

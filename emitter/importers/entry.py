@@ -1,0 +1,53 @@
+"""One import as a command: `logos import-NAME …`, and `python -m emitter.importers NAME …`, which
+the pipeline's weights task runs. This entry, the importers and what they import are the code an
+import key names (emitter.pipeline.digests), so an edit of any code an import runs derives the
+weights again; nothing else of the package runs in it."""
+
+import argparse
+import importlib
+import os
+import sys
+
+from . import IMPORTERS
+from ..language.errors import ProgramError
+
+
+def parser(name, p=None):
+    """The arguments of the importer `name` (on `p`, a subcommand's parser, when given)."""
+    p = p or argparse.ArgumentParser(prog=f"logos import-{name}", description=IMPORTERS[name][1])
+    importlib.import_module(IMPORTERS[name][0]).add_arguments(p)
+    return p
+
+
+def run(name, args):
+    """The importer `name` on its parsed `args`: its exit status; a failure, one line naming the
+    checkpoint (LOGOS_DEBUG=1 shows the traceback)."""
+    if os.environ.get("LOGOS_DIE_WITH"):   # started by a run: it ends with that run
+        from ..pipeline.guards import die_with_parent
+        die_with_parent()
+    try:
+        return importlib.import_module(IMPORTERS[name][0]).main(args)
+    except ProgramError as e:
+        print(e, file=sys.stderr)
+        return 1
+    except OSError as e:   # a full disk, a file that went: one line, no traceback
+        print(f"logos import-{name}: {e.filename + ': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"logos import-{name}: interrupted: nothing more was written", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if os.environ.get("LOGOS_DEBUG"):
+            raise
+        # a checkpoint the importer does not understand (a damaged file, a config lacking a key)
+        print(f"logos import-{name}: {getattr(args, 'checkpoint', '')}: cannot be imported: "
+              f"{type(e).__name__}: {str(e)[:300]} (LOGOS_DEBUG=1 shows where)", file=sys.stderr)
+        return 1
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in IMPORTERS:
+        print(f"usage: python -m emitter.importers {{{','.join(IMPORTERS)}}} CHECKPOINT ...", file=sys.stderr)
+        return 2
+    return run(argv[0], parser(argv[0]).parse_args(argv[1:]))
