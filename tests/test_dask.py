@@ -422,6 +422,12 @@ def test_a_scheduler_and_two_workers_started_by_hand(tmp_path):
         assert all("computed in another environment" in row["environment_note"] for row in report["results"])
         assert "computed in another environment" in (z / "build/summary.md").read_text()
         assert "computed in another environment" in (z / "build/junit.xml").read_text()
+        p = subprocess.run([sys.executable, "-m", "emitter", "results"], cwd=z, capture_output=True, text=True)
+        rows = [x for x in p.stdout.splitlines() if x.startswith("#")]   # `logos results` says so too
+        assert len(rows) == 4 and all("(computed in another environment, env " in x for x in rows), p.stdout
+        assert "4 computed in another environment than this checkout's" in p.stdout
+        p = subprocess.run([sys.executable, "-m", "emitter", "results", "--json"], cwd=z, capture_output=True, text=True)
+        assert [x["elsewhere"] for x in json.loads(p.stdout)["runs"]] == [True] * 4, p.stdout
         assert not list((tmp_path / "cache").rglob("*.json"))
     finally:
         _stop(workers + [scheduler])

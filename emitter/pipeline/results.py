@@ -229,6 +229,7 @@ def currency(rows, programs_dir, threads):
     check its program no longer has (a dtype dropped, `lock: false`) is in neither."""
     from .checks import entries
     from .config import discover
+    from .digests import env
     from .keys import check_key, check_parts, lock_records, made_current
     here, runs, zoo, names = os.getcwd(), {(x["name"], x["dtype"]): x for x in rows}, [], set()
     try:
@@ -246,6 +247,8 @@ def currency(rows, programs_dir, threads):
                     x["current"] = bool(parts) and bool(x.get("key")) and x["key"] == check_key(parts) \
                         and mine.get("key") == x["key"] and mine.get("verdict") == x["verdict"] \
                         and fingerprint.sha256_or_none(c.result) == mine.get("sha256")   # as the lock wrote it
+                    # computed in another environment than the key names (a Dask worker elsewhere)
+                    x["elsewhere"] = bool(x.get("env_sha")) and x["env_sha"] != env()
                     zoo.append(x)
     finally:
         os.chdir(here)

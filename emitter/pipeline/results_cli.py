@@ -17,7 +17,8 @@ def _row_line(x, mark=""):
     first = f" first: stage {x['first_stage']} `{x['first_out']} = {x['first_op']}` line " \
             f"{x['first_line']}" if x["first_op"] else ""
     why = f" ({short(x['reason'], 160)})" if x["verdict"] == "error" and x["reason"] else ""
-    now = "" if x.get("current", True) else "NOT CURRENT "
+    now = ("" if x.get("current", True) else "NOT CURRENT ") + (
+        f"(computed in another environment, env {str(x['env_sha'])[:10]}) " if x.get("elsewhere") else "")
     return (f"{mark}#{x['id'] or '-':<5} {x['at']}  {x['name']:<24} {x['dtype']:<8} {x['verdict']:<5} {now}"
             f"max_abs {number(x['max_abs']):<9} worst {number(x.get('worst_ratio')):<8}x tol "
             f"src {str(x['source_sha'] or '-')[:10]} w {str(x['weights_sha'] or '-')[:10]}{first}{why}")
@@ -145,12 +146,15 @@ def _main(args):
         print(json.dumps({"programs": len({x["name"] for x in rows}), "checks": len(rows),
                           "not_passing": bad, "not_current": stale if known else None,
                           "runs": [{k: x.get(k) for k in ("id", "at", "name", "dtype", "steps", "verdict",
-                                                          "current", *RUN_FIELDS[6:])} for x in rows]},
+                                                          "current", "elsewhere", *RUN_FIELDS[6:])}
+                                   for x in rows]},
                          indent=1, allow_nan=True))
         return 1 if bad or stale else 0
     for x in rows:
         print(_row_line(x))
+    elsewhere = sum(1 for x in rows if x.get("elsewhere"))
     print(f"{len({x['name'] for x in rows})} programs, {len(rows)} checks, {bad} not passing, " + (
+        f"{elsewhere} computed in another environment than this checkout's, " if elsewhere else "") + (
         f"{stale} not current (each verdict against the key of its inputs now, at threads="
         f"{args.threads})" if known else
         f"whether each is current is not known: no {args.programs}/ here (run it in the zoo)"))
