@@ -172,6 +172,44 @@ def test_a_killed_run_takes_its_import_along(tmp_path, jobs):
 
 
 @linux
+def test_a_killed_worker_stops_the_run_it_would_hang(tmp_path):
+    """doit's `-n` runner waits for each worker's result forever: a worker killed under it (the OOM
+    killer) hung the run, holding build/'s lock. The run now says which worker died and how, and
+    stops as an interrupt does (exit 1, the last complete report marked stale); the next run goes on."""
+    from test_pipeline import PROG_A
+    z = make_zoo(tmp_path / "zoo", {"d": (PROG_A, "derive:\n  importer: slow\n  checkpoint: ckpt/w.bin\n"),
+                                    "b": (PROG_B, None)})
+    (z / "emitter/importers/slow.py").write_text(SLOW_IMPORTER)
+    with open(z / "emitter/importers/__init__.py", "a") as f:
+        f.write('\nIMPORTERS["slow"] = ("emitter.importers.slow", "test importer")\n')
+    (z / "ckpt").mkdir()
+    (z / "ckpt/w.bin").write_bytes(bytes(128))
+    p = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=z, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    pid_file, importer = z / "ckpt/importer.pid", None
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end and not (pid_file.exists() and pid_file.read_text()):
+            time.sleep(0.1)
+        importer = int(pid_file.read_text())
+        with open(f"/proc/{importer}/stat") as f:
+            worker = int(f.read().rpartition(")")[2].split()[1])   # the importer's parent
+        assert worker != p.pid
+        os.kill(worker, signal.SIGKILL)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 1, out + err
+        assert f"doit: stopped: a doit worker process (pid {worker}) was killed by SIGKILL" in err, err
+        assert _gone([importer], 30) and (z / "build/stale").exists()
+    finally:
+        _end([importer] if importer else [])
+        if p.poll() is None:
+            p.kill()
+    (z / "emitter/importers/slow.py").write_text(FAKE_IMPORTER)
+    rc, ran, out = doit(z)
+    assert rc == 0 and "weights:d" in ran, out
+
+
+@linux
 def test_a_forked_child_that_outlives_its_run_does_not_hold_the_lock(tmp_path):
     """The lock is this process's own: a child it forked (one that clears its death signal and so
     outlives the run) does not keep build/ locked once the run is killed."""

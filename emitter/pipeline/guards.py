@@ -165,7 +165,37 @@ def _prctl():
 
 def _before_fork():
     global _FORKER
-    _FORKER = (os.getpid(), threading.current_thread() is threading.main_thread(), _prctl())
+    main = threading.current_thread() is threading.main_thread()
+    if main and not _WATCHED:   # the run's first fork: doit's `-n` workers start
+        _WATCHED.append(threading.Thread(target=_watch_workers, name="logos-workers", daemon=True))
+        _WATCHED[0].start()
+    _FORKER = (os.getpid(), main, _prctl())
+
+
+_WATCHED, WORKER_DIED = [], []
+
+
+def _watch_workers(every=0.2):
+    """doit's `-n` runner waits for each worker's result forever: a worker killed (the OOM killer,
+    a bundle's own os._exit) would hang the run. Watch them; when one ends other than as doit ends
+    it (exit 0, or SIGTERM from doit itself), say so and stop the run as an interrupt does (doit
+    keeps the finished tasks; the report of the last complete run stays marked stale), exit 1.
+    The children are read from multiprocessing's own set, unreaped (active_children() reaps a
+    dead one before it could be seen)."""
+    import multiprocessing
+    while True:
+        time.sleep(every)
+        # (doit's workers are the default context's Process; a Dask cluster's are spawned)
+        for p in list(getattr(multiprocessing.process, "_children", ())):
+            code = p.exitcode if type(p) is multiprocessing.Process else None
+            if code not in (None, 0, -signal.SIGTERM, -signal.SIGINT):   # (doit ending it, a Ctrl-C)
+                how = f"killed by signal {-code}" if code < 0 else f"ended with exit status {code}"
+                with contextlib.suppress(ValueError):
+                    how = f"killed by {signal.Signals(-code).name}" if code < 0 else how
+                WORKER_DIED.append(f"a doit worker process (pid {p.pid}) was {how} while the run went on "
+                                   "(out of memory? a bundle's own exit?), and doit would wait for it forever")
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
 
 
 def _bind_this_child():
@@ -327,8 +357,13 @@ def _interrupted(kind, value, tb):
         sig = signal.Signals(int(value.args[0]))
     except (IndexError, TypeError, ValueError):
         sig = signal.SIGINT
-    sys.stderr.write(f"doit: interrupted ({sig.name}); the finished tasks are kept: run doit "
-                     "again to go on (the last complete report is in build/stale/ until then)\n")
+    why = f"stopped: {WORKER_DIED[0]}" if WORKER_DIED else f"interrupted ({sig.name})"
+    sys.stderr.write(f"doit: {why}; the finished tasks are kept: run doit again to go on (the last "
+                     "complete report is in build/stale/ until then)\n")
+    if WORKER_DIED:   # the run failed: exit 1 (an interrupt's own exit would say Ctrl-C)
+        sys.stderr.flush()
+        atexit._run_exitfuncs()
+        os._exit(1)
     if sig == signal.SIGTERM:
         sys.stderr.flush()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
