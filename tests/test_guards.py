@@ -140,27 +140,40 @@ SLOW_IMPORTER = FAKE_IMPORTER.split("def main")[0].replace("import os, shutil", 
 """
 
 
-@linux
-@pytest.mark.parametrize("jobs", [[], ["-n", "2"]])
-def test_a_killed_run_takes_its_import_along(tmp_path, jobs):
-    """An import is a program the run starts (`python -m emitter import-…`), not a fork: SIGKILL
-    the run, inline or with workers, and the import ends too, rather than going on writing under
-    build/tmp after the run is gone (and past the next run's sweep)."""
+def _slow_zoo(tmp_path, more=None):
+    """A zoo whose program `d` derives its weights through an importer that sleeps (its pid in
+    ckpt/importer.pid), beside `more` programs."""
     from test_pipeline import PROG_A
-    z = make_zoo(tmp_path / "zoo", {"d": (PROG_A, "derive:\n  importer: slow\n  checkpoint: ckpt/w.bin\n")})
+    z = make_zoo(tmp_path / "zoo", {"d": (PROG_A, "derive:\n  importer: slow\n  checkpoint: ckpt/w.bin\n"),
+                                    **(more or {})})
     (z / "emitter/importers/slow.py").write_text(SLOW_IMPORTER)
     with open(z / "emitter/importers/__init__.py", "a") as f:
         f.write('\nIMPORTERS["slow"] = ("emitter.importers.slow", "test importer")\n')
     (z / "ckpt").mkdir()
     (z / "ckpt/w.bin").write_bytes(bytes(128))
+    return z
+
+
+def _importer(z):
+    """The slow importer's pid, once it runs (up to 2 minutes)."""
+    pid_file, end = z / "ckpt/importer.pid", time.monotonic() + 120
+    while time.monotonic() < end and not (pid_file.exists() and pid_file.read_text()):
+        time.sleep(0.1)
+    return int(pid_file.read_text())
+
+
+@linux
+@pytest.mark.parametrize("jobs", [[], ["-n", "2"]])
+def test_a_killed_run_takes_its_import_along(tmp_path, jobs):
+    """An import is a program the run starts (`python -m emitter.importers …`), not a fork: SIGKILL
+    the run, inline or with workers, and the import ends too, rather than going on writing under
+    build/tmp after the run is gone (and past the next run's sweep)."""
+    z = _slow_zoo(tmp_path)
     p = subprocess.Popen([sys.executable, "-m", "doit", *jobs], cwd=z, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
-    pid_file, importer = z / "ckpt/importer.pid", None
+    importer = None
     try:
-        end = time.monotonic() + 120
-        while time.monotonic() < end and not (pid_file.exists() and pid_file.read_text()):
-            time.sleep(0.1)
-        importer = int(pid_file.read_text())
+        importer = _importer(z)
         assert _alive(importer)
         p.kill()
         p.wait()
@@ -176,22 +189,12 @@ def test_a_killed_worker_stops_the_run_it_would_hang(tmp_path):
     """doit's `-n` runner waits for each worker's result forever: a worker killed under it (the OOM
     killer) hung the run, holding build/'s lock. The run now says which worker died and how, and
     stops as an interrupt does (exit 1, the last complete report marked stale); the next run goes on."""
-    from test_pipeline import PROG_A
-    z = make_zoo(tmp_path / "zoo", {"d": (PROG_A, "derive:\n  importer: slow\n  checkpoint: ckpt/w.bin\n"),
-                                    "b": (PROG_B, None)})
-    (z / "emitter/importers/slow.py").write_text(SLOW_IMPORTER)
-    with open(z / "emitter/importers/__init__.py", "a") as f:
-        f.write('\nIMPORTERS["slow"] = ("emitter.importers.slow", "test importer")\n')
-    (z / "ckpt").mkdir()
-    (z / "ckpt/w.bin").write_bytes(bytes(128))
+    z = _slow_zoo(tmp_path, {"b": (PROG_B, None)})
     p = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2"], cwd=z, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    pid_file, importer = z / "ckpt/importer.pid", None
+    importer = None
     try:
-        end = time.monotonic() + 120
-        while time.monotonic() < end and not (pid_file.exists() and pid_file.read_text()):
-            time.sleep(0.1)
-        importer = int(pid_file.read_text())
+        importer = _importer(z)
         with open(f"/proc/{importer}/stat") as f:
             worker = int(f.read().rpartition(")")[2].split()[1])   # the importer's parent
         assert worker != p.pid
