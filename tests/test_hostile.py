@@ -201,12 +201,15 @@ def test_limits_are_per_program_and_can_be_raised(tmp_path):
     big += "Let y be t0 plus t1.\n"
     z = make_zoo(tmp_path / "zoo", {"tight": (big, "limits: {tensor_bytes: 50000000}\n"),
                                     "roomy": (big, "limits: {tensor_bytes: 200000000}\n"),
-                                    "bad": (big, "limits: {tensr_bytes: 1}\n")})
+                                    "bad": (big, "limits: {tensr_bytes: 1}\n"),
+                                    "wordy": (big, "limits: {sentences: 4}\n")})
     rc, _, out = doit(z)
     rows = {(r["name"], r["check"]): r for r in json.loads((z / "build/report.json").read_text())["results"]}
     assert rows[("roomy", "float64")]["verdict"] == "pass"
     assert "its tensors take 91.6 MiB in float64, over the limit of 47.7 MiB" in rows[("tight", "float64")]["reason"]
     assert "`limits.tensr_bytes`: `tensr_bytes` is not a limit; did you mean `tensor_bytes`?" in rows[("bad", "float64")]["reason"]
+    assert "programs/wordy.logos: 5 sentences (tensors, fills and ops), over the limit of 4 (limits.sentences)" \
+        in rows[("wordy", "float64")]["reason"]
 
 
 def test_a_weights_file_its_size_refuses_is_never_read(tmp_path):

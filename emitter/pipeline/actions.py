@@ -13,19 +13,11 @@ is reported by the progress reporter, so the report is always this run's.
 import os
 import sys
 
-from ..files import BUNDLE_FILES, json_lines, size_text, write_atomic
+from ..files import BUNDLE_FILES, json_lines, write_atomic
 from ..fingerprint import sha256_text
+from .config import over_limits
 from .guards import freeze_heap
 from .keys import emit_key
-
-
-def _too_big(program, limits):
-    """Why a program may not run here (its tensors exceed limits.tensor_bytes), or None."""
-    need, have = program.tensor_bytes, limits["tensor_bytes"]
-    if need <= have:
-        return None
-    return (f"{program.path}: its tensors take {size_text(need)} in float64, over the limit of "
-            f"{size_text(have)} (limits.tensor_bytes; the default is half this machine's memory)")
 
 
 def emit_bundle(entry, run=None):
@@ -52,7 +44,7 @@ def emit_bundle(entry, run=None):
             program = read_file(pc.source, pc.limits["program_bytes"])
             state.update(source_sha=sha256_text(program.source),   # leaves: {name: [rows, cols]}
                          leaves={n: [program.decls[n].rows, program.decls[n].cols] for n in sorted(program.leaves)})
-            error = _too_big(program, pc.limits)
+            error = over_limits(program, pc.limits)
             artifact = None if error else emit_program(program, pc.precision)
         except ProgramError as e:
             error = str(e)

@@ -34,7 +34,8 @@ LIMITS = {
     "tensor_bytes": _memory_bytes() // 2,   # every tensor of the program in float64, checked at read
     "seconds": 3600,                        # wall time of one lock check, and of one import
     "steps": 100_000,                       # the largest `steps:`
-    "program_bytes": 64 << 20,              # the program file
+    "program_bytes": 8 << 20,               # the program file (gemma3's: 141 KiB)
+    "sentences": 50_000,                    # its sentences: tensors, fills, ops (gemma3: 3734)
     "trace_bytes": 16 << 20,                # weights (float64) from which a VM trace is stored
 }
 BUILTIN = {
@@ -276,3 +277,18 @@ def load_defaults_builtin(root="."):
     """The built-in defaults, with the roots LOGOS_ROOTS names."""
     return {**{k: (dict(v) if isinstance(v, dict) else v) for k, v in BUILTIN.items()},
             "roots": env_roots(root)}
+
+
+def over_limits(program, limits):
+    """Why a program read within limits.program_bytes may not run here, or None: more sentences
+    than limits.sentences (emitting, importing and locking cost each one: a 400 000-stage chain
+    took 156 s and 2.6 GB in the run's own process), or tensors over limits.tensor_bytes."""
+    from ..files import size_text
+    if len(program.sentences) > limits["sentences"]:
+        return (f"{program.path}: {len(program.sentences)} sentences (tensors, fills and ops), over the "
+                f"limit of {limits['sentences']} (limits.sentences)")
+    need, have = program.tensor_bytes, limits["tensor_bytes"]
+    if need <= have:
+        return None
+    return (f"{program.path}: its tensors take {size_text(need)} in float64, over the limit of "
+            f"{size_text(have)} (limits.tensor_bytes; the default is half this machine's memory)")

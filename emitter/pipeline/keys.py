@@ -114,7 +114,7 @@ def emit_key(entry):
     """The key of an emit: the program's bytes, what of the config it uses (a refusal, the limits
     it checks, the precision policy) and the emit code."""
     pc = entry.pc
-    limits = {k: pc.limits.get(k) for k in ("program_bytes", "tensor_bytes")}
+    limits = {k: pc.limits.get(k) for k in ("program_bytes", "tensor_bytes", "sentences")}
     return digest({"source": None if pc.error else source_sha(pc), "error": pc.error,
                    "limits": limits, "policy": pc.precision, "code": digests.code("emit")})
 

@@ -13,7 +13,8 @@ import sys
 import time
 
 from ..language.errors import ProgramError
-from .config import DEFAULTS_FILE, load_defaults, load_defaults_builtin, load_program, stray_configs
+from .config import (DEFAULTS_FILE, load_defaults, load_defaults_builtin, load_program, over_limits,
+                     stray_configs)
 from .paths import find_zoo_root, inside
 from ..yamlfile import ConfigError
 
@@ -127,10 +128,9 @@ def check(paths):
                 continue   # a link out of the repository (refused above): never read, never shown
             program = _read(report, os.path.relpath(os.path.join(folder, f"{name}.logos")),
                             pc.limits["program_bytes"] if pc else None)
-            if program is not None and pc is not None and program.tensor_bytes > pc.limits["tensor_bytes"]:
-                report.error(ProgramError(f"its tensors take {program.tensor_bytes} bytes in float64, "
-                                          f"over limits.tensor_bytes ({pc.limits['tensor_bytes']})",
-                                          path=program.path))
+            why = program is not None and pc is not None and over_limits(program, pc.limits)
+            if why:
+                report.error(ProgramError(why.split(": ", 1)[1], path=program.path))
     for path in loose:
         read += 1
         _read(report, path)
