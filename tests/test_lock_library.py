@@ -323,3 +323,30 @@ def test_a_module_raising_after_its_last_stage_names_the_output_where_nothing_is
     r = lock_bundle(bundle, os.path.join(ROOT, "programs/mlp.logos"), os.path.join(ROOT, "weights/mlp"), "float64", 1)
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and (f["stage"], f["out"], f["line"]) == ("output", "Z", program.bound_at["Z"]), f
+
+
+def test_checks_at_once_in_threads_keep_their_thread_count_until_the_last_ends():
+    """`doit -P thread` runs checks at once in one process, whose BLAS thread count is the
+    process's: the first check to end put it back while another still computed, at a count its
+    key does not name. Now the last to end puts it back."""
+    import torch
+    from threadpoolctl import threadpool_info
+    from emitter.verify.threads import thread_limits
+
+    def counts():   # torch's pool and the BLAS's, both the process's
+        return [torch.get_num_threads()] + [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    before = counts()
+    inside, ended, seen = threading.Event(), threading.Event(), []
+
+    def other():
+        with thread_limits(1):
+            inside.set()
+            ended.wait(60)
+            seen.append(counts())
+    t = threading.Thread(target=other)
+    with thread_limits(1):
+        t.start()
+        assert inside.wait(60)
+    ended.set()    # this check has ended; the other computes on
+    t.join(60)
+    assert seen == [[1] * len(before)], (seen, before)

@@ -6,6 +6,7 @@ throughput, run more checks at once, not more threads per check."""
 
 import contextlib
 import functools
+import threading
 
 DEFAULT_THREADS = 1
 MAX_THREADS = 4096   # torch's pool crashes the process (a segfault, after the verdict) at 65536
@@ -31,17 +32,36 @@ def _controller():
     return ThreadpoolController()
 
 
+_STATE = {"n": None, "users": 0, "undo": None}   # the process's setting, and the checks under it
+_CHANGE = threading.Condition()
+
+
 @contextlib.contextmanager
 def thread_limits(n):
-    """torch's and the BLAS's thread pools at `n` for the block (restored after); what was set."""
+    """torch's and the BLAS's thread pools at `n` for the block; what was set. Both are the
+    process's: checks that run at once in its threads (`doit -P thread`) share the setting (each
+    sets it for its own thread's OpenMP too), and the last to end puts back what was before (the
+    first to end would undo it under the others, which then computed at another count than their
+    key names); one asking another count waits."""
     import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    controller = _controller()
-    blas, limiter = ("environment", contextlib.nullcontext()) if controller is None else \
-        ("threadpoolctl", controller.limit(limits=n))
+    with _CHANGE:
+        _CHANGE.wait_for(lambda: _STATE["users"] == 0 or _STATE["n"] == n)
+        if _STATE["users"] == 0:
+            controller = _controller()
+            limiter = contextlib.nullcontext() if controller is None else \
+                controller.limit(limits=n, user_api="blas")
+            _STATE.update(n=n, undo=(torch.get_num_threads(), limiter))
+            limiter.__enter__()
+        _STATE["users"] += 1
+        torch.set_num_threads(n)
     try:
-        with limiter:
-            yield {"threads": n, "torch_threads": torch.get_num_threads(), "blas_limit": blas}
+        yield {"threads": n, "torch_threads": torch.get_num_threads(),
+               "blas_limit": "environment" if _controller() is None else "threadpoolctl"}
     finally:
-        torch.set_num_threads(before)
+        with _CHANGE:
+            _STATE["users"] -= 1
+            if _STATE["users"] == 0:
+                before, limiter = _STATE["undo"]
+                limiter.__exit__(None, None, None)
+                torch.set_num_threads(before)
+                _CHANGE.notify_all()
