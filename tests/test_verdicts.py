@@ -119,6 +119,16 @@ def test_a_bundle_that_fails_where_no_stage_runs_is_a_fail_naming_that_part(ring
     assert r["reason"].split(": ", 1)[1][:40] in p.stdout + p.stderr
 
 
+def test_a_loader_that_writes_into_its_weight_files_is_no_verdict_on_them(ring):
+    """A hand lock's weights are the files as the VM read them: a bundle whose load_weights
+    writes into one (then the VM's maps read the written bytes too) is an error naming it."""
+    _mutate(ring["bundle"], 'mode="c")', 'mode="r+")\n        if name == "wc":\n'
+            '            data[0, 0] = 3.0\n            data.flush()')
+    r = _lock(ring)
+    assert r["verdict"] == "error" and r["stale_weights"] == ["wc.f64"], r["reason"]
+    assert "wc.f64 changed after the check's key was taken, or while it ran" in r["reason"]
+
+
 DECODE = """Let tok be a 1 by 1 tensor of Int.
 Let pos be a 1 by 1 tensor of Int.
 Set item 1 of tok to 3.

@@ -48,15 +48,17 @@ def weights_digest(weights_dir, sources):
 
 
 def _as_manifest(result, weights_dir, sources, shas):
-    """The weights files read are those the weights manifest (and a cache key) name, else an
-    error: one changed after the manifest was taken, before or during the check (a file's memo
-    holds while its stat does, so a file unchanged costs a stat)."""
+    """The weights files read are those the weights manifest (and a cache key) name, or by hand
+    those the VM read, else an error: one changed after they were taken, before or during the
+    check (a loader that writes into its files too; a file's memo holds while its stat does, so
+    a file unchanged costs a stat)."""
     moved = [f for f in sorted(set(sources.values()) - {"declared"})
              if shas is not None and _sha256(os.path.join(weights_dir, f)) != shas.get(f)]
     if moved:
         result["stale_weights"] = moved
         raise CouldNotRun(f"{weights_dir}: {', '.join(moved[:3])}{' and more' if moved[3:] else ''} "
-                          "changed after the check's key was taken; run doit again")
+                          "changed after the check's key was taken, or while it ran (a loader that writes into its "
+                          "files?): run it again")
 
 
 def _label(program, index):
@@ -248,6 +250,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["unmatched_weights"] = leaves.unmatched
         if weights_dir is not None:
             result["hashes"]["weights"] = weights_digest(weights_dir, leaves.sources)
+            if weights_shas is None:   # by hand: the files as the VM read them (hashed just now)
+                weights_shas = {f: _sha256(os.path.join(weights_dir, f)) for f in set(leaves.sources.values()) - {"declared"}}
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
         import torch
         result["environment"] = environment.describe(np, torch)
