@@ -17,7 +17,7 @@ from .language.errors import ProgramError
 COMMANDS = {
     "emit": ("emitter.cli", "write a program's bundle (model.py, manifest.json, compile.py)"),
     "run": ("emitter.cli", "run a program on the VM and write its output as raw float64"),
-    "lock": ("emitter.verify.lock", "check a bundle's module against the VM, op by op and step by step"),
+    "lock": ("emitter.verify.lock_cli", "check a bundle's module against the VM, op by op and step by step"),
     "check": ("emitter.pipeline.lint", "read and check programs and configs (no emit, no torch): "
                                        "every error of every file, exit 1 on any"),
     "results": ("emitter.pipeline.results_cli", "the latest lock verdict per program, or one program's history"),

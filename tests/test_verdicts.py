@@ -129,6 +129,27 @@ def test_a_loader_that_writes_into_its_weight_files_is_no_verdict_on_them(ring):
     assert "wc.f64 changed after the check's key was taken, or while it ran" in r["reason"]
 
 
+def test_a_hand_lock_takes_the_programs_precision_policy(tmp_path):
+    """A bundle emitted with a program's own bf16 policy (its config's `precision:`) is locked by
+    hand under it (`--precision OP=COMPUTE,OUTPUT`); without it, the lock says which stage's
+    precision differs from the default policy; a bad one is one line, exit 2."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    src = "Let x be a 1 by 64 tensor of Real.\nLet w be a 64 by 64 tensor of Real.\n" \
+          "Let h be x matmul w.\nLet y be sigmoid of h.\n"
+    (tmp_path / "s.logos").write_text(src)
+    program = read_file(str(tmp_path / "s.logos"))
+    weights = write_weights(program, tmp_path / "w", seed=2)
+    write_bundle(emit_program(program, {"sigmoid": ("fp32", "fp32")}), str(tmp_path / "b"))
+    args = ["lock", str(tmp_path / "b"), "--program", str(tmp_path / "s.logos"), "--weights", weights,
+            "--dtype", "bfloat16", "-o", str(tmp_path / "r.json")]
+    p = run_cli(*args)
+    assert p.returncode == 2 and "stage 1 `y = sigmoid`" in p.stderr and "emit it again" in p.stderr, p.stderr
+    p = run_cli(*args, "--precision", "sigmoid=fp32,fp32")
+    assert p.returncode == 0 and "PASS" in p.stdout, p.stdout + p.stderr
+    p = run_cli(*args, "--precision", "sigmod=fp32,fp32")
+    assert p.returncode == 2 and p.stderr.strip() == "--precision: `sigmod` is not an op", p.stderr
+
+
 DECODE = """Let tok be a 1 by 1 tensor of Int.
 Let pos be a 1 by 1 tensor of Int.
 Set item 1 of tok to 3.

@@ -9,6 +9,7 @@ import os
 import sys
 
 from . import IMPORTERS
+from ..lifetime import die_with_parent
 from ..language.errors import ProgramError
 
 
@@ -22,9 +23,7 @@ def parser(name, p=None):
 def run(name, args):
     """The importer `name` on its parsed `args`: its exit status; a failure, one line naming the
     checkpoint (LOGOS_DEBUG=1 shows the traceback)."""
-    if os.environ.get("LOGOS_DIE_WITH"):   # started by a run: it ends with that run
-        from ..pipeline.guards import die_with_parent
-        die_with_parent()
+    die_with_parent()   # started by a run: it ends with that run
     try:
         return importlib.import_module(IMPORTERS[name][0]).main(args)
     except ProgramError as e:

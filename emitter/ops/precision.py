@@ -14,7 +14,7 @@ from .base import BF16, FP32
 
 LOGITS = (FP32, FP32)   # the logits stage, whatever op computes it
 
-__all__ = ["BF16", "FP32", "LOGITS", "check_policy", "logits_stage", "stage_precisions"]
+__all__ = ["BF16", "FP32", "LOGITS", "check_policy", "logits_stage", "parse_policy", "stage_precisions"]
 
 
 def logits_stage(program):
@@ -59,3 +59,16 @@ def check_policy(policy):
         elif not (isinstance(v, list) and len(v) == 2 and all(x in (FP32, BF16) for x in v)):
             problems.append(f"`{k}` must be [compute, output], each fp32 or bf16, got {v!r}")
     return problems
+
+
+def parse_policy(items):
+    """A policy from `OP=COMPUTE,OUTPUT` items (`logos lock --precision`, as a config's
+    `precision: {OP: [COMPUTE, OUTPUT]}`), or a ValueError saying what is wrong."""
+    policy = {}
+    for item in items:
+        op, _, pair = item.partition("=")
+        policy[op.strip()] = [x.strip() for x in pair.split(",")] if pair else pair
+    problems = check_policy(policy)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return {k: tuple(v) for k, v in policy.items()}

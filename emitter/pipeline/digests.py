@@ -21,13 +21,13 @@ CODE = {
                      "pipeline/__init__.py", "pipeline/check_worker.py", "pipeline/digests.py",
                      "pipeline/worker_code.py"),
     "import": _BASE + ("extras.py", "importers", "language", "ops", "sambaflow/__init__.py",
-                       "sambaflow/weight_files.py", "pipeline/__init__.py", "pipeline/guards.py"),
+                       "sambaflow/weight_files.py", "lifetime.py"),
     # what the VM's trace is computed and stored by (emitter.verify.trace): a trace is shared by a
     # program's checks until this code changes, whatever else of the lock's does
     "vm": _BASE + ("fingerprint.py", "yamlfile.py", "ops", "language", "sambaflow/__init__.py",
                    "sambaflow/weight_files.py", "verify/__init__.py", "verify/links.py", "verify/vm.py",
                    "verify/trace.py"),
-    "report": _BASE + ("fingerprint.py", "importers/__init__.py", "importers/packages.py",
+    "report": _BASE + ("fingerprint.py", "importers/__init__.py", "importers/packages.py", "lifetime.py",
                        "language/__init__.py", "language/errors.py", "language/lines.py",
                        "pipeline/__init__.py", "pipeline/digests.py", "pipeline/files_io.py",
                        "pipeline/guards.py", "pipeline/keys.py",

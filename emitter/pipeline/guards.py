@@ -15,6 +15,7 @@ import threading
 import time
 
 from ..files import PARTIAL
+from ..lifetime import PR_SET_PDEATHSIG as _PR_SET_PDEATHSIG, prctl as _prctl
 
 
 _LOCK_FD = None
@@ -126,9 +127,7 @@ def _alive(pid):
 
 
 # bind_children: PR_SET_PDEATHSIG on Linux; elsewhere nothing (the lock is still never inherited)
-_PR_SET_PDEATHSIG = 1
 _BOUND = False
-_PRCTL = None
 _FORKER = (0, False, None)   # (pid, main thread?, prctl) of the forking process and thread
 
 
@@ -138,29 +137,12 @@ def bind_children():
     writing under build/. A child forked from another thread than the main one is left unbound:
     the kernel takes the death of the forking *thread* for its parent's. Children made by
     `subprocess` (fork and exec in C) are not covered: no Python runs in them before exec (a
-    program the run starts binds itself: `die_with_parent`)."""
+    program the run starts binds itself: `emitter.lifetime.die_with_parent`)."""
     global _BOUND
     if _BOUND or not sys.platform.startswith("linux"):
         return
     os.register_at_fork(before=_before_fork, after_in_child=_bind_this_child)
     _BOUND = True
-
-
-def _prctl():
-    """libc's prctl, loaded at the first fork (ctypes costs a no-op run milliseconds); None where
-    it cannot be."""
-    global _PRCTL
-    if _PRCTL is None:
-        try:
-            import ctypes
-            prctl = ctypes.CDLL(None, use_errno=True).prctl
-            prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                              ctypes.c_ulong]
-            prctl.restype = ctypes.c_int
-            _PRCTL = prctl
-        except (OSError, AttributeError, ImportError):
-            _PRCTL = False
-    return _PRCTL or None
 
 
 def _before_fork():
@@ -207,22 +189,6 @@ def _bind_this_child():
     if prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         return
     if os.getppid() != forker:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-DIE_WITH = "LOGOS_DIE_WITH"   # set for a program a run starts (an import): the starting pid
-
-
-def die_with_parent():
-    """In a program a run started with `DIE_WITH` naming the starting process (`subprocess`
-    children are not bound by `bind_children`: no Python runs between their fork and exec): be
-    SIGKILLed when that process ends, so a killed run leaves no import going on under build/tmp.
-    Already gone: end now."""
-    pid = os.environ.pop(DIE_WITH, "")
-    prctl = _prctl() if pid.isdigit() and sys.platform.startswith("linux") else None
-    if prctl is None or prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-        return
-    if os.getppid() != int(pid):
         os.kill(os.getpid(), signal.SIGKILL)
 
 

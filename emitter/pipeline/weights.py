@@ -12,7 +12,8 @@ import tempfile
 
 from ..files import write_atomic
 from ..fingerprint import moved, sha256
-from .guards import DIE_WITH, freeze_heap
+from ..lifetime import DIE_WITH
+from .guards import freeze_heap
 from .keys import DERIVED, import_key, listed
 
 def import_weights(pc, tmp_root="build/tmp"):

@@ -15,14 +15,12 @@ trace where there is one (emitter.verify.trace)."""
 import hashlib
 import math
 import os
-import sys
 import time
 
 import numpy as np
 
-from .. import fingerprint
 from ..fingerprint import sha256 as _sha256   # one stat cache: weights the keys hashed are not read again
-from ..files import BUNDLE_FILES, size_text, unwritable, write_files
+from ..files import BUNDLE_FILES, size_text
 from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
@@ -32,9 +30,8 @@ from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .probe import BundleFault, CouldNotRun, Probe, Raised, bundles_fault, run_module
 from .resident import Releasing, Resident, reads, worth_releasing
-from .result import unfinished, write_result
-from .threads import DEFAULT_THREADS, MAX_THREADS, thread_limits
-from .tolerances import DEFAULT_TOLERANCES as TOLERANCES, tolerance
+from .result import unfinished
+from .tolerances import DEFAULT_TOLERANCES as TOLERANCES
 
 def weights_digest(weights_dir, sources):
     """One sha256 over the leaf files the run read (name and content), or None for none."""
@@ -321,77 +318,3 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     t["overhead_s"] = t["total_s"] - t.get("setup_s", t["total_s"]) - t["vm_s"] - t["module_s"] - t["probe_s"]
     t["probe_s"] = max(t["probe_s"], 0.0)
     return result
-
-
-def write_golden(bundle_dir, files):
-    """golden/'s files (lock_bundle's `golden_files`) into the bundle, whole or not at all."""
-    write_files(os.path.join(bundle_dir, "golden"), files)
-
-
-EXIT = {"pass": 0, "fail": 1, "error": 2}
-
-
-def add_arguments(p):
-    p.add_argument("bundle", help="bundle directory (model.py, manifest.json, compile.py)")
-    p.add_argument("--program", required=True, help="PROGRAM.logos the bundle was emitted from")
-    p.add_argument("--weights", help="directory of the leaves' files: <var>.f64 / .f32 / .npy, or "
-                   ".safetensors files of tensors named by variable")
-    p.add_argument("--dtype", default="float64", choices=sorted(TOLERANCES))
-    p.add_argument("--steps", type=int, default=1)
-    p.add_argument("--atol", type=float, help="absolute tolerance (default by dtype)")
-    p.add_argument("--rtol", type=float, help="relative tolerance (default by dtype)")
-    p.add_argument("--allow-nonfinite", action="append", default=[], metavar="LEAF",
-                   help="a leaf whose file may hold NaN or Inf (repeatable)")
-    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                   help=f"torch's and the BLAS's threads (default {DEFAULT_THREADS}: see "
-                        "emitter/verify/threads.py)")
-    p.add_argument("-o", "--out", required=True, help="RESULT.json")
-
-
-# the dtypes `compile.py test` runs on CPU: a lock by hand records each one's default tolerance
-# beside the one it applied, so that the bundle tests itself at either after any lock
-TESTED = ("float32", "float64")
-ZOO_RECORD = os.path.join("build", ".fingerprints.json")   # a zoo's hash record, from its root
-
-
-def main(args):
-    if not 1 <= args.threads <= MAX_THREADS:
-        print(f"--threads must be from 1 to {MAX_THREADS}, got {args.threads}", file=sys.stderr)
-        return 2
-    problem = unwritable(args.out)
-    if problem:   # said before the lock runs, not after (its verdict would be lost)
-        print(f"-o {args.out}: {problem}", file=sys.stderr)
-        return 2
-    try:   # (until the verdict replaces it: a process ended mid-way leaves no earlier verdict there)
-        write_result(unfinished(args.bundle, args.program, args.weights, args.dtype, args.steps,
-                                args.atol, args.rtol), args.out)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"-o {args.out}: not written: {e}", file=sys.stderr)
-        return 2
-    if os.path.isfile(ZOO_RECORD):   # run inside a zoo: a weights file it hashed is not read again
-        fingerprint.bind(ZOO_RECORD)
-    golden = {}
-    with thread_limits(args.threads) as threads:
-        r = lock_bundle(args.bundle, args.program, args.weights, args.dtype, args.steps, args.atol,
-                        args.rtol, tuple(args.allow_nonfinite), golden_files=golden,
-                        golden={args.dtype: tolerance(args.dtype, args.atol, args.rtol)})
-    r["execution"] = {"executor": "logos lock", "pid": os.getpid(), **threads}
-    try:
-        write_result(r, args.out)
-    except OSError as e:
-        print(f"{r['name']} [{r['steps']} step(s)] {verdict.line(r)}", file=sys.stderr)
-        print(f"-o {args.out}: not written: {e.strerror or e}", file=sys.stderr)
-        return 2
-    for line in verdict.unmatched(args.weights, r.get("unmatched_weights") or ()):
-        print(line, file=sys.stderr)
-    if golden:   # beside the bundle's files, for `python compile.py test`
-        from .golden import merged
-        try:
-            write_golden(args.bundle, merged(args.bundle, golden, {d: tolerance(d) for d in TESTED}))
-        except OSError as e:
-            print(f"{args.bundle}: golden/ not written: {e}", file=sys.stderr)
-    print(f"{r['name']} [{r['steps']} step(s)] {verdict.line(r)}",
-          file=sys.stderr if r["verdict"] != "pass" else sys.stdout)
-    if r["verdict"] == "fail" and r.get("raised"):   # the line names the stage; this, the exception
-        print(r["reason"], file=sys.stderr)
-    return EXIT[r["verdict"]]

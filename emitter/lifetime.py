@@ -1,0 +1,38 @@
+"""A process's life bound to another's (Linux's PR_SET_PDEATHSIG): a program a run starts (an
+import) ends with that run, whoever kills it. Standard library only: an import loads it."""
+
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+DIE_WITH = "LOGOS_DIE_WITH"   # set for a program a run starts (an import): the starting pid
+_PRCTL = []
+
+
+def prctl():
+    """libc's prctl, loaded at the first use (ctypes costs a no-op run milliseconds); None where
+    it cannot be."""
+    if not _PRCTL:
+        try:
+            import ctypes
+            call = ctypes.CDLL(None, use_errno=True).prctl
+            call.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+            call.restype = ctypes.c_int
+            _PRCTL.append(call)
+        except (OSError, AttributeError, ImportError):
+            _PRCTL.append(None)
+    return _PRCTL[0]
+
+
+def die_with_parent():
+    """In a program a run started with `DIE_WITH` naming the starting process (`subprocess`
+    children are not bound by the run's fork hook: no Python runs between their fork and exec):
+    be SIGKILLed when that process ends, so a killed run leaves no import going on under
+    build/tmp. Already gone: end now."""
+    pid = os.environ.pop(DIE_WITH, "")
+    call = prctl() if pid.isdigit() and sys.platform.startswith("linux") else None
+    if call is None or call(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return
+    if os.getppid() != int(pid):
+        os.kill(os.getpid(), signal.SIGKILL)
