@@ -350,3 +350,22 @@ def test_checks_at_once_in_threads_keep_their_thread_count_until_the_last_ends()
     ended.set()    # this check has ended; the other computes on
     t.join(60)
     assert seen == [[1] * len(before)], (seen, before)
+
+
+def test_a_thread_count_that_fails_to_set_leaves_the_next_check_free():
+    """torch refusing a count (0) inside the block is undone like any end: the next check, at
+    another count, is not kept waiting for a check that is gone."""
+    import torch
+    from emitter.verify.threads import thread_limits
+    with pytest.raises(RuntimeError):
+        with thread_limits(0):
+            pass
+    done = []
+
+    def other():
+        with thread_limits(2) as set_to:
+            done.append(set_to["threads"])
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(60)
+    assert done == [2] and torch.get_num_threads() >= 1

@@ -43,7 +43,7 @@ def load_bundle_module(bundle_dir, source=None):
         exec(_compiled(source, path), module.__dict__)
     except Exception as e:  # the bundle is generated text: a failure of its own to import is a finding
         message = f"{path}: importing the module failed: {type(e).__name__}: {e}"
-        if bundles_fault(e):
+        if isinstance(e, (SyntaxError, ValueError)) or bundles_fault(e):   # (compile's: its text's)
             raise BundleFault({"stage": "import", "out": None, "op": "model.py", "line": None}, message) from None
         raise CouldNotRun(message) from None
     return module

@@ -53,8 +53,8 @@ def thread_limits(n):
             _STATE.update(n=n, undo=(torch.get_num_threads(), limiter))
             limiter.__enter__()
         _STATE["users"] += 1
+    try:   # (from here on, the last to end undoes it, whatever raises)
         torch.set_num_threads(n)
-    try:
         yield {"threads": n, "torch_threads": torch.get_num_threads(),
                "blas_limit": "environment" if _controller() is None else "threadpoolctl"}
     finally:

@@ -21,11 +21,14 @@ def one_minus_cos(o):
 
 
 def where(s):
-    """`stage 7 `q = matmul` (line 12, step 2)` for a stage label (an op, `load`, `write-back`)."""
+    """`stage 7 `q = matmul` (line 12, step 2)` for a stage label (an op, `load`, `write-back`;
+    a part of the bundle no stage names, `import (model.py)`)."""
     stage = s.get("stage")
     head = f"stage {stage}" if isinstance(stage, int) else str(stage)
-    text = f"{head} `{s.get('out')} = {s.get('op')}` (line {s.get('line')}"
-    return text + (f", step {s['step']})" if s.get("step") is not None else ")")
+    what = f" `{s.get('out')} = {s.get('op')}`" if s.get("out") is not None else f" ({s.get('op')})"
+    at = ([f"line {s['line']}"] if s.get("line") is not None else []) + \
+        ([f"step {s['step']}"] if s.get("step") is not None else [])
+    return head + what + (f" ({', '.join(at)})" if at else "")
 
 
 def describe_flip(f):
@@ -48,7 +51,8 @@ def describe(r, limit=240):
     elif f:
         parts.append(f"first diverging op: {where(f)}, max abs {number(f.get('max_abs'))}")
     w = r.get("worst")
-    if w:   # under the bf16 gate, the op furthest towards any bound, `by` naming which
+    if w and not (w.get("ratio") is None and f and f.get("raised")):   # (a raise ranks no figures)
+        # under the bf16 gate, the op furthest towards any bound, `by` naming which
         bound = f"its {w['by']} bound" if w.get("by") else "its tolerance"
         parts.append(f"worst: {where(w)} at {number(w.get('ratio'))}× {bound}")
     g = r.get("bf16")
