@@ -45,6 +45,7 @@ def emit_bundle(entry, run=None):
             state.update(source_sha=sha256_text(program.source),   # leaves: {name: [rows, cols]}
                          leaves={n: [program.decls[n].rows, program.decls[n].cols] for n in sorted(program.leaves)})
             error = over_limits(program, pc.limits)
+            error = error and f"{program.path}: {error}"
             artifact = None if error else emit_program(program, pc.precision)
         except ProgramError as e:
             error = str(e)

@@ -280,15 +280,16 @@ def load_defaults_builtin(root="."):
 
 
 def over_limits(program, limits):
-    """Why a program read within limits.program_bytes may not run here, or None: more sentences
-    than limits.sentences (emitting, importing and locking cost each one: a 400 000-stage chain
-    took 156 s and 2.6 GB in the run's own process), or tensors over limits.tensor_bytes."""
+    """Why a program read within limits.program_bytes may not run here (said of its file), or
+    None: more sentences than limits.sentences (emitting, importing and locking cost each one: a
+    400 000-stage chain took 156 s and 2.6 GB in the run's own process), or tensors over
+    limits.tensor_bytes."""
     from ..files import size_text
     if len(program.sentences) > limits["sentences"]:
-        return (f"{program.path}: {len(program.sentences)} sentences (tensors, fills and ops), over the "
-                f"limit of {limits['sentences']} (limits.sentences)")
+        return (f"{len(program.sentences)} sentences (tensors, fills and ops), over the limit of "
+                f"{limits['sentences']} (limits.sentences)")
     need, have = program.tensor_bytes, limits["tensor_bytes"]
     if need <= have:
         return None
-    return (f"{program.path}: its tensors take {size_text(need)} in float64, over the limit of "
-            f"{size_text(have)} (limits.tensor_bytes; the default is half this machine's memory)")
+    return (f"its tensors take {size_text(need)} in float64, over the limit of {size_text(have)} "
+            "(limits.tensor_bytes; the default is half this machine's memory)")

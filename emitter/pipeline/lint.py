@@ -130,7 +130,7 @@ def check(paths):
                             pc.limits["program_bytes"] if pc else None)
             why = program is not None and pc is not None and over_limits(program, pc.limits)
             if why:
-                report.error(ProgramError(why.split(": ", 1)[1], path=program.path))
+                report.error(ProgramError(why, path=program.path))
     for path in loose:
         read += 1
         _read(report, path)

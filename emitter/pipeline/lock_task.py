@@ -187,8 +187,9 @@ def lock_program(entry, run, db):
                                          f"{pc.weights}: the weights directory does not exist")
             fresh.add(c.dtype)   # (this run's verdict: in the history too)
             continue
-        if _unread(entry, parts):   # (the reader would refuse it; it is not read whole first)
-            done[c.dtype] = error_result(pc.name, pc.source, c.dtype, pc.steps, _unread(entry, parts))
+        unread = _unread(entry, parts)
+        if unread:   # (the reader would refuse it; it is not read whole first)
+            done[c.dtype] = error_result(pc.name, pc.source, c.dtype, pc.steps, unread)
             fresh.add(c.dtype)
             continue
         lost = lost or _derived_from_others(entry, parts)
