@@ -74,3 +74,37 @@ def test_figures_are_their_definitions(tol, case):
     m, r = compare(got, want, tol), reference(got, want, tol)
     for k, v in r.items():
         assert m[k] == pytest.approx(v, rel=1e-12, abs=0.0, nan_ok=True), (k, m[k], v)
+
+
+def _same(a, b):
+    return a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("tol", [{"abs": 1e-4, "rel": 1e-3}, {"abs": 0.0, "rel": 0.0}])
+def test_a_pass_figures_its_small_stages_together_as_one_by_one(dtype, tol):
+    """The probe figures a pass's small stages together (compare_many): each stage's figures are
+    compare()'s to the bit, in the order the stages were tapped, and what it hands on is the VM's
+    value rounded as torch rounds it, whatever the stage held (NaN, Inf, a transposed VM value,
+    subnormals, values past float32's range, an empty one)."""
+    from emitter.verify.probe import Probe
+    rng = np.random.default_rng(11)
+    cases = [c for c in _cases() if c[0].numel() <= 1 << 14]
+    w = rng.standard_normal((30, 20))
+    cases += [(torch.from_numpy(w.T.copy()).float() * 1.001, w.T),   # an F-ordered VM value
+              (torch.zeros(1, 1), np.zeros((1, 1))), (torch.ones(0, 4), np.ones((0, 4))),
+              (torch.tensor([[1e-40, 3e38, 1e-310]]), np.array([[1e-40, 4e38, 1e-310]]))]
+    torch_dtype = getattr(torch, dtype)
+    order = list(range(len(cases)))[::-1]   # tapped out of index order
+    probe = Probe(torch, torch_dtype, [want for _, want in cases], tol)
+    for i in order:
+        got, want = cases[i]
+        back = probe(i, got)
+        expect = torch.from_numpy(np.ascontiguousarray(want, dtype=np.float64)).to(torch_dtype)
+        assert back.dtype == torch_dtype and back.shape == expect.shape
+        assert torch.equal(back.view(-1).view(torch.int16 if dtype == "bfloat16" else getattr(torch, f"int{8 * back.element_size()}")),
+                           expect.reshape(-1).view(torch.int16 if dtype == "bfloat16" else getattr(torch, f"int{8 * back.element_size()}"))), i
+    assert list(probe.results) == order
+    for i, (got, want) in enumerate(cases):
+        m, one = probe.results[i], compare(got, want, tol)
+        assert m.keys() == one.keys() and all(_same(m[k], one[k]) for k in one), (i, m, one)

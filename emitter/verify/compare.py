@@ -77,6 +77,69 @@ def _ratio_max(diff, bound, where):
     return float(np.divide(diff, bound, out=np.zeros_like(diff), where=where).max())
 
 
+SMALL = 1 << 14   # values up to which a stage's comparison waits for its pass's others (compare_many)
+
+
+def compare_many(pairs, tol):
+    """compare(got, want, tol) of each (got, want) pair, both float64 and flat, as many small ones
+    as a pass has, figured together (one difference and one maximum each of them all, each pair's
+    sums its own dot products), so that a small stage costs microseconds, not a hundred: the same
+    figures to the bit (a maximum does not depend on its order). A pair whose difference is not
+    finite everywhere, or that is empty, goes through compare()."""
+    out = [None] * len(pairs)
+    todo = [i for i, (g, _) in enumerate(pairs) if g.size]
+    if todo:
+        sizes = np.array([pairs[i][0].size for i in todo], dtype=np.int64)
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        g = np.concatenate([pairs[i][0] for i in todo])
+        w = np.concatenate([pairs[i][1] for i in todo])
+        with np.errstate(all="ignore"):
+            diff = np.abs(np.subtract(g, w))
+            aw = np.abs(w)
+            rel = np.divide(diff, aw, out=np.zeros_like(diff), where=aw > 0)
+            bound = np.multiply(aw, tol["rel"])
+            bound += tol["abs"]
+            guard = np.divide(diff, bound) if tol["abs"] > 0 else \
+                np.divide(diff, bound, out=np.zeros_like(diff), where=diff != 0)
+            top, scale, max_rel, guarded = (np.maximum.reduceat(x, starts).tolist() for x in (diff, aw, rel, guard))
+        dot = np.dot
+        for k, (i, lo, hi) in enumerate(zip(todo, starts.tolist(), ends.tolist())):
+            if math.isfinite(top[k]):
+                d, gi, wi = diff[lo:hi], g[lo:hi], w[lo:hi]
+                out[i] = _figures(top[k], max_rel[k], guarded[k], scale[k], (float(dot(d, d)), float(dot(wi, wi)),
+                                  float(dot(gi, gi)), float(dot(gi, wi))), 0, hi - lo, tol)
+    return [m if m is not None else compare(*pairs[i], tol) for i, m in enumerate(out)]
+
+
+def flat_pair(got, want):
+    """A small (got, want), float64 and flat, in compare's order (a transposed VM value's columns
+    first, as _blocks reads it), for compare_many."""
+    want = np.asarray(want, dtype=np.float64)
+    if want.ndim == 2 and want.flags.f_contiguous and not want.flags.c_contiguous:
+        got, want = got.T, want.T
+    return np.asarray(got, dtype=np.float64).reshape(-1), want.reshape(-1)
+
+
+def _figures(max_abs, max_rel, guarded, scale, sums, mismatch, size, tol):
+    """A comparison's figures from its maxima and its sums (|d|², |w|², |g|², g·w)."""
+    sq, power, gg, gw = sums
+    bound = tol["abs"] + tol["rel"] * scale
+    norms = math.sqrt(gg) * math.sqrt(power)
+    m = {
+        "max_abs": max_abs,
+        "max_rel": max_rel,
+        "guarded_rel": guarded,
+        "scaled_err": max_abs / scale if size and scale > 0 else 0.0,
+        "nmse": sq / power if power > 0 else sq,
+        "cosine": gw / norms if norms > 0 else (1.0 if max_abs == 0 else 0.0),
+        "nonfinite_mismatch": mismatch,
+        "worst_ratio": 0.0 if max_abs == 0 else (max_abs / bound if bound > 0 else math.inf),
+    }
+    m["pass"] = bool(mismatch == 0 and m["worst_ratio"] <= 1.0)
+    return m
+
+
 def compare(got, want, tol):
     """Figures of `got` (the module's: a torch tensor or an array) against `want` (the VM's),
     widened to float64 a block at a time.
@@ -123,20 +186,7 @@ def compare(got, want, tol):
             power += float(np.dot(w, w))
             gg += float(np.dot(g, g))
             gw += float(np.dot(g, w))
-        bound = tol["abs"] + tol["rel"] * scale
-        norms = math.sqrt(gg) * math.sqrt(power)
-        m = {
-            "max_abs": max_abs,
-            "max_rel": max_rel,
-            "guarded_rel": guarded,
-            "scaled_err": max_abs / scale if size and scale > 0 else 0.0,
-            "nmse": sq / power if power > 0 else sq,
-            "cosine": gw / norms if norms > 0 else (1.0 if max_abs == 0 else 0.0),
-            "nonfinite_mismatch": mismatch,
-            "worst_ratio": 0.0 if max_abs == 0 else (max_abs / bound if bound > 0 else math.inf),
-        }
-    m["pass"] = bool(mismatch == 0 and m["worst_ratio"] <= 1.0)
-    return m
+    return _figures(max_abs, max_rel, guarded, scale, (sq, power, gg, gw), mismatch, size, tol)
 
 
 def worse(a, b):
@@ -273,6 +323,22 @@ def _as_dtype(torch, buffers, block, dtype):
 _BITS = {2: "int16", 4: "int32", 8: "int64"}
 
 
+def _widened_equal(got, want, scratch):
+    """Whether a block of a float64 leaf is a block of the VM's float32 leaf widened, value for
+    value, compared as NumPy reads them (each read once, no widened copy; rounding to a wider
+    dtype is exact, so equal is the load stage's rule). False where it cannot tell (NaN, another
+    pair of dtypes): the caller compares its own way."""
+    if str(got.dtype) != "torch.float64" or getattr(want, "dtype", None) != np.float32 or got.is_neg() \
+            or not got.is_contiguous() or got.device.type != "cpu" or tuple(got.shape) != want.shape:
+        return False
+    n = want.size
+    if "equal" not in scratch or scratch["equal"].size < n:
+        scratch["equal"] = np.empty(n, dtype=bool)
+    eq = scratch["equal"][:n].reshape(want.shape)
+    np.equal(got.numpy(), want, out=eq)
+    return bool(eq.all())
+
+
 def _same_bits(torch, a, b):
     """Whether `a` and `b` hold the same bits (then equal; where not, equal may still hold: -0.0, NaN)."""
     bits = _BITS.get(a.element_size())
@@ -295,6 +361,9 @@ def load_stage(torch, model, program, leaves, dtype, tol, resident, names=None):
         rows = 1 + (1 << 20) // max(1, want.shape[1])
         same = ok and _same_bytes(torch, got, want, name, resident)   # then nothing to read
         for r in range(0, want.shape[0], rows) if ok and not same else ():
+            if _widened_equal(got[r:r + rows], want[r:r + rows], scratch):
+                release(want)
+                continue
             a, b = got[r:r + rows], _as_dtype(torch, scratch, want[r:r + rows], held)
             release(want)
             if not (_same_bits(torch, a, b) or torch.equal(a, b) or (

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from ..ops import release
-from .compare import EXACT, compare, same_in_dtype, worse
+from .compare import EXACT, SMALL, compare, compare_many, flat_pair, same_in_dtype, worse
 
 
 class CouldNotRun(Exception):
@@ -89,17 +89,34 @@ def run_module(model, program, what, step=0):
                       "the next step overwrites: a caller's earlier outputs would change", step)
 
 
+_NUMPY = {}   # torch's float32 and float64 as NumPy's, filled by the first Probe
+
+
 class Probe:
     """The module's `tap` hook in the probe pass: compare each stage with the VM, hand back the VM's."""
 
     def __init__(self, torch, dtype, vm_stages, tol, precisions=None, views=(), known=None):
         self.torch, self.dtype, self.vm_stages, self.tol, self.views = torch, dtype, vm_stages, tol, views
+        _NUMPY.update({torch.float32: np.float32, torch.float64: np.float64})
         # known(index, value, want): the module's view is the VM's by where it points (no read)
         self.known = known or (lambda index, value, want: False)
         self.precisions = precisions   # bf16: each stage's (compute, output); its values are kept
-        self.results, self.values, self.exact = {}, {}, {}
+        self._results, self.values, self.exact = {}, {}, {}
+        self._pending = []   # small stages (index, the module's value, the VM's): compared together
         self.last = -1
         self.seconds = 0.0  # spent comparing and converting: the lock's, not the module's
+
+    @property
+    def results(self):
+        """{stage index: its figures}, in the order the stages were tapped; the small stages'
+        figured here, together, the first time they are asked for (compare_many)."""
+        if self._pending:
+            start = time.perf_counter()
+            pending, self._pending = self._pending, []
+            for (index, _, _), m in zip(pending, compare_many([flat_pair(g, w) for _, g, w in pending], self.tol)):
+                self._results[index] = m
+            self.seconds += time.perf_counter() - start
+        return self._results
 
     def out_dtype(self, index):
         """The dtype a stage's value goes on in: the lock's, or under bf16 its output precision."""
@@ -110,8 +127,19 @@ class Probe:
     def to_torch(self, value, index):
         """The VM's value as the module gets it: a copy (never the VM's memory, which a module
         writing in place, `Z.mul_(2)`, would change under the comparisons still to come)."""
-        return self.torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64)).to(self.out_dtype(index),
-                                                                                      copy=True)
+        dtype = self.out_dtype(index)
+        if dtype in (self.torch.float32, self.torch.float64):   # NumPy rounds as torch does, sooner
+            with np.errstate(over="ignore"):
+                return self.torch.from_numpy(np.array(value, dtype=_NUMPY[dtype], order="C"))
+        return self.torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64)).to(dtype, copy=True)
+
+    def _own(self, value):
+        """The module's value as float64 NumPy, a copy of its own (the module may write into its
+        value after the stage)."""
+        v = value.detach()
+        if v.dtype in (self.torch.float32, self.torch.float64) and not v.is_neg() and v.device.type == "cpu":
+            return np.array(v.numpy(), dtype=np.float64)
+        return v.resolve_neg().to(self.torch.float64, copy=True).numpy()
 
     def _tensors(self, index, values):
         for v in values:
@@ -147,10 +175,18 @@ class Probe:
             if known or (index in self.views and same_in_dtype(value.detach(), want)):
                 # a view computes nothing: the VM's, rounded as the module holds its operand (the
                 # load stage's rule), is all there is to check, and the module's own goes on
-                self.results[index], self.last = dict(EXACT, view=True), index
+                self._results[index], self.last = dict(EXACT, view=True), index
                 if known and self.precisions is not None:   # of a constant leaf: the floors read
                     self.exact[index] = value.detach()      # it for the VM's (bf16.floors)
                 return value
+            if value.numel() <= SMALL and tuple(value.shape) == tuple(np.shape(want)):
+                # its own copy (the module may write into its value later), figured with the others
+                mine = self._own(value)
+                if self.precisions is not None:
+                    self.values[index] = mine
+                self._pending.append((index, mine, want))
+                self._results[index], self.last = None, index
+                return self.to_torch(want, index)
             m = compare(value.detach(), want, self.tol)
             # exactly the VM's in the dtype it goes on in: its own (a transposed table is not copied)
             same = m["max_abs"] == 0 and m["nonfinite_mismatch"] == 0 and value.dtype == self.out_dtype(index)
@@ -159,6 +195,6 @@ class Probe:
             kept = value
         if self.precisions is not None:
             self.values[index] = kept.detach().double().numpy()
-        self.results[index] = m
+        self._results[index] = m
         self.last = index
         return back
