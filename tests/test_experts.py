@@ -184,6 +184,60 @@ def test_a_router_one_expert_short_fails_naming_the_token_and_both_sets(tmp_path
         f"{f['vm']}, the module {f['module']}")
 
 
+def test_a_flip_to_an_expert_far_from_the_tie_is_not_excused(tmp_path):
+    """Where the VM's K-th and (K+1)-th are near-tied, a router that then takes its worst expert
+    instead of either chooses as many experts and the VM's margin is inside the noise, but no
+    rounding of the scores makes that choice: the flip fails, naming the token."""
+    program, weights, bundle = _flip_case(tmp_path)
+    model = bundle / "model.py"
+    text = model.read_text()
+    old = "    w = p * top_mask(p, k)\n"
+    assert text.count(old) == 1
+    model.write_text(text.replace(old, old + (
+        "    top = p.sort(dim=1, descending=True).values\n"
+        "    for t in range(p.shape[0]):\n"
+        "        if top[t, k - 1] - top[t, k] < 1e-3:   # near-tied: swap the k-th for the worst\n"
+        "            kth = int((p[t] * (w[t] > 0)).masked_fill(w[t] == 0, 2.0).argmin())\n"
+        "            w[t, kth] = 0\n"
+        "            w[t, int(p[t].argmin())] = p[t].min()\n")))
+    r = lock_bundle(str(bundle), program, weights, "bfloat16", 1)
+    assert r["verdict"] == "fail"
+    f = r["bf16"]["routing_failed"]
+    assert f["token"] in (1, 4) and not f["excused"] and len(f["module"]) == len(f["vm"]) == 2
+    assert f["margin"] <= 3.0 * f["noise"]   # the old rule (the VM's margin alone) excused it
+
+
+@pytest.mark.parametrize("sentence", ["Let y be softmax routing of l choosing 3.",
+                                      "Let y be sigmoid routing of l with bias b choosing 3 in 2 of 4 groups."])
+def test_a_choice_rounding_can_make_is_choosable_and_a_far_one_is_not(sentence):
+    """A router's `choosable`: the choice its own selection makes on scores moved within the
+    bound (logits moved by less than it: p and sigmoid move less) is choosable, for every token
+    of many near-tied rows; a choice that swaps in the token's worst expert for a chosen one is
+    not, unless every score lies within the bound."""
+    from emitter.ops.experts import ROUTERS
+    text = "Let l be a 64 by 8 tensor of Real.\nLet b be a 1 by 8 tensor of Real.\n" + sentence + "\n"
+    program = read_program(text)
+    st = program.stages[0]
+    select, _, choosable = ROUTERS[st.op.name]
+    rng = np.random.default_rng(3)
+    base = {"l": np.round(rng.standard_normal((64, 8)), 1), "b": np.round(0.1 * rng.standard_normal((1, 8)), 1)}
+    a = st.args(program.shapes, values=base)
+    tol = 1e-3
+    for _ in range(20):
+        moved = {**base, "l": base["l"] + rng.uniform(-tol, tol, base["l"].shape)}
+        mask = select(st.args(program.shapes, values=moved))[0]
+        assert choosable(a, mask, tol).all()
+    mask = select(a)[0]
+    worst = np.where(mask, np.inf, select(a)[2]).argmin(axis=1)
+    far = mask.copy()
+    rows = np.arange(64)
+    far[rows, np.argmax(mask, axis=1)] = False   # a chosen one out, the worst unchosen in
+    far[rows, worst] = True
+    assert not choosable(a, far, tol).any()
+    groups = far.reshape(64, 4, 2).any(axis=2).sum(axis=1) if "groups" in sentence else np.ones(64)
+    np.testing.assert_array_equal(choosable(a, far, 1e9), groups <= 2)   # (never in 3 of 2 groups)
+
+
 @pytest.mark.parametrize("bug", sorted(__import__("bf16_bugs").MOE_BUGS))
 def test_each_planted_moe_bug_fails_the_bf16_lock_and_a_good_bundle_passes(bug, tmp_path):
     """Every bug of tests/bf16_bugs.py's MOE_BUGS in the small program's bundle, on three inputs X:

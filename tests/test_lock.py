@@ -356,3 +356,42 @@ def test_weights_rewritten_while_the_lock_runs_are_an_error(zoo, tmp_path):
     r = lock_bundle(str(bundle), zoo["program"], str(w), "float64", 1, weights_shas=shas)
     assert r["verdict"] == "error" and r["stale_weights"] == [victim], r["reason"]
     assert "changed after the check's key was taken" in r["reason"]
+
+
+@pytest.mark.parametrize("old,new,where", [
+    ("        return y\n", "        return y * (1 + 1e-9)\n", ("output", "y", "output")),
+    ("self.leaf_S.copy_(S)", "self.leaf_S.copy_(S * (1 + 1e-9))", ("write-back", "S", None)),
+    ("self.leaf_cs.copy_(cs)", "self.leaf_cs.copy_(cs); cs.mul_(1 + 1e-9)", None),   # its own copy: harmless
+])
+def test_what_changes_after_its_stage_within_tolerance_fails(zoo, tmp_path, old, new, where):
+    """An output or a state changed after its stage handed it on (a gain on the output, a state
+    scaled as it is written back) is a fail naming it, however small: in the probe pass it must be
+    exactly what its stage handed on, whatever the tolerance of the free pass lets through."""
+    bundle = _sabotage(zoo, tmp_path, old, new)
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 2)
+    if where is None:
+        assert r["verdict"] == "pass", r["first_divergence"]
+        return
+    assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"])
+    f = r["first_divergence"]
+    assert (f["stage"], f["out"], f["step"]) == (where[0], where[1], 1) and "changed after its stage" in f["raised"]
+    if where[2]:
+        assert f["op"] == where[2]
+    assert all(d["changed_after_tap"] for d in r["steps_detail"])
+    assert all(d["output"]["pass"] and all(m["pass"] for m in d["states"].values()) for d in r["steps_detail"])
+
+
+def test_an_output_in_memory_the_module_writes_again_fails(zoo, tmp_path):
+    """A module that returns the same buffer every call changes a caller's earlier outputs: a fail
+    at the output, naming the pass whose output changed; each pass's own figures pass."""
+    bundle = _sabotage(zoo, tmp_path, "        return y\n",
+                       "        if not hasattr(self, '_out'):\n            self._out = torch.empty_like(y)\n"
+                       "        self._out.copy_(y)\n        return self._out\n")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float32", 2)
+    assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"])
+    f = r["first_divergence"]
+    assert (f["stage"], f["step"]) == ("output", 1)
+    assert "probe pass of step 1" in f["raised"] and "free pass of step 1" in f["raised"]
+    assert "a caller's earlier outputs change" in f["raised"]
+    one = lock_bundle(bundle, zoo["program"], zoo["weights"], "float32", 1)
+    assert one["verdict"] == "fail"   # the free pass overwrote the probe pass's output already

@@ -187,10 +187,22 @@ def test_what_is_not_the_bundles_fault_stays_an_error(zoo, tmp_path):
     out = tmp_path / "r.json"
     p = run_cli("lock", memory, "--program", zoo["program"], "--weights", zoo["weights"], "-o", str(out))
     assert p.returncode == 2 and "MemoryError: no room" in p.stderr
-    huge = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    torch.empty(1 << 50)\n",
-                    name="huge")   # torch's allocator says so with a RuntimeError: the same
-    r = lock_bundle(huge, zoo["program"], zoo["weights"], "float64", 1)
+    refused = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    raise RuntimeError("
+                       "\"DefaultCPUAllocator: can't allocate memory: you tried to allocate 65536 bytes.\")\n",
+                       name="refused")   # torch's allocator says so with a RuntimeError: the same
+    r = lock_bundle(refused, zoo["program"], zoo["weights"], "float64", 1)
     assert r["verdict"] == "error" and "can't allocate memory" in r["reason"] and "raised" not in r, r["reason"]
+
+
+@pytest.mark.parametrize("huge", ["torch.empty(1 << 50)", "np.empty(1 << 50)"])
+def test_an_allocation_no_machine_holds_is_the_bundles_fault(zoo, tmp_path, huge):
+    """One allocation of more than the machine holds and four times every tensor of the program
+    (a broadcast gone wrong) is the bundle's own: a fail naming the stage, not an error."""
+    gelu = _stage(zoo, "gelu")
+    bundle = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", f"def gelu_tanh(x):\n    {huge}\n")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "fail", r["reason"]
+    assert r["first_divergence"]["stage"] == gelu.index and "allocate" in r["raised"]["error"]
 
 
 # 3. the code that runs is the code that was hashed
@@ -369,3 +381,28 @@ def test_a_thread_count_that_fails_to_set_leaves_the_next_check_free():
     t.start()
     t.join(60)
     assert done == [2] and torch.get_num_threads() >= 1
+
+
+def test_a_bundle_that_writes_into_its_weight_files_fails_naming_the_file(zoo, tmp_path):
+    """A loader that maps the weight files writable and a forward that writes through the map
+    change the user's files while the check runs: the bundle's doing (it holds them open to
+    write), a fail naming the file and its leaf, not an error to run again (which would find the
+    file changed again, forever)."""
+    program = read_file(zoo["program"])
+    w = next(n for n in program.leaves if program.roles[n] == "weight"
+             and os.path.exists(os.path.join(zoo["weights"], n + ".f64")))
+    weights = tmp_path / "w"
+    shutil.copytree(zoo["weights"], weights)
+    bundle = _mutated(zoo, tmp_path, "        return y\n", f"        self.leaf_{w}.add_(1.0)\n        return y\n")
+    text = open(os.path.join(bundle, "model.py")).read()
+    assert text.count('mode="c")') == 1
+    open(os.path.join(bundle, "model.py"), "w").write(text.replace('mode="c")', 'mode="r+")'))
+    r = lock_bundle(bundle, zoo["program"], str(weights), "float64", 1)
+    assert r["verdict"] == "fail", r["reason"]
+    assert f"wrote into the weights file {w}.f64 (`{w}`)" in r["reason"]
+    assert r["first_divergence"]["stage"] == "load" and r["stale_weights"] == [f"{w}.f64"]
+    out = tmp_path / "r.json"
+    shutil.rmtree(weights)
+    shutil.copytree(zoo["weights"], weights)
+    p = run_cli("lock", bundle, "--program", zoo["program"], "--weights", str(weights), "-o", str(out))
+    assert p.returncode == 1 and f"wrote into the weights file {w}.f64" in p.stderr, p.stderr

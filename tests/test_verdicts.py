@@ -123,14 +123,15 @@ def test_a_bundle_that_fails_where_no_stage_runs_is_a_fail_naming_that_part(ring
     assert not [x for x in ("`None", "line None", "-×") if x in said], said   # what is known, said
 
 
-def test_a_loader_that_writes_into_its_weight_files_is_no_verdict_on_them(ring):
+def test_a_loader_that_writes_into_its_weight_files_fails_naming_them(ring):
     """A hand lock's weights are the files as the VM read them: a bundle whose load_weights
-    writes into one (then the VM's maps read the written bytes too) is an error naming it."""
+    writes into one (then the VM's maps read the written bytes too) is no verdict on the weights
+    but on the bundle, which holds the file open to write: a fail naming the file and its leaf."""
     _mutate(ring["bundle"], 'mode="c")', 'mode="r+")\n        if name == "wc":\n'
             '            data[0, 0] = 3.0\n            data.flush()')
     r = _lock(ring)
-    assert r["verdict"] == "error" and r["stale_weights"] == ["wc.f64"], r["reason"]
-    assert "wc.f64 changed after the check's key was taken, or while it ran" in r["reason"]
+    assert r["verdict"] == "fail" and r["stale_weights"] == ["wc.f64"], r["reason"]
+    assert "the bundle wrote into the weights file wc.f64 (`wc`) while it ran" in r["reason"]
 
 
 def test_a_hand_lock_takes_the_programs_precision_policy(tmp_path):

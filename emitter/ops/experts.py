@@ -52,6 +52,21 @@ def _top(scores, k):
         return mask, np.nan_to_num(ranked[:, 0] - ranked[:, 1], nan=np.inf)
 
 
+def _choosable(scores, mask, tol):
+    """Per row: whether `mask` is a top choice of `scores` moved by at most `tol` (per row): each
+    chosen score at least each other score less `tol` (-inf: never chosen)."""
+    with np.errstate(invalid="ignore"):
+        lo = np.where(mask, scores, np.inf).min(axis=1)
+        hi = np.where(mask, -np.inf, scores).max(axis=1)
+        return np.isfinite(lo) & (lo - hi >= -np.asarray(tol)) | ~mask.any(axis=1)
+
+
+def softmax_choosable(a, mask, tol):
+    """Per token: whether the experts `mask` chose are a top K of p within `tol` of the VM's (a
+    choice rounding can make), not only of the same number."""
+    return _choosable(np_softmax(a["L"], axis=1), mask, tol)
+
+
 def softmax_routing_shape(a):
     return _routing_shape(a)
 
@@ -99,6 +114,28 @@ def sigmoid_selection(a):
     return mask, np.minimum(margin, experts), c
 
 
+def sigmoid_choosable(a, mask, tol):
+    """Per token: whether the experts `mask` chose are a choice of sigmoid_selection's with every
+    biased score moved by at most `tol` (a group's score, two of them, by twice that): their groups
+    (and the best others, up to G) a top G of the groups, and the experts a top K within them."""
+    c = np_sigmoid(a["L"]) + (a["B"] if a.has("B") else 0.0)
+    rows, n = c.shape
+    groups = a.int("N") if a.has("N") else 1
+    tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), (rows,))
+    if groups == 1:
+        return _choosable(c, mask, tol)
+    size, keep = n // groups, a.int("G")
+    score = np.sort(c.reshape(rows, groups, size), axis=2)[:, :, -2:].sum(axis=2)
+    used = mask.reshape(rows, groups, size).any(axis=2)
+    ok = used.sum(axis=1) <= keep
+    kept = used.copy()
+    for t in range(rows):   # the groups used, then the best others, up to G
+        others = [g for g in np.argsort(-score[t], kind="stable") if not used[t, g]]
+        kept[t, others[:max(0, keep - int(used[t].sum()))]] = True
+    within = np.where(np.repeat(kept, size, axis=1), c, -np.inf)
+    return ok & _choosable(score, kept, 2 * tol) & _choosable(within, mask, tol)
+
+
 def sigmoid_weights(a, mask):
     """The routing weights of the experts in `mask`: their unbiased sigmoid(l), divided by their sum
     if renormalised, times F."""
@@ -121,10 +158,10 @@ def sigmoid_routing_call(a):
             f"{a.has('renormalised')}, {a.real('F', 1.0)!r})")
 
 
-# each router's (selection, weights given a selection): the lock's bf16 gate tells a routing flip
-# (another choice where the VM's margin is inside rounding) from a wrong router with these
-ROUTERS = {"softmax routing": (softmax_selection, softmax_weights),
-           "sigmoid routing": (sigmoid_selection, sigmoid_weights)}
+# each router's (selection, weights given a selection, whether a choice is one within rounding of
+# the VM's scores): the lock's bf16 gate tells a routing flip from a wrong router with these
+ROUTERS = {"softmax routing": (softmax_selection, softmax_weights, softmax_choosable),
+           "sigmoid routing": (sigmoid_selection, sigmoid_weights, sigmoid_choosable)}
 
 
 def experts_count(a):

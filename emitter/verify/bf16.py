@@ -206,7 +206,7 @@ def floors(torch, program, leaves, vm_stages, precisions, model=None, shared=Non
 
 
 def _flat(x):
-    return np.asarray(x[0] if isinstance(x, tuple) else x, dtype=np.float64).reshape(-1)
+    return np.asarray(x, dtype=np.float64).reshape(-1)
 
 
 def _rms(x):
@@ -246,6 +246,16 @@ def judge(op_name, module, vm, floor, b, compute="fp32"):
             "cosine": cosine, "pass": ok}
 
 
+def judge_values(op_name, module, vm, floor, b, compute="fp32"):
+    """judge() of a stage's value, or of each of a stage's values (gated delta's output and the
+    memory it writes back): the first that fails, else the one nearest its excess bound, with
+    `value` (its place) where there are several."""
+    if not isinstance(vm, tuple):
+        return judge(op_name, module, vm, floor, b, compute)
+    each = [{**judge(op_name, m, v, f, b, compute), "value": k} for k, (m, v, f) in enumerate(zip(module, vm, floor))]
+    return next((j for j in each if not j["pass"]), None) or max(each, key=lambda j: j["excess"] / j["excess_limit"])
+
+
 def gate_step(torch, program, current, trace, probe, gate, step, label):
     """The bf16 gate on one step's probe pass: each op's figures replace its flat-tolerance pass.
     `gate` is the check's judge (emitter.verify.judges.Bf16: its precisions, bounds, the module
@@ -260,7 +270,7 @@ def gate_step(torch, program, current, trace, probe, gate, step, label):
         if st.op.name in ROUTERS:   # judged under the module's own choice of experts
             env = {**current, **{s.out: trace.stages[s.index] for s in program.stages[:i] if s.binds}}
             vm, floor, flips = judge_router(torch, program, st, env, probe.values[i], gate, step)
-        j = judge(st.op.name, probe.values[i], vm, floor, gate.bounds, gate.precisions[i][0])
+        j = judge_values(st.op.name, probe.values[i], vm, floor, gate.bounds, gate.precisions[i][0])
         if flips:
             wrong = [f for f in flips if not f["excused"]]
             j.update(routing_flips=len(flips), routing_excused=len(flips) - len(wrong))

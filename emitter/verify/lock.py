@@ -28,8 +28,9 @@ from . import environment, trace as trace_file, verdict, vm
 from .compare import KEYS, compare, exact_leaves, figures, known_view_of, load_stage, worse  # noqa: F401
 from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
-from .probe import BundleFault, CouldNotRun, Probe, Raised, bundles_fault, run_module
-from .resident import Releasing, Resident, reads, worth_releasing
+from .probe import (BundleFault, CouldNotRun, Probe, Raised, absurd, bundles_fault, changed_after_tap, last_writers,
+                    run_module, same_values)
+from .resident import Releasing, Resident, held_for_writing, reads, worth_releasing
 from .result import unfinished
 from .tolerances import DEFAULT_TOLERANCES as TOLERANCES
 
@@ -58,6 +59,23 @@ def _as_manifest(result, weights_dir, sources, shas):
                           "files?): run it again")
 
 
+def _still_as_read(result, weights_dir, sources, shas):
+    """_as_manifest at the end of a check: a file that changed while the bundle held it open to
+    write (a loader mapping its files writable, a forward writing through it) is the bundle's
+    doing, a fail naming the file and its leaves; another change is an error (run it again)."""
+    try:
+        _as_manifest(result, weights_dir, sources, shas)
+    except CouldNotRun:
+        moved = {os.path.realpath(os.path.join(weights_dir, f)): f for f in result["stale_weights"]}
+        mine = sorted(moved[p] for p in held_for_writing(set(moved)))
+        if not mine:
+            raise
+        leaves = ", ".join(f"`{n}`" for n, f in sorted(sources.items()) if f == mine[0])
+        raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None},
+                          f"the bundle wrote into the weights file {mine[0]} ({leaves}) while it ran: it "
+                          "holds it open to write, and its content is not what the check read") from None
+
+
 def _label(program, index):
     st = program.stages[index]
     return {"stage": st.index, "out": st.out, "op": st.op.name, "line": st.line}
@@ -81,7 +99,7 @@ def _build(torch, module, program, weights_dir, dtype, allow_nonfinite):
         return module.LogosModule(weights, dtype)
     except Exception as e:   # the VM read these weights: the bundle's refusal is its own fault
         message = f"the bundle's load_weights / LogosModule raised: {type(e).__name__}: {e}"
-        if bundles_fault(e) and not isinstance(e, OSError):
+        if bundles_fault(e, absurd(program)) and not isinstance(e, OSError):
             raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None}, message) from None
         raise CouldNotRun(message) from None
 
@@ -120,6 +138,27 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     feed = _feeding(program) if integer else None
     stage_reads = reads(program)
     raised = None
+    returned = []   # every output the module returned, with its values then: a caller keeps them
+    watch = {st.index for st, _ in last_writers(program).values()}
+    leaf_memory = {getattr(model, "leaf_" + n).untyped_storage().data_ptr() for n in program.leaves
+                   if n not in program.states and isinstance(getattr(model, "leaf_" + n, None), torch.Tensor)}
+
+    def kept(out, step, which):
+        """The outputs returned before `out` whose values changed since (the module reused their
+        memory: a caller's earlier outputs change under it); then `out` joins them."""
+        label = {"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)}
+        mine = out.untyped_storage().data_ptr() if isinstance(out, torch.Tensor) else None
+        moved = []
+        for t, was, s, w in returned:
+            if not same_values(torch, t, was):
+                moved.append((label, f"the output the module returned in the {w} pass of step {s} changed in the "
+                                     f"{which} pass of step {step}: a caller's earlier outputs change"))
+            elif mine == t.untyped_storage().data_ptr() and mine not in leaf_memory:
+                moved.append((label, f"the output of the {which} pass of step {step} is in the memory of the one "
+                                     f"returned in the {w} pass of step {s}: a caller's earlier outputs change"))
+        if isinstance(out, torch.Tensor):
+            returned.append((out, out.detach().clone(), step, which))
+        return moved[:1]
 
     def compared(step, probe):
         nonlocal first
@@ -139,17 +178,18 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             golden.add(step, trace)
 
         probe = Probe(torch, dtype, trace.stages, judge.tol, judge.precisions,
-                      {st.index for st in program.stages if st.op.view}, known_view)
+                      {st.index for st in program.stages if st.op.view}, known_view, watch)
         try:
             with torch.no_grad():
                 _set_states(torch, model, program, current)
                 model.probe = Releasing(probe, resident, stage_reads)
                 t, let_go = time.perf_counter(), resident.seconds
                 try:
-                    run_module(model, program, f"the probe pass of step {step}", step)
+                    pout = run_module(model, program, f"the probe pass of step {step}", step)
                 finally:
                     timings["probe_s"] += time.perf_counter() - t - probe.seconds - (resident.seconds - let_go)
                     model.probe = None
+                late = changed_after_tap(torch, program, model, pout, probe.handed) + kept(pout, step, "probe")
                 _set_states(torch, model, program, current)     # teacher-forced
                 model.probe = Releasing(None, resident, stage_reads)   # hands each value on as it is
                 t, let_go = time.perf_counter(), resident.seconds
@@ -158,6 +198,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                 finally:
                     timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
                     model.probe = None
+                late += kept(out, step, "free")
         except Raised as e:   # the stages compared before it still count; the check stops here
             compared(step, probe)
             raised = {"step": step, **_raised_label(program, e), "in": e.where, "error": e.error}
@@ -196,11 +237,14 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
         if first is None and not out_m["pass"]:
             first = {"step": step, "stage": "output", "out": program.output, "op": "output",
                      "line": program.bound_at.get(program.output), **figures(out_m)}
+        for label, message in late:   # changed after its stage, within the tolerance of the VM's
+            first = first or {"step": step, **label, **{k: None for k in KEYS}, "raised": message}
         output_worst = worse(output_worst, out_m)
         argmax_all = argmax_all and out_m["argmax_agree"]
         ok = out_m["pass"] and all(m["pass"] for m in state_m.values()) and \
-            all(m["pass"] for m in probe.results.values())
-        details.append({"step": step, "output": out_m, "states": state_m, "pass": ok})
+            all(m["pass"] for m in probe.results.values()) and not late
+        details.append({"step": step, "output": out_m, "states": state_m, "pass": ok,
+                        **({"changed_after_tap": [message for _, message in late]} if late else {})})
         current.update(trace.states)
     stages = [{**_label(program, i), **figures(m), "pass": m["pass"]}
               for i, m in sorted(stages_worst.items())]
@@ -285,7 +329,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                                                           exact_leaves(model, program, load), keep, vm_steps)
             load = result["load"] = judge.settled(load)
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
-            _as_manifest(result, weights_dir, leaves.sources, weights_shas)
+            _still_as_read(result, weights_dir, leaves.sources, weights_shas)
         # a wrong leaf is the first divergence, whatever the module did then; one the module wrote
         # (`written`: the step it was seen after) is, unless a stage diverged at that step or before
         # (the free pass's output and states, compared after the probe pass, may have read it written)

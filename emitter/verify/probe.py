@@ -3,6 +3,7 @@ and hands the VM's value on, so each op is judged on the VM's inputs; and the mo
 the lock runs it, where an exception the module raises is a finding about the bundle."""
 
 import os
+import re
 import time
 
 import numpy as np
@@ -45,11 +46,34 @@ class Wrong(Exception):
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the emitter package
 
 
-def bundles_fault(e):
+def absurd(program):
+    """Bytes beyond which one allocation is the bundle's own fault, not the machine's: more than
+    the machine holds and more than four times every tensor of the program with its largest
+    temporary (Program.tensor_bytes) in float64. Below it, memory refused is the machine's."""
+    try:
+        machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        machine = 0
+    return max(machine, 4 * program.tensor_bytes)
+
+
+def _requested(e):
+    """The bytes a refused allocation asked for, where its error says (NumPy's, torch's), or None."""
+    n = getattr(e, "_total_size", None)
+    if n is None:
+        m = re.search(r"tried to allocate (\d+) bytes", str(e))
+        n = m and int(m.group(1))
+    return n
+
+
+def bundles_fault(e, limit=None):
     """Whether an exception the module let through is the bundle's: raised by its own code or by
-    what it calls (torch, numpy), not for want of memory, nor by this package's own code (the
-    lock's hooks, a deadline's signal handler: its innermost frame, or its class, is ours)."""
-    if isinstance(e, (MemoryError, CouldNotRun)) or "can't allocate memory" in str(e):   # (torch's)
+    what it calls (torch, numpy), not for want of memory (unless it asked for more than `limit`
+    bytes at once: absurd()), nor by this package's own code (the lock's hooks, a deadline's
+    signal handler: its innermost frame, or its class, is ours)."""
+    if isinstance(e, MemoryError) or "can't allocate memory" in str(e):   # (torch's)
+        return limit is not None and (_requested(e) or 0) > limit
+    if isinstance(e, CouldNotRun):
         return False
     if isinstance(e, Wrong):
         return True
@@ -78,7 +102,7 @@ def run_module(model, program, what, step=0):
     except (Exception, SystemExit) as e:   # (a bundle's sys.exit() is its own fault too)
         nxt = getattr(model.probe, "last", -1) + 1 if model.probe else None
         nxt = nxt if nxt is not None and nxt < len(program.stages) else None
-        if bundles_fault(e):
+        if bundles_fault(e, absurd(program)):
             raise Raised(nxt, what, str(e) if isinstance(e, Wrong) else f"{type(e).__name__}: {e}") from None
         where = "" if nxt is None else (f" at stage {nxt} ({program.stages[nxt].out} = "
                                         f"{program.stages[nxt].op.name}, line {program.stages[nxt].line})")
@@ -95,7 +119,7 @@ _NUMPY = {}   # torch's float32 and float64 as NumPy's, filled by the first Prob
 class Probe:
     """The module's `tap` hook in the probe pass: compare each stage with the VM, hand back the VM's."""
 
-    def __init__(self, torch, dtype, vm_stages, tol, precisions=None, views=(), known=None):
+    def __init__(self, torch, dtype, vm_stages, tol, precisions=None, views=(), known=None, watch=()):
         self.torch, self.dtype, self.vm_stages, self.tol, self.views = torch, dtype, vm_stages, tol, views
         _NUMPY.update({torch.float32: np.float32, torch.float64: np.float64})
         # known(index, value, want): the module's view is the VM's by where it points (no read)
@@ -103,6 +127,7 @@ class Probe:
         self.precisions = precisions   # bf16: each stage's (compute, output); its values are kept
         self._results, self.values, self.exact = {}, {}, {}
         self._pending = []   # small stages (index, the module's value, the VM's): compared together
+        self.watch, self.handed = watch, {}   # stage index: what its tap handed on (changed_after_tap's)
         self.last = -1
         self.seconds = 0.0  # spent comparing and converting: the lock's, not the module's
 
@@ -149,7 +174,11 @@ class Probe:
     def __call__(self, index, value):
         start = time.perf_counter()
         try:
-            return self._compare(index, value)
+            back = self._compare(index, value)
+            if index in self.watch:   # as handed on (the module may write into it afterwards)
+                self.handed[index] = tuple(v.detach().clone() for v in back) if isinstance(back, tuple) \
+                    else back.detach().clone()
+            return back
         finally:
             self.seconds += time.perf_counter() - start
 
@@ -166,7 +195,7 @@ class Probe:
             for g, w in zip(got, want):
                 m = worse(m, compare(g.detach(), w, self.tol))
             back = tuple(self.to_torch(w, index) for w in want)
-            kept = got[0]
+            kept = got
         else:
             if isinstance(value, (tuple, list)):
                 raise Wrong(f"stage {index} returned {len(value)} values, expected one")
@@ -193,8 +222,57 @@ class Probe:
             back = value if same else self.to_torch(want, index)
             release(want)
             kept = value
-        if self.precisions is not None:
-            self.values[index] = kept.detach().double().numpy()
+        if self.precisions is not None:   # (every value of a stage that has two: the gate judges each)
+            self.values[index] = tuple(v.detach().double().numpy() for v in kept) if isinstance(kept, tuple) \
+                else kept.detach().double().numpy()
         self._results[index] = m
         self.last = index
         return back
+
+
+def same_values(torch, a, b):
+    """Whether tensors `a` and `b` hold the same values (NaN where NaN), whatever their dtypes."""
+    if not isinstance(a, torch.Tensor) or tuple(a.shape) != tuple(b.shape):
+        return False
+    a, b = a.detach().resolve_neg().double(), b.detach().resolve_neg().double()
+    return torch.equal(a, b) or (torch.equal(torch.isnan(a), torch.isnan(b)) and
+                                 torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+
+
+def last_writers(program):
+    """{name: (the last stage that gives it its value, which of the stage's values or None)} of the
+    output and the states: what changed_after_tap holds them to."""
+    last = {}
+    for st in program.stages:
+        if st.binds:
+            last[st.out] = (st, None if st.writes is None else 0)
+        if st.writes is not None:
+            last[st.writes] = (st, 1 if st.binds else None)
+    return {n: last[n] for n in [program.output, *program.states] if n in last}
+
+
+def changed_after_tap(torch, program, model, out, handed):
+    """After a probe pass: the output and the states that are not what their stages' taps handed
+    on (the VM's values), as [(label, message)]: something the module did after the stage (a
+    gain on the output, a state scaled as it is written back, a later op writing into it) that no
+    stage's comparison sees. The output is its stage's value in any dtype that holds it; a state's
+    buffer holds its last writer's value as a copy into the buffer's dtype holds it."""
+    found, last = [], last_writers(program)
+
+    def value(st, part):
+        v = handed.get(st.index)
+        return v[part] if isinstance(v, tuple) and part is not None else v
+    where = last.get(program.output)
+    if where is not None and (want := value(*where)) is not None and not same_values(torch, out, want):
+        found.append(({"stage": "output", "out": program.output, "op": "output",
+                       "line": program.bound_at.get(program.output)},
+                      f"the module's output is not what stage {where[0].index} (`{program.output} = "
+                      f"{where[0].op.name}`) handed on: changed after its stage"))
+    for s in program.states:
+        st, part = last[s]
+        want, buf = value(st, part), getattr(model, "leaf_" + s, None)
+        if want is not None and buf is not None and not same_values(torch, buf, want.to(buf.dtype)):
+            found.append(({"stage": "write-back", "out": s, "op": st.op.name, "line": st.line},
+                          f"the state `{s}` the module wrote back is not what stage {st.index} "
+                          f"(`{st.op.name}`) handed on: changed after its stage"))
+    return found

@@ -45,6 +45,31 @@ def _file_maps(paths=None):
     return out
 
 
+def held_for_writing(paths):
+    """Those of `paths` (real paths) this process holds open for writing: a shared writable map of
+    it, or a descriptor opened to write (Linux's /proc; elsewhere none is known)."""
+    found = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and "w" in parts[1] and "s" in parts[1] and parts[5].rstrip("\n") in paths:
+                    found.add(parts[5].rstrip("\n"))
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+                if target in paths:
+                    with open(f"/proc/self/fdinfo/{fd}") as f:
+                        flags = next(int(x.split()[1], 8) for x in f if x.startswith("flags:"))
+                    if flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR):
+                        found.add(target)
+            except (OSError, StopIteration, ValueError):
+                continue
+    except OSError:
+        pass
+    return found
+
+
 RELEASE_FROM = 16 << 20   # weights of fewer bytes are not worth a look at the maps (1 ms a check)
 
 

@@ -6,9 +6,11 @@ routing stage (an op in emitter.ops.experts.ROUTERS) is judged in two parts:
 - the choice: per token where the module's experts differ from the VM's, the VM's margin (the
   gap its choice was made by) against the router's own bf16 noise at that token, rms(scores on
   the inputs as the policy rounds them − scores on the VM's inputs), never below the compute
-  grain. A flip inside MARGIN_NOISE times that noise is excused; any other, or a token with a
-  number of experts other than the VM's, fails the stage, naming the step, the token and the two
-  expert sets;
+  grain. A flip inside MARGIN_NOISE times that noise is excused where the module's experts are
+  a choice the router makes with its scores moved by at most that much (the near-tied ones
+  swapped, not any other: each op's `choosable` in emitter.ops.experts); any other, or a token
+  with a number of experts other than the VM's, fails the stage, naming the step, the token and
+  the two expert sets;
 - the weights: the module's against the VM's and the floor's meanings computed with the module's
   own choice, by the gate's usual figures (emitter.verify.bf16.judge).
 """
@@ -28,7 +30,7 @@ def _rms_rows(x):
 def judge_router(torch, program, st, env, module, gate, step):
     """(the VM's and the floor's routing weights under the module's choice, the flips found) for
     the routing stage `st` on one probe step; `env` holds the VM's values of its inputs."""
-    select, weights = ROUTERS[st.op.name]
+    select, weights, choosable = ROUTERS[st.op.name]
     compute, output = gate.precisions[st.index]
     a = st.args(program.shapes, values=env)
     mask_vm, margin, scores = select(a)
@@ -41,13 +43,14 @@ def judge_router(torch, program, st, env, module, gate, step):
         noise = np.maximum(_rms_rows(scores_fed - scores), COMPUTE_GRAIN[compute] * _rms_rows(scores))
     got = np.asarray(module[0] if isinstance(module, tuple) else module, dtype=np.float64)
     mask = got != 0
-    flips = []
+    flips, near = [], choosable(a, mask, gate.bounds["margin_noise"] * noise)
     for t in np.flatnonzero((mask != mask_vm).any(axis=1)):
         same_size = mask[t].sum() == mask_vm[t].sum()
         flips.append({"step": step, "token": int(t), "vm": np.flatnonzero(mask_vm[t]).tolist(),
                       "module": np.flatnonzero(mask[t]).tolist(), "margin": float(margin[t]),
                       "noise": float(noise[t]),
-                      "excused": bool(same_size and margin[t] <= gate.bounds["margin_noise"] * noise[t])})
+                      "excused": bool(same_size and margin[t] <= gate.bounds["margin_noise"] * noise[t]
+                                      and near[t])})
     vm = weights(a, mask)
     floor = rounded(torch, weights(af, mask), output)
     return vm, floor, flips
