@@ -395,3 +395,19 @@ def test_an_output_in_memory_the_module_writes_again_fails(zoo, tmp_path):
     assert "a caller's earlier outputs change" in f["raised"]
     one = lock_bundle(bundle, zoo["program"], zoo["weights"], "float32", 1)
     assert one["verdict"] == "fail"   # the free pass overwrote the probe pass's output already
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_forward_that_ignores_an_input_passed_as_its_argument_fails(zoo, tmp_path, dtype):
+    """compile.py hands forward its inputs as arguments; the free pass does too (their buffers NaN
+    meanwhile), so a forward that reads an input's buffer instead of its argument fails, while the
+    honest bundle passes and its buffers hold their values after the lock."""
+    program = read_file(zoo["program"])
+    name = next(n for n in program.leaves if program.roles[n] == "input" and program.real[n])
+    bundle = _sabotage(zoo, tmp_path, f"{name} = self.leaf_{name} if {name} is None else {name}",
+                       f"{name} = self.leaf_{name}")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], dtype, 1)
+    assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"])
+    assert r["first_divergence"]["stage"] in ("output", "write-back")
+    assert r["steps_detail"][0]["output"]["nonfinite_mismatch"] or \
+        any(m["nonfinite_mismatch"] for m in r["steps_detail"][0]["states"].values())

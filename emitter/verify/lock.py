@@ -140,6 +140,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     raised = None
     returned = []   # every output the module returned, with its values then: a caller keeps them
     watch = {st.index for st, _ in last_writers(program).values()}
+    inputs = [n for n in program.leaves if program.roles[n] == "input"]
     leaf_memory = {getattr(model, "leaf_" + n).untyped_storage().data_ptr() for n in program.leaves
                    if n not in program.states and isinstance(getattr(model, "leaf_" + n, None), torch.Tensor)}
 
@@ -192,12 +193,19 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                 late = changed_after_tap(torch, program, model, pout, probe.handed) + kept(pout, step, "probe")
                 _set_states(torch, model, program, current)     # teacher-forced
                 model.probe = Releasing(None, resident, stage_reads)   # hands each value on as it is
+                args = {n: getattr(model, "leaf_" + n).detach().clone() for n in inputs}
+                for n in inputs:   # passed as compile.py passes them: a forward reading its buffer reads NaN
+                    getattr(model, "leaf_" + n).detach().fill_(math.nan)
                 t, let_go = time.perf_counter(), resident.seconds
                 try:
-                    out = run_module(model, program, f"the free pass of step {step}", step)
+                    out = run_module(model, program, f"the free pass of step {step} (its inputs passed as "
+                                     "arguments, their buffers NaN)" if inputs else f"the free pass of step {step}",
+                                     step, args)
                 finally:
                     timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
                     model.probe = None
+                    for n in inputs:
+                        getattr(model, "leaf_" + n).detach().copy_(args[n])
                 late += kept(out, step, "free")
         except Raised as e:   # the stages compared before it still count; the check stops here
             compared(step, probe)

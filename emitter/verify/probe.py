@@ -85,13 +85,14 @@ def bundles_fault(e, limit=None):
     return last is None or not os.path.abspath(last.tb_frame.f_code.co_filename).startswith(PACKAGE + os.sep)
 
 
-def run_module(model, program, what, step=0):
+def run_module(model, program, what, step=0, args=None):
     """The module's forward. An exception it raises on the program's inputs is a finding about the
     bundle (Raised, naming the stage after the last one tapped); one that is not the bundle's
     (out of time or memory, the lock's own) is CouldNotRun. An output that is a state's buffer,
-    which the next step overwrites under a caller's feet, is a BundleFault."""
+    which the next step overwrites under a caller's feet, is a BundleFault. `args`: the inputs
+    passed to forward as arguments (compile.py's way), by name."""
     try:
-        out = model()
+        out = model(**(args or {}))
         mine = out.untyped_storage().data_ptr() if hasattr(out, "untyped_storage") else None
         alias = next((s for s in program.states if mine and mine == getattr(
             model, "leaf_" + s).untyped_storage().data_ptr()), None)
