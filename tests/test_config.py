@@ -167,6 +167,15 @@ def test_defaults_and_overrides(tmp_path):
     assert d["lock"] is True
 
 
+def test_a_program_named_defaults_is_refused_and_the_others_keep_the_zoo_defaults(tmp_path):
+    """programs/defaults.yaml is the zoo's config: a program `defaults` would read it as its own
+    (and its own keys would change every program's): refused by name, the others untouched."""
+    got = zoo(tmp_path, {"programs/defaults.yaml": "steps: 3\n", "programs/defaults.logos": SRC,
+                         "programs/p.logos": SRC})
+    assert "a program cannot be named `defaults`" in got["defaults"].error
+    assert got["p"].error is None and got["p"].steps == 3
+
+
 def test_bad_defaults_fail_every_program(tmp_path):
     got = zoo(tmp_path, {"programs/defaults.yaml": "weights: x\n", "programs/p.logos": SRC})
     assert got["p"].error.startswith("programs/defaults.yaml:1: `weights`: unknown key")

@@ -280,6 +280,25 @@ def test_derived_weights_task(tmp_path):
     assert (rc, ran) == (0, {"weights:d", "lock:d", "report"}), out
 
 
+def test_an_importer_edited_while_it_imports_leaves_no_weights_as_current(tmp_path):
+    """An edit of the importers' code that lands while an import runs (here the importer edits
+    itself, as a person's save would land) fails that import: what it made is not recorded under
+    the key of the code the run started with. The next run imports with the code as it is."""
+    z = make_zoo(tmp_path / "zoo", {"d": (PROG_A, "derive:\n  importer: fake\n  checkpoint: ckpt/w.bin\n")})
+    fake = z / "emitter/importers/fake.py"
+    fake.write_text(FAKE_IMPORTER.replace("    return 0\n", "    with open(__file__, 'a') as f:\n"
+                                          "        f.write('# edited while it ran\\n')\n    return 0\n"))
+    with open(z / "emitter/importers/__init__.py", "a") as f:
+        f.write('\nIMPORTERS["fake"] = ("emitter.importers.fake", "test importer")\n')
+    _weights(z / "ckpt" / "w.bin", 5)
+    rc, ran, out = doit(z)
+    assert rc != 0 and "weights:d" in ran and "the importers' code changed while the import ran" in out, out
+    assert not (z / "build/weights/d").exists()
+    fake.write_text(FAKE_IMPORTER)
+    rc, ran, out = doit(z)
+    assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
+
+
 def test_lock_false_and_list(tmp_path):
     z = make_zoo(tmp_path / "zoo", {"a": (PROG_B, "lock: false\n")})
     rc, ran, out = doit(z, "list", "--all")
@@ -438,3 +457,59 @@ def test_a_remote_result_that_names_no_code_is_refused(tmp_path, monkeypatch):
     got, r = _one_lock(tmp_path, monkeypatch, executor="dask:tcp://w:8786")
     assert isinstance(got, TaskFailed) and r["verdict"] == "error"
     assert "other lock code than this run's" in r["reason"] and "tcp://10.0.0.9:4000" in r["reason"]
+
+
+def test_a_check_run_at_other_settings_than_its_key_names_is_not_recorded_current(tmp_path, monkeypatch):
+    """What a check runs with comes from its key's record; a verdict computed at another
+    tolerance (code between the key and the lock that hands it another, as an edited lock task
+    would) is not about its key: kept without one, so the next run locks it again."""
+    from emitter.pipeline import executors, lock_task
+    got, r = _one_lock(tmp_path, monkeypatch)
+    assert r["verdict"] == "pass" and r["key"] and r["tolerance"] == r["inputs"]["tolerance"]
+
+    class Loose(executors.Inline):
+        def run(self, jobs, seconds):
+            for job in jobs:
+                job["kwargs"]["atol"] = 1e9
+            return super().run(jobs, seconds)
+    (tmp_path / "zoo/programs/a.yaml").write_text("dtypes: [float64]\nsteps: 2\n")   # a new key
+    monkeypatch.setattr(executors, "executor", lambda *a, **k: Loose())
+    lock_task.lock_program(_entries(tmp_path / "zoo")["a"], RUN, "build/results.sqlite")
+    r = json.loads((tmp_path / "zoo/build/results/a/float64.json").read_text())
+    assert r["tolerance"]["abs"] == 1e9 and r["key"] is None and r["inputs"] is None
+
+
+@pytest.mark.parametrize("make", ["folder", "dangling link"])
+def test_an_entry_beside_a_leafs_file_that_is_no_file_moves_the_key(zoo, make):
+    """A folder or a link to nothing named as a leaf's file (`w.npy` beside `w.f64`), which every
+    reader refuses, is in the key by name and kind: the verdict is not current and the lock runs
+    again, an error naming it, rather than the last pass standing."""
+    assert doit(zoo)[0] == 0
+    beside = zoo / "weights" / "a" / "w.npy"
+    if make == "folder":
+        beside.mkdir()
+    else:
+        os.symlink("nowhere.npy", beside)
+    p = subprocess.run([sys.executable, "-m", "emitter", "results", "a"], cwd=zoo, capture_output=True, text=True)
+    assert p.returncode == 1, p.stdout + p.stderr
+    rc, ran, out = doit(zoo)
+    assert "lock:a" in ran, out
+    r = json.loads((zoo / "build/results/a/float64.json").read_text())
+    assert r["verdict"] == "error" and "w.npy" in r["reason"], r["reason"]
+
+
+def test_an_emit_under_other_code_than_the_runs_is_not_recorded_done(tmp_path, monkeypatch):
+    """The emit's code is loaded when the first program is emitted: where the code on disk is not
+    the code the run's keys name (edited since the run started), the bundle is written but its
+    status keeps no key, so the next run emits it again."""
+    from emitter.pipeline import actions, digests
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_B, None)})
+    monkeypatch.chdir(z)
+    e = _entries(z)["a"]
+    actions.emit_bundle(e)
+    assert json.loads((z / e.status).read_text())["key"]
+    taken = digests.code("emit")
+    monkeypatch.setattr(digests, "code", lambda kind: "0" * 64 if kind == "emit" else taken)
+    actions.emit_bundle(e)
+    st = json.loads((z / e.status).read_text())
+    assert st["status"] == "ok" and st["key"] is None

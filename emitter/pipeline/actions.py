@@ -15,6 +15,7 @@ import sys
 
 from ..files import BUNDLE_FILES, json_lines, write_atomic
 from ..fingerprint import sha256_text
+from . import digests
 from .config import over_limits
 from .guards import freeze_heap
 from .keys import emit_key
@@ -72,8 +73,9 @@ def emit_bundle(entry, run=None):
         from .files_io import remove_dir, remove_files
         remove_dir(entry.results)
         remove_files([entry.lock_status])
-    # a program edited while it was emitted is not recorded as done: the next run emits it again
-    state["key"] = key if key == emit_key(entry) else None
+    # a program (or the emit's code) edited while it was emitted is not recorded as done: the next
+    # run emits it again
+    state["key"] = key if key == emit_key(entry) and digests.unchanged("emit") else None
     write_atomic(entry.status, json_lines(state))
     if error is not None and run is not None and run.get("report_follows") is False \
             and pc.name not in run.get("locks_follow", ()):

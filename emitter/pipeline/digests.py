@@ -81,6 +81,14 @@ def package_digest(kind):
     return digest(shas)
 
 
+def unchanged(kind):
+    """Whether the `kind` code on disk is still what this run's keys name: checked around work
+    that loads it lazily (an emit, an import's own process), so that what it made under the key
+    was made by that code (an edit in the run's middle, reverted after it, would otherwise leave
+    another code's work under this key)."""
+    return package_digest(kind) == code(kind)
+
+
 @functools.lru_cache(maxsize=None)
 def code(kind):
     """`package_digest(kind)` as this process first took it: what this run's keys name."""

@@ -30,17 +30,31 @@ SCHEMA, VERSION = "logos.check-key", 3
 DERIVED = ".derived.json"
 
 
-def files(folder):
-    """{name: os.DirEntry} of a weights folder's plain files (dot files are the pipeline's); an
+def entries(folder):
+    """{name: os.DirEntry} of everything in a weights folder (dot files are the pipeline's); an
     OSError when it cannot be listed."""
     with os.scandir(folder) as it:
-        return {e.name: e for e in it if not e.name.startswith(".") and e.is_file()}
+        return {e.name: e for e in it if not e.name.startswith(".")}
+
+
+def _kind(e):
+    """What a folder's entry that is not a plain file is (a reader refuses it where a leaf's file
+    goes: a key must move with it)."""
+    if e.is_symlink():
+        return "link to nothing" if not os.path.exists(e.path) else "link"
+    return "folder" if e.is_dir() else "not a regular file"
+
+
+def files(folder):
+    """{name: os.DirEntry} of a weights folder's plain files; an OSError when it cannot be listed."""
+    return {n: e for n, e in entries(folder).items() if e.is_file()}
 
 
 def listed(folder):
-    """The names of a weights folder's plain files, or an empty set when it cannot be listed."""
+    """The names of everything in a weights folder (plain files or not), or an empty set when it
+    cannot be listed."""
     try:
-        return set(files(folder))
+        return set(entries(folder))
     except OSError:
         return set()
 
@@ -136,9 +150,11 @@ def weights_part(entry, leaves):
     if not pc.weights:
         return None
     try:
-        found = files(pc.weights)
+        everything = entries(pc.weights)
     except OSError:
         return {"missing": pc.weights}
+    found = {n: e for n, e in everything.items() if e.is_file()}
+    strange = {n: _kind(e) for n, e in everything.items() if n not in found}
     claimed, held = claimed_files(found, leaves), shapes(leaves)
     shas, others, links = {}, {}, [n for n in claimed if found[n].is_symlink()]
     refused = links and refused_links(pc.weights, links)   # the roots decide those
@@ -154,7 +170,8 @@ def weights_part(entry, leaves):
             shas[n] = st and sha256_or_none(found[n].path, st)
         else:
             others[n] = st and st.st_size
-    return {"files": shas, "others": others, **({"refused_links": refused} if refused else {})}
+    return {"files": shas, "others": others, **({"refused_links": refused} if refused else {}),
+            **({"not_files": strange} if strange else {})}
 
 
 def readable(pc, names, leaves):

@@ -91,9 +91,11 @@ def _derived_from_others(entry, parts):
 
 def _about(r, parts):
     """Whether a computed result is about the inputs its key names: the program text and bundle
-    files it read are those the key was computed from (a file edited between the two is not)."""
+    files it read are those the key was computed from (a file edited between the two is not),
+    and it ran at the key's dtype, steps and tolerance."""
     h = r.get("hashes") or {}
-    return h.get("source") == parts["source"] and h.get("bundle") == parts["bundle"]
+    return h.get("source") == parts["source"] and h.get("bundle") == parts["bundle"] and \
+        (r.get("dtype"), r.get("steps"), r.get("tolerance")) == (parts["dtype"], parts["steps"], parts["tolerance"])
 
 
 def trace_spec(parts, traces, min_bytes=0):
@@ -111,9 +113,15 @@ def _job(entry, check, parts, run, golden, traces):
     from . import executors
     pc = entry.pc
     shas = _weights_shas(entry, parts)
-    kwargs = dict(dtype=check.dtype, steps=pc.steps, atol=check.atol, rtol=check.rtol,
-                  allow_nonfinite=tuple(pc.allow_nonfinite), max_tensor_bytes=pc.limits["tensor_bytes"],
-                  bf16_bounds=pc.bf16, precision=pc.precision, weights_shas=shas,
+    # what the check runs with is its key's record where the key names it (so the verdict is about it)
+    spec = parts or check.spec or {}
+    config = spec.get("config") or {}
+    kwargs = dict(dtype=spec.get("dtype", check.dtype), steps=spec.get("steps", pc.steps),
+                  atol=spec["tolerance"]["abs"] if "tolerance" in spec else check.atol,
+                  rtol=spec["tolerance"]["rel"] if "tolerance" in spec else check.rtol,
+                  allow_nonfinite=tuple(config.get("allow_nonfinite", pc.allow_nonfinite)),
+                  max_tensor_bytes=pc.limits["tensor_bytes"], bf16_bounds=config.get("bf16", pc.bf16),
+                  precision=spec.get("precision", pc.precision), weights_shas=shas,
                   trace=trace_spec(parts, traces, pc.limits.get("trace_bytes", 0)))
     # the driver's hash record of those files: a worker on this host whose stat agrees does not
     # hash them again (another host's stat of a network filesystem may be stale: it hashes)

@@ -13,6 +13,7 @@ import tempfile
 from ..files import write_atomic
 from ..fingerprint import moved, sha256
 from ..lifetime import DIE_WITH
+from . import digests
 from .guards import freeze_heap
 from .keys import DERIVED, import_key, listed
 
@@ -29,6 +30,8 @@ def import_weights(pc, tmp_root="build/tmp"):
     os.makedirs(tmp_root, exist_ok=True)
     os.makedirs(os.path.dirname(out_dir) or ".", exist_ok=True)
     key = import_key(pc)
+    if not digests.unchanged("import"):   # its process loads the code as it is now, not the key's
+        return TaskFailed("the importers' code changed since this run started: run doit again")
     tmp = tempfile.mkdtemp(dir=tmp_root, prefix=f"import-{os.path.basename(out_dir)}.")
     try:
         cmd = [sys.executable, "-m", "emitter.importers", derive.importer, derive.checkpoint_path,
@@ -47,6 +50,8 @@ def import_weights(pc, tmp_root="build/tmp"):
             last = [x for x in done.stderr.splitlines() if x.strip()][-1:] or [""]
             return TaskFailed(f"import-{derive.importer} {derive.checkpoint_path} --program {source} (into "
                               f"{out_dir}) exited {done.returncode}: {last[0][:300]}")
+        if not digests.unchanged("import"):
+            return TaskFailed("the importers' code changed while the import ran: run doit again")
         if key is None or import_key(pc) != key:
             return TaskFailed(f"the checkpoint {derive.checkpoint} (or a file its importer reads) "
                               "changed or could not be read while it was imported: run doit again")

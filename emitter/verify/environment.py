@@ -43,21 +43,29 @@ NUMERICS_VARS = (
     "OPENBLAS_BLOCK_FACTOR",        # OpenBLAS's gemm blocks scaled: the sums in another order
     "NPY_DISABLE_CPU_FEATURES",     # numpy's SIMD loops (the VM's exp, tanh...: float64 AVX512
     "NPY_ENABLE_CPU_FEATURES",      # against the scalar libm)
+    "GLIBC_TUNABLES",               # glibc's libm variant (glibc.cpu.hwcaps=-AVX2,-FMA moves the
+                                    # bits of float64 sin, cos, exp, power the VM computes)
 )
 # instruction-set levels, best first: the first the CPU has names its level
 ISA = ("avx512f", "avx2", "avx", "sse4_2", "sve", "asimd", "neon")
+# the features beside the level that choose another kernel (torch's bf16 matmul on AVX512_BF16 or
+# AMX, oneDNN's VNNI paths, FMA in libm and OpenBLAS): two CPUs of one level may differ in these
+FEATURES = ("fma", "f16c", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx_vnni",
+            "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "bf16", "i8mm", "sve2")
 
 
-def _isa():
+def _cpu():
+    """The CPU's instruction-set level and its features of FEATURES."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
                 if line.startswith(("flags", "Features")):
                     flags = set(line.split(":", 1)[1].split())
-                    return next((x for x in ISA if x in flags), "baseline")
+                    return {"isa": next((x for x in ISA if x in flags), "baseline"),
+                            "cpu_features": [x for x in FEATURES if x in flags]}
     except OSError:
         pass
-    return "unknown"
+    return {"isa": "unknown", "cpu_features": None}
 
 
 def versions(names):
@@ -101,7 +109,7 @@ def _installed(path):
         "implementation": sys.implementation.name,
         "machine": os.uname().machine,
         "system": sys.platform,
-        "isa": _isa(),
+        **_cpu(),
         "cpu_count": os.cpu_count(),
         **versions(("numpy", "torch")),
         "numpy_libs": bundled_libraries("numpy"),
