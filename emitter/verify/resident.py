@@ -20,12 +20,12 @@ import os
 import sys
 import time
 
-import numpy as np
 
 PAGE = mmap.PAGESIZE
 # a pagemap entry's top byte (bit 63 present, 62 swapped, 61 file-backed or shared): whether that
-# page is the process's own (present and not the file's: copy-on-write copied it; or swapped out)
-_OWN = np.array([bool(b & 0x40) or (b & 0xA0) == 0x80 for b in range(256)])
+# page is the process's own (present and not the file's: copy-on-write copied it; or swapped out),
+# as a byte table: each top byte translated to 1 if so, else 0
+_OWN = bytes(int(bool(b & 0x40) or (b & 0xA0) == 0x80) for b in range(256))
 _TOP = 7 if sys.byteorder == "little" else 0   # the top byte of each 8-byte (native) entry
 
 
@@ -128,8 +128,7 @@ class Resident:
         """Whether a page of the leaf's map is the module's own (written to, or swapped out)."""
         lo, hi = self.ranges[name]
         n = (hi - lo) // PAGE
-        entries = np.frombuffer(os.pread(self._pagemap, 8 * n, 8 * (lo // PAGE)), dtype=np.uint8)
-        return bool(_OWN[entries[_TOP::8]].any())
+        return 1 in os.pread(self._pagemap, 8 * n, 8 * (lo // PAGE))[_TOP::8].translate(_OWN)
 
     def maps_as(self, name, path, offset, tensor):
         """Whether `tensor`, the module's leaf `name`, is still the buffer found at the start and
