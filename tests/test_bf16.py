@@ -415,3 +415,32 @@ def test_the_floors_read_the_modules_exact_view_of_a_constant_table_alone(tmp_pa
     assert r["verdict"] == "pass", r["reason"] or r["first_divergence"]
     view = next(st.index for st in program.stages if st.op.name == "transpose")
     assert seen == ([[view]] * 3 if kind == "constant" else [[]] * 3)
+
+
+def test_a_step_judged_together_gives_each_stage_its_own_figures_to_the_bit():
+    """gate_step judges a step's stages together (judge_many): each stage's figures are judge()'s
+    to the bit, whatever it holds (NaN or Inf on either side, all zeros, fewer than MIN_VALUES
+    values, a norm whose gain is not tested, a stage of one value, an empty one)."""
+    import math
+    from emitter.verify.bf16 import GAIN_SKIP, bounds, judge, judge_many
+    rng = np.random.default_rng(4)
+    items = []
+    for k in range(60):
+        n = int(rng.choice([0, 1, 5, 16, 17, 576, 1536, 5000]))
+        v = rng.standard_normal(n) * 10.0 ** rng.integers(-3, 3)
+        f = v + rng.standard_normal(n) * 1e-3 * np.abs(v).max(initial=1.0)
+        m = f * (1 + 0.004 * (k % 3 == 0)) + rng.standard_normal(n) * 1e-4
+        if k % 7 == 1 and n:
+            m[0] = np.nan
+        if k % 11 == 2 and n:
+            v[-1], f[-1] = np.inf, np.inf
+        if k % 13 == 3:
+            v, f, m = np.zeros(n), np.zeros(n), np.zeros(n)
+        op = GAIN_SKIP[0] if k % 5 == 4 else "matmul"
+        items.append((op, m.reshape(1, -1), v.reshape(1, -1), f.reshape(1, -1), "bf16" if k % 2 else "fp32"))
+    b = bounds()
+    for got, (op, m, v, f, compute) in zip(judge_many(items, b), items):
+        want = judge(op, m, v, f, b, compute)
+        assert got.keys() == want.keys()
+        assert all(got[k] == want[k] or (isinstance(got[k], float) and math.isnan(got[k]) and math.isnan(want[k]))
+                   for k in want), (got, want)

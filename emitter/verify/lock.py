@@ -28,7 +28,7 @@ from . import environment, trace as trace_file, verdict, vm
 from .compare import KEYS, compare, exact_leaves, figures, known_view_of, load_stage, worse  # noqa: F401
 from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
-from .probe import (BundleFault, CouldNotRun, Probe, Raised, absurd, bundles_fault, changed_after_tap, last_writers,
+from .probe import (BundleFault, CouldNotRun, Probe, Raised, absurd, bundles_fault, changed_after_tap, watched,
                     run_module, same_values)
 from .resident import Releasing, Resident, held_for_writing, reads, worth_releasing
 from .result import unfinished
@@ -139,7 +139,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     stage_reads = reads(program)
     raised = None
     returned = []   # every output the module returned, with its values then: a caller keeps them
-    watch = {st.index for st, _ in last_writers(program).values()}
+    watch = watched(program, model)
     inputs = [n for n in program.leaves if program.roles[n] == "input"]
     leaf_memory = {getattr(model, "leaf_" + n).untyped_storage().data_ptr() for n in program.leaves
                    if n not in program.states and isinstance(getattr(model, "leaf_" + n, None), torch.Tensor)}

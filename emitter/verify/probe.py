@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from ..ops import release
-from .compare import EXACT, SMALL, compare, compare_many, flat_pair, same_in_dtype, worse
+from .compare import EXACT, SMALL, _crc, compare, compare_many, flat_pair, same_in_dtype, worse
 
 
 class CouldNotRun(Exception):
@@ -128,7 +128,9 @@ class Probe:
         self.precisions = precisions   # bf16: each stage's (compute, output); its values are kept
         self._results, self.values, self.exact = {}, {}, {}
         self._pending = []   # small stages (index, the module's value, the VM's): compared together
-        self.watch, self.handed = watch, {}   # stage index: what its tap handed on (changed_after_tap's)
+        # {stage index: [(which of its values or None, the state buffer's dtype, or None for the
+        # output)]}: what its tap handed on is kept (the output's) or summed (a state's): handed
+        self.watch, self.handed = dict(watch), {}
         self.last = -1
         self.seconds = 0.0  # spent comparing and converting: the lock's, not the module's
 
@@ -176,9 +178,9 @@ class Probe:
         start = time.perf_counter()
         try:
             back = self._compare(index, value)
-            if index in self.watch:   # as handed on (the module may write into it afterwards)
-                self.handed[index] = tuple(v.detach().clone() for v in back) if isinstance(back, tuple) \
-                    else back.detach().clone()
+            for part, dtype in self.watch.get(index, ()):   # as handed on (the module may write into it later)
+                v = (back[part] if part is not None and isinstance(back, tuple) else back).detach()
+                self.handed[(index, part)] = v.clone() if dtype is None else held_sum(self.torch, v, dtype)
             return back
         finally:
             self.seconds += time.perf_counter() - start
@@ -240,6 +242,23 @@ def same_values(torch, a, b):
                                  torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
 
 
+def held_sum(torch, value, dtype):
+    """(shape, dtype, the CRC-32 of its bytes) of `value` as a buffer of `dtype` holds it (copy_'s
+    rounding): what a state's buffer holds after its write-back, without keeping a copy of it."""
+    held = value.to(dtype).contiguous()
+    return tuple(held.shape), held.dtype, _crc(torch, held)
+
+
+def watched(program, model):
+    """Probe's `watch` for the output and the states (last_writers): the output's value is kept,
+    a state's summed in its buffer's dtype."""
+    out = {}
+    for name, (st, part) in last_writers(program).items():
+        buf = getattr(model, "leaf_" + name, None) if name != program.output else None
+        out.setdefault(st.index, []).append((part, getattr(buf, "dtype", None)))
+    return out
+
+
 def last_writers(program):
     """{name: (the last stage that gives it its value, which of the stage's values or None)} of the
     output and the states: what changed_after_tap holds them to."""
@@ -260,19 +279,18 @@ def changed_after_tap(torch, program, model, out, handed):
     buffer holds its last writer's value as a copy into the buffer's dtype holds it."""
     found, last = [], last_writers(program)
 
-    def value(st, part):
-        v = handed.get(st.index)
-        return v[part] if isinstance(v, tuple) and part is not None else v
     where = last.get(program.output)
-    if where is not None and (want := value(*where)) is not None and not same_values(torch, out, want):
+    want = where and handed.get((where[0].index, where[1]))
+    if want is not None and not same_values(torch, out, want):
         found.append(({"stage": "output", "out": program.output, "op": "output",
                        "line": program.bound_at.get(program.output)},
                       f"the module's output is not what stage {where[0].index} (`{program.output} = "
                       f"{where[0].op.name}`) handed on: changed after its stage"))
     for s in program.states:
         st, part = last[s]
-        want, buf = value(st, part), getattr(model, "leaf_" + s, None)
-        if want is not None and buf is not None and not same_values(torch, buf, want.to(buf.dtype)):
+        want, buf = handed.get((st.index, part)), getattr(model, "leaf_" + s, None)
+        if want is not None and buf is not None and not isinstance(want, torch.Tensor) and \
+                held_sum(torch, buf.detach(), want[1]) != want:
             found.append(({"stage": "write-back", "out": s, "op": st.op.name, "line": st.line},
                           f"the state `{s}` the module wrote back is not what stage {st.index} "
                           f"(`{st.op.name}`) handed on: changed after its stage"))
