@@ -61,7 +61,10 @@ def under(path, roots):
 def _outside(weights_dir, fname, roots=None):
     """(target, roots) where `weights_dir/fname` links outside its folder and every allowed root
     (`roots`, resolved here when None), else None."""
-    target = os.path.realpath(os.path.join(weights_dir, fname))
+    path = os.path.join(weights_dir, fname)
+    if os.sep not in fname and "/" not in fname and not os.path.islink(path):
+        return None   # an entry of the folder itself, no link: it resolves inside the folder
+    target = os.path.realpath(path)
     if os.path.dirname(target) == os.path.realpath(weights_dir):
         return None
     roots = allowed_roots(weights_dir) if roots is None else roots
