@@ -411,3 +411,40 @@ def test_a_forward_that_ignores_an_input_passed_as_its_argument_fails(zoo, tmp_p
     assert r["first_divergence"]["stage"] in ("output", "write-back")
     assert r["steps_detail"][0]["output"]["nonfinite_mismatch"] or \
         any(m["nonfinite_mismatch"] for m in r["steps_detail"][0]["states"].values())
+
+
+@pytest.mark.parametrize("second", ["sw[:1] * 7", "sw * 1.001"])
+def test_a_stage_tapped_twice_is_judged_on_its_last_tap(zoo, tmp_path, second):
+    """A module that taps a stage again with another value (of another shape, or off by 0.1%)
+    is judged on that last tap, whatever the first handed on: a fail at that stage."""
+    import re
+    bundle = tmp_path / "bundle"
+    shutil.copytree(zoo["bundle"], bundle)
+    text = (bundle / "model.py").read_text()
+    line = re.search(r"\n( +)sw = self\.tap\((\d+), swiglu\(.*\)\)\n", text)
+    index = int(line.group(2))
+    (bundle / "model.py").write_text(text.replace(
+        line.group(0), line.group(0) + f"{line.group(1)}self.tap({index}, {second})\n"))
+    r = lock_bundle(str(bundle), zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == index, r["first_divergence"]
+    assert [s["stage"] for s in r["stages"] if not s["pass"]] == [index]
+
+
+def test_the_free_pass_hands_inputs_of_any_dtype_as_arguments_and_puts_their_buffers_back():
+    """The free pass's inputs: forward's arguments are the buffers' values; meanwhile a float
+    buffer holds NaN, an integer one its least value, a bool one (nothing to poison it with) is
+    left; after, each holds its values again, though the module wrote into its argument or raised."""
+    import torch
+    from emitter.verify.probe import as_arguments
+    model = torch.nn.Module()
+    values = {"f": torch.arange(4.0), "i": torch.arange(4), "b": torch.tensor([True, False])}
+    for n, v in values.items():
+        model.register_buffer("leaf_" + n, v.clone())
+    with pytest.raises(ZeroDivisionError):
+        with as_arguments(torch, model, ["f", "i", "b", "missing"]) as args:
+            assert set(args) == {"f", "i", "b"} and all(torch.equal(args[n], values[n]) for n in args)
+            assert torch.isnan(model.leaf_f).all() and (model.leaf_i == torch.iinfo(torch.int64).min).all()
+            assert torch.equal(model.leaf_b, values["b"])
+            args["f"].mul_(2)
+            1 / 0
+    assert all(torch.equal(getattr(model, "leaf_" + n), v) for n, v in values.items())

@@ -189,9 +189,9 @@ def test_the_bf16_lock_reads_a_weight_again_only_where_it_moved(tmp_path, monkey
     at the load stage. A leaf written in place, whose storage was swapped, or rebound to another
     tensor, each between the forward's calls, is compared again and fails, written at step 1."""
     from emitter.sambaflow.emit import emit_program, write_bundle
-    from emitter.verify import compare
-    again, load_stage = [], compare.load_stage
-    monkeypatch.setattr(compare, "load_stage", lambda *a: again.append(list(a[7])) or load_stage(*a))
+    from emitter.verify import leaf_check
+    again, load_stage = [], leaf_check.load_stage
+    monkeypatch.setattr(leaf_check, "load_stage", lambda *a: again.append(list(a[7])) or load_stage(*a))
     (tmp_path / "p.logos").write_text(TABLE.replace("300 by 64", "20000 by 64"))   # floors read its view
     weights = write_weights(read_file(str(tmp_path / "p.logos")), tmp_path / "w", seed=5)
     bundle = str(tmp_path / "b")

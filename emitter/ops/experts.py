@@ -15,6 +15,8 @@ weights each by its routing weight (zero when not chosen): fixed shapes, no data
 which is what a static dataflow graph (SambaFlow's, torch.fx's) can trace.
 """
 
+import itertools
+
 from .base import Op, ShapeError, fmt, np, np_sigmoid, np_silu, np_softmax
 
 
@@ -53,8 +55,9 @@ def _top(scores, k):
 
 
 def _choosable(scores, mask, tol):
-    """Per row: whether `mask` is a top choice of `scores` moved by at most `tol` (per row): each
-    chosen score at least each other score less `tol` (-inf: never chosen)."""
+    """Per row: whether `mask` is a top choice of `scores` within `tol` (per row) of a tie: each
+    chosen score at least each other score less `tol`, the VM's margin rule for every pair
+    swapped (-inf: never chosen)."""
     with np.errstate(invalid="ignore"):
         lo = np.where(mask, scores, np.inf).min(axis=1)
         hi = np.where(mask, -np.inf, scores).max(axis=1)
@@ -62,7 +65,7 @@ def _choosable(scores, mask, tol):
 
 
 def softmax_choosable(a, mask, tol):
-    """Per token: whether the experts `mask` chose are a top K of p within `tol` of the VM's (a
+    """Per token: whether the experts `mask` chose are a top K of p within `tol` of a tie (a
     choice rounding can make), not only of the same number."""
     return _choosable(np_softmax(a["L"], axis=1), mask, tol)
 
@@ -115,9 +118,10 @@ def sigmoid_selection(a):
 
 
 def sigmoid_choosable(a, mask, tol):
-    """Per token: whether the experts `mask` chose are a choice of sigmoid_selection's with every
-    biased score moved by at most `tol` (a group's score, two of them, by twice that): their groups
-    (and the best others, up to G) a top G of the groups, and the experts a top K within them."""
+    """Per token: whether the experts `mask` chose are a choice of sigmoid_selection's on biased
+    scores within `tol` of a tie with the VM's (each chosen at least each other less `tol`; a
+    group's score, two of them, less twice that): their groups with some others, up to G, a top G
+    of the groups, and the experts a top K within them."""
     c = np_sigmoid(a["L"]) + (a["B"] if a.has("B") else 0.0)
     rows, n = c.shape
     groups = a.int("N") if a.has("N") else 1
@@ -127,13 +131,18 @@ def sigmoid_choosable(a, mask, tol):
     size, keep = n // groups, a.int("G")
     score = np.sort(c.reshape(rows, groups, size), axis=2)[:, :, -2:].sum(axis=2)
     used = mask.reshape(rows, groups, size).any(axis=2)
-    ok = used.sum(axis=1) <= keep
-    kept = used.copy()
-    for t in range(rows):   # the groups used, then the best others, up to G
-        others = [g for g in np.argsort(-score[t], kind="stable") if not used[t, g]]
-        kept[t, others[:max(0, keep - int(used[t].sum()))]] = True
-    within = np.where(np.repeat(kept, size, axis=1), c, -np.inf)
-    return ok & _choosable(score, kept, 2 * tol) & _choosable(within, mask, tol)
+    out = np.zeros(rows, dtype=bool)
+    for t in range(rows):   # the groups used with any others up to G (few: C(N, G) at most)
+        others = [g for g in range(groups) if not used[t, g]]
+        for extra in itertools.combinations(others, max(0, keep - int(used[t].sum()))) if used[t].sum() <= keep else ():
+            kept = used[t].copy()
+            kept[list(extra)] = True
+            within = np.where(np.repeat(kept, size), c[t], -np.inf)
+            if _choosable(score[t:t + 1], kept[None], 2 * tol[t:t + 1])[0] and \
+                    _choosable(within[None], mask[t:t + 1], tol[t:t + 1])[0]:
+                out[t] = True
+                break
+    return out
 
 
 def sigmoid_weights(a, mask):

@@ -82,10 +82,11 @@ def package_digest(kind):
 
 
 def unchanged(kind):
-    """Whether the `kind` code on disk is still what this run's keys name: checked around work
-    that loads it lazily (an emit, an import's own process), so that what it made under the key
-    was made by that code (an edit in the run's middle, reverted after it, would otherwise leave
-    another code's work under this key)."""
+    """Whether the `kind` code on disk is still what this run's keys name: checked after an emit
+    (which loads its code lazily) and around an import's own process, so that what they made
+    under the key was made by that code (an edit in the run's middle, reverted after it, would
+    otherwise leave another code's work under this key; one made and reverted between two such
+    checks is not seen)."""
     return package_digest(kind) == code(kind)
 
 

@@ -50,6 +50,14 @@ def files(folder):
     return {n: e for n, e in entries(folder).items() if e.is_file()}
 
 
+def plain(folder):
+    """The names of a weights folder's plain files, or an empty set when it cannot be listed."""
+    try:
+        return set(files(folder))
+    except OSError:
+        return set()
+
+
 def listed(folder):
     """The names of everything in a weights folder (plain files or not), or an empty set when it
     cannot be listed."""

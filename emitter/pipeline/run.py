@@ -318,13 +318,9 @@ class Run:
         before an emit every file named as a leaf's could be): what doit orders the lock by. The
         others count in the key by name and size and are never read, by doit's checker neither,
         nor are those whose size alone refuses them (keys.weights_part)."""
-        from .keys import files, readable
+        from .keys import plain, readable
         st = read_json(e.status) or {}
-        try:
-            names = set(files(e.pc.weights))
-        except OSError:
-            names = set()
-        return readable(e.pc, names, st.get("status") == "ok" and st.get("leaves"))
+        return readable(e.pc, plain(e.pc.weights), st.get("status") == "ok" and st.get("leaves"))
 
     def cachelookup_tasks(self):
         if not self.settings["cache"]:

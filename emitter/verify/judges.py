@@ -19,7 +19,8 @@ import numpy as np
 
 from ..ops.precision import stage_precisions
 from . import bf16
-from .compare import compare, leaf_sums, still_loaded, worst_of
+from .compare import compare, worst_of
+from .leaf_check import leaf_sums, still_loaded
 from .probe import CouldNotRun
 
 
@@ -98,7 +99,7 @@ class Bf16(Flat):
         """The floors read the module's own weights: before they do, the load stage again over
         the constant leaves, so one the module wrote behind torch's back (through `.data` or
         NumPy) in this step's passes, which the floors would follow, fails, named, whether or not
-        the module puts it back later (compare.still_loaded)."""
+        the module puts it back later (leaf_check.still_loaded)."""
         if self.model is not None and self.load is not None and self.load["pass"]:
             t, program, leaves, dtype, resident = self.watched
             self.load = still_loaded(t, self.model, program, leaves, dtype, self.tol, resident, self.load, step,

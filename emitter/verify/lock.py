@@ -25,11 +25,12 @@ from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
 from . import environment, trace as trace_file, verdict, vm
-from .compare import KEYS, compare, exact_leaves, figures, known_view_of, load_stage, worse  # noqa: F401
+from .compare import KEYS, compare, figures, worse  # noqa: F401
+from .leaf_check import exact_leaves, known_view_of, load_stage
 from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
-from .probe import (BundleFault, CouldNotRun, Probe, Raised, absurd, bundles_fault, changed_after_tap, watched,
-                    run_module, same_values)
+from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, as_arguments, bundles_fault,
+                    changed_after_tap, run_module, watched)
 from .resident import Releasing, Resident, held_for_writing, reads, worth_releasing
 from .result import unfinished
 from .tolerances import DEFAULT_TOLERANCES as TOLERANCES
@@ -130,7 +131,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     states, so each step's error is its own); its VM step also goes to `golden` (a Golden) when
     given; `vm_steps`, the VM's steps (emitter.verify.trace.steps), computed here when not given.
     `judge` (emitter.verify.judges) says what passes: each stage after the probe pass, the
-    output and each state after the free pass. `loaded`: compare.exact_leaves."""
+    output and each state after the free pass. `loaded`: leaf_check.exact_leaves."""
     current = dict(leaves)
     details, stages_worst, first, output_worst, argmax_all = [], {}, None, None, True
     out_stage = next(st for st in reversed(program.stages) if st.binds)
@@ -138,28 +139,9 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     feed = _feeding(program) if integer else None
     stage_reads = reads(program)
     raised = None
-    returned = []   # every output the module returned, with its values then: a caller keeps them
+    returned = Returned(torch, program, model)   # what a caller keeps of the outputs
     watch = watched(program, model)
     inputs = [n for n in program.leaves if program.roles[n] == "input"]
-    leaf_memory = {getattr(model, "leaf_" + n).untyped_storage().data_ptr() for n in program.leaves
-                   if n not in program.states and isinstance(getattr(model, "leaf_" + n, None), torch.Tensor)}
-
-    def kept(out, step, which):
-        """The outputs returned before `out` whose values changed since (the module reused their
-        memory: a caller's earlier outputs change under it); then `out` joins them."""
-        label = {"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)}
-        mine = out.untyped_storage().data_ptr() if isinstance(out, torch.Tensor) else None
-        moved = []
-        for t, was, s, w in returned:
-            if not same_values(torch, t, was):
-                moved.append((label, f"the output the module returned in the {w} pass of step {s} changed in the "
-                                     f"{which} pass of step {step}: a caller's earlier outputs change"))
-            elif mine == t.untyped_storage().data_ptr() and mine not in leaf_memory:
-                moved.append((label, f"the output of the {which} pass of step {step} is in the memory of the one "
-                                     f"returned in the {w} pass of step {s}: a caller's earlier outputs change"))
-        if isinstance(out, torch.Tensor):
-            returned.append((out, out.detach().clone(), step, which))
-        return moved[:1]
 
     def compared(step, probe):
         nonlocal first
@@ -190,23 +172,19 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                 finally:
                     timings["probe_s"] += time.perf_counter() - t - probe.seconds - (resident.seconds - let_go)
                     model.probe = None
-                late = changed_after_tap(torch, program, model, pout, probe.handed) + kept(pout, step, "probe")
+                late = changed_after_tap(torch, program, model, pout, probe.handed) + returned.check(pout, step, "probe")
                 _set_states(torch, model, program, current)     # teacher-forced
                 model.probe = Releasing(None, resident, stage_reads)   # hands each value on as it is
-                args = {n: getattr(model, "leaf_" + n).detach().clone() for n in inputs}
-                for n in inputs:   # passed as compile.py passes them: a forward reading its buffer reads NaN
-                    getattr(model, "leaf_" + n).detach().fill_(math.nan)
-                t, let_go = time.perf_counter(), resident.seconds
-                try:
-                    out = run_module(model, program, f"the free pass of step {step} (its inputs passed as "
-                                     "arguments, their buffers NaN)" if inputs else f"the free pass of step {step}",
-                                     step, args)
-                finally:
-                    timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
-                    model.probe = None
-                    for n in inputs:
-                        getattr(model, "leaf_" + n).detach().copy_(args[n])
-                late += kept(out, step, "free")
+                with as_arguments(torch, model, inputs) as args:
+                    t, let_go = time.perf_counter(), resident.seconds
+                    try:
+                        out = run_module(model, program, f"the free pass of step {step} (its inputs passed as "
+                                         "arguments, their buffers NaN)" if args else f"the free pass of step {step}",
+                                         step, args)
+                    finally:
+                        timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
+                        model.probe = None
+                late += returned.check(out, step, "free")
         except Raised as e:   # the stages compared before it still count; the check stops here
             compared(step, probe)
             raised = {"step": step, **_raised_label(program, e), "in": e.where, "error": e.error}

@@ -2,6 +2,8 @@
 and hands the VM's value on, so each op is judged on the VM's inputs; and the module's forward as
 the lock runs it, where an exception the module raises is a finding about the bundle."""
 
+import contextlib
+import math
 import os
 import re
 import time
@@ -9,7 +11,8 @@ import time
 import numpy as np
 
 from ..ops import release
-from .compare import EXACT, SMALL, _crc, compare, compare_many, flat_pair, same_in_dtype, worse
+from .compare import EXACT, SMALL, compare, compare_many, flat_pair, same_in_dtype, worse
+from .leaf_check import _crc
 
 
 class CouldNotRun(Exception):
@@ -127,7 +130,7 @@ class Probe:
         self.known = known or (lambda index, value, want: False)
         self.precisions = precisions   # bf16: each stage's (compute, output); its values are kept
         self._results, self.values, self.exact = {}, {}, {}
-        self._pending = []   # small stages (index, the module's value, the VM's): compared together
+        self._pending = {}   # small stages' {index: (the module's value, the VM's)}: compared together
         # {stage index: [(which of its values or None, the state buffer's dtype, or None for the
         # output)]}: what its tap handed on is kept (the output's) or summed (a state's): handed
         self.watch, self.handed = dict(watch), {}
@@ -140,11 +143,17 @@ class Probe:
         figured here, together, the first time they are asked for (compare_many)."""
         if self._pending:
             start = time.perf_counter()
-            pending, self._pending = self._pending, []
-            for (index, _, _), m in zip(pending, compare_many([flat_pair(g, w) for _, g, w in pending], self.tol)):
-                self._results[index] = m
+            figured = compare_many([flat_pair(g, w) for g, w in self._pending.values()], self.tol)
+            self._results.update(zip(self._pending, figured))
+            self._pending = {}
             self.seconds += time.perf_counter() - start
         return self._results
+
+    def _settled(self, index, m):
+        """A stage's figures known now (a tapped stage's last tap is what counts: one it was
+        queued with before is dropped)."""
+        self._pending.pop(index, None)
+        self._results[index], self.last = m, index
 
     def out_dtype(self, index):
         """The dtype a stage's value goes on in: the lock's, or under bf16 its output precision."""
@@ -207,7 +216,7 @@ class Probe:
             if known or (index in self.views and same_in_dtype(value.detach(), want)):
                 # a view computes nothing: the VM's, rounded as the module holds its operand (the
                 # load stage's rule), is all there is to check, and the module's own goes on
-                self._results[index], self.last = dict(EXACT, view=True), index
+                self._settled(index, dict(EXACT, view=True))
                 if known and self.precisions is not None:   # of a constant leaf: the floors read
                     self.exact[index] = value.detach()      # it for the VM's (bf16.floors)
                 return value
@@ -216,8 +225,8 @@ class Probe:
                 mine = self._own(value)
                 if self.precisions is not None:
                     self.values[index] = mine
-                self._pending.append((index, mine, want))
-                self._results[index], self.last = None, index
+                self._settled(index, None)
+                self._pending[index] = (mine, want)
                 return self.to_torch(want, index)
             m = compare(value.detach(), want, self.tol)
             # exactly the VM's in the dtype it goes on in: its own (a transposed table is not copied)
@@ -228,8 +237,7 @@ class Probe:
         if self.precisions is not None:   # (every value of a stage that has two: the gate judges each)
             self.values[index] = tuple(v.detach().double().numpy() for v in kept) if isinstance(kept, tuple) \
                 else kept.detach().double().numpy()
-        self._results[index] = m
-        self.last = index
+        self._settled(index, m)
         return back
 
 
@@ -247,6 +255,67 @@ def held_sum(torch, value, dtype):
     rounding): what a state's buffer holds after its write-back, without keeping a copy of it."""
     held = value.to(dtype).contiguous()
     return tuple(held.shape), held.dtype, _crc(torch, held)
+
+
+class Returned:
+    """The outputs a module returned in its last WINDOW passes, held (so their memory is not
+    another's) with the CRC-32 of their bytes: a later pass that writes into one, or returns its
+    memory again, changes what a caller kept of an earlier step. (A module cycling more buffers
+    than the window holds escapes it: a bound on what a check keeps, whatever its steps.)"""
+
+    WINDOW = 8
+
+    def __init__(self, torch, program, model):
+        self.torch, self.program, self.kept = torch, program, []
+        self.leaves = {t.untyped_storage().data_ptr() for n in program.leaves if n not in program.states
+                       and isinstance(t := getattr(model, "leaf_" + n, None), torch.Tensor)}
+
+    def check(self, out, step, which):
+        """[(label, message)] of an earlier output `out` (the `which` pass's of `step`) changed or
+        shares memory with, at most one; then `out` is held."""
+        torch, p = self.torch, self.program
+        label = {"stage": "output", "out": p.output, "op": "output", "line": p.bound_at.get(p.output)}
+        mine = out.untyped_storage().data_ptr() if isinstance(out, torch.Tensor) else None
+        found = []
+        for t, was, s, w in self.kept:
+            if held_sum(torch, t.detach(), t.dtype) != was:
+                found.append((label, f"the output the module returned in the {w} pass of step {s} changed in the "
+                                     f"{which} pass of step {step}: a caller's earlier outputs change"))
+            elif mine and mine == t.untyped_storage().data_ptr() and mine not in self.leaves:
+                found.append((label, f"the output of the {which} pass of step {step} is in the memory of the one "
+                                     f"returned in the {w} pass of step {s}: a caller's earlier outputs change"))
+        if isinstance(out, torch.Tensor):
+            self.kept = (self.kept + [(out, held_sum(torch, out.detach(), out.dtype), step, which)])[-self.WINDOW:]
+        return found[:1]
+
+
+@contextlib.contextmanager
+def as_arguments(torch, model, inputs):
+    """The inputs `inputs` as forward's keyword arguments (compile.py's way), copies of their
+    buffers, which meanwhile hold what no input does (NaN; an integer buffer its least value), so
+    a forward that reads a buffer instead of its argument computes on it; the buffers put back
+    after, from copies of their own (the module may write into its arguments)."""
+    args, saved = {}, {}
+    try:
+        for n in inputs:
+            buf = getattr(model, "leaf_" + n, None)
+            if not isinstance(buf, torch.Tensor):
+                continue
+            b = buf.detach()
+            args[n] = b.clone()
+            fill = math.nan if b.dtype.is_floating_point else \
+                None if b.dtype == torch.bool or b.is_complex() else torch.iinfo(b.dtype).min
+            if fill is not None and not b.is_neg():
+                try:
+                    was = b.clone()
+                    b.fill_(fill)
+                    saved[n] = (b, was)
+                except RuntimeError:   # (memory it cannot write: an expanded tensor)
+                    pass
+        yield args
+    finally:
+        for b, was in saved.values():
+            b.copy_(was)
 
 
 def watched(program, model):

@@ -1,0 +1,179 @@
+"""The lock's load stage: every leaf the module holds against the VM's, bit for bit, before the first
+step and (where the floors read the module's own weights) after each; and what a leaf known so
+lets the lock skip reading: a view of it, a map of the very bytes the VM maps."""
+
+import zlib
+
+import numpy as np
+
+from ..ops import release
+from .compare import _as_dtype, _numpy, _same_bits, compare, figures
+
+
+def _held(torch, program, name, dtype):
+    """The dtype the module holds a leaf in: the lock's, but an Int leaf in fp32 under bfloat16."""
+    if dtype == torch.bfloat16 and not program.decls[name].real:
+        return torch.float32
+    return dtype
+
+
+def _same_bytes(torch, got, want, name, resident):
+    """Whether the module's leaf is an untouched map of the very bytes of the VM's (a map of the same
+    file at the same offset, in the same dtype): equal bit for bit without reading either."""
+    return (isinstance(want, np.memmap) and want.filename is not None and want.flags.c_contiguous
+            and got.is_contiguous() and _numpy(got.dtype) is not None and _numpy(got.dtype) == want.dtype
+            and resident.maps_as(name, want.filename, want.offset, got))
+
+
+def same_view_bytes(torch, got, want, leaf, vm_leaf, name, resident):
+    """Whether `got`, a view the module made of its leaf `leaf` (a transposed table), selects the
+    very elements of the very bytes that `want`, the VM's same view of its leaf `vm_leaf`, does:
+    the leaf an untouched map of the VM's bytes (`_same_bytes`), the view at the same offset with
+    the same shape and strides. Then they are equal bit for bit, unread."""
+    if not isinstance(want, np.ndarray) or got.dtype != leaf.dtype or leaf.numel() != vm_leaf.size \
+            or tuple(got.shape) != want.shape or got.element_size() != want.itemsize:
+        return False
+    offset = want.__array_interface__["data"][0] - vm_leaf.__array_interface__["data"][0]
+    return (got.data_ptr() - leaf.data_ptr() == offset
+            and tuple(s * want.itemsize for s in got.stride()) == want.strides
+            and _same_bytes(torch, leaf, vm_leaf, name, resident))
+
+
+def same_view_elements(got, want, leaf, vm_leaf):
+    """Whether `got`, a view the module made of its leaf `leaf`, selects the very elements that
+    `want`, the VM's same view of its leaf `vm_leaf`, does: both leaves whole and contiguous, the
+    views at the same offset with the same shape and strides, counted in elements. Where the load
+    stage found `leaf` to be `vm_leaf` in leaf's dtype bit for bit and nothing wrote it since (the
+    caller's part), `got` is `want` in that dtype, unread (a bfloat16 copy of a tied table)."""
+    if not isinstance(want, np.ndarray) or want.dtype != vm_leaf.dtype or got.dtype != leaf.dtype \
+            or got.is_neg() or got.is_conj() or not vm_leaf.flags.c_contiguous or not leaf.is_contiguous() \
+            or tuple(leaf.shape) != vm_leaf.shape or tuple(got.shape) != want.shape:
+        return False
+    size, base = want.itemsize, vm_leaf.__array_interface__["data"][0]
+    offset = want.__array_interface__["data"][0] - base
+    if offset < 0 or offset % size or any(s < 0 or s % size for s in want.strides):
+        return False
+    last = offset + sum((n - 1) * s for n, s in zip(want.shape, want.strides))
+    if want.size == 0 or not 0 <= last < vm_leaf.nbytes:   # inside the VM's leaf: a view of it
+        return False
+    at = got.data_ptr() - leaf.data_ptr()
+    return (at == offset // size * got.element_size()
+            and tuple(got.stride()) == tuple(s // size for s in want.strides))
+
+
+def exact_leaves(model, program, load):
+    """{constant leaf: (the module's tensor, its version counter, where its values are)} of those
+    the load stage passed."""
+    wrong = {f["leaf"] for f in load["failed"]}
+    return {n: (t, t._version, t.data_ptr()) for n in program.leaves if n not in wrong and n not in program.states
+            for t in (getattr(model, "leaf_" + n),)}
+
+
+def known_view_of(torch, got, want, name, leaf, vm_leaf, resident, loaded):
+    """Whether `got`, the module's view of its leaf `name` (the tensor `leaf`), is `want`, the VM's
+    same view of `vm_leaf`, unread: the leaf the copy the load stage found exact (`loaded`:
+    `exact_leaves`) and written by nothing torch counts since (in place, through a view; its
+    storage not swapped), or an untouched map of the VM's own bytes; the views selecting the same
+    elements. A leaf in the dtype of the VM's map is judged as a map (its pages show any write,
+    whatever wrote them; a copy of it is read). A write torch does not count (through `.data` or
+    NumPy) is found where a later stage reads the table, not at the view."""
+    if same_view_bytes(torch, got, want, leaf.detach(), vm_leaf, name, resident):
+        return True
+    if isinstance(vm_leaf, np.memmap) and _numpy(leaf.dtype) is not None and _numpy(leaf.dtype) == vm_leaf.dtype:
+        return False
+    was = loaded.get(name)
+    return was is not None and was[0] is leaf and leaf._version == was[1] and leaf.data_ptr() == was[2] \
+        and same_view_elements(got, want, leaf.detach(), vm_leaf)
+
+
+def _widened_equal(got, want, scratch):
+    """Whether a block of a float64 leaf is a block of the VM's float32 leaf widened, value for
+    value, compared as NumPy reads them (each read once, no widened copy; rounding to a wider
+    dtype is exact, so equal is the load stage's rule). False where it cannot tell (NaN, another
+    pair of dtypes): the caller compares its own way."""
+    if str(got.dtype) != "torch.float64" or getattr(want, "dtype", None) != np.float32 or got.is_neg() \
+            or not got.is_contiguous() or got.device.type != "cpu" or tuple(got.shape) != want.shape:
+        return False
+    n = want.size
+    if "equal" not in scratch or scratch["equal"].size < n:
+        scratch["equal"] = np.empty(n, dtype=bool)
+    eq = scratch["equal"][:n].reshape(want.shape)
+    np.equal(got.numpy(), want, out=eq)
+    return bool(eq.all())
+
+
+def load_stage(torch, model, program, leaves, dtype, tol, resident, names=None):
+    """Every leaf buffer (of `names`, where given) against the VM's leaf rounded to the dtype the
+    module holds it in: equal, bit for bit. Returns {"pass", "leaves", "failed": [{leaf, line,
+    figures}]} (rows in blocks: a 1 GB table costs no copy)."""
+    failed, scratch = [], {}
+    names = program.leaves if names is None else names
+    for name in names:
+        want = leaves[name]
+        held = _held(torch, program, name, dtype)
+        buf = getattr(model, "leaf_" + name, None)
+        got = None if buf is None else buf.detach()
+        ok = got is not None and tuple(got.shape) == want.shape and got.dtype == held
+        rows = 1 + (1 << 20) // max(1, want.shape[1])
+        same = ok and _same_bytes(torch, got, want, name, resident)   # then nothing to read
+        for r in range(0, want.shape[0], rows) if ok and not same else ():
+            if _widened_equal(got[r:r + rows], want[r:r + rows], scratch):
+                release(want)
+                continue
+            a, b = got[r:r + rows], _as_dtype(torch, scratch, want[r:r + rows], held)
+            release(want)
+            if not (_same_bits(torch, a, b) or torch.equal(a, b) or (
+                    torch.equal(torch.isnan(a), torch.isnan(b)) and
+                    torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))):
+                ok = False
+                break
+        if not ok:
+            m = compare(got if got is not None else np.zeros(0), want, tol)
+            m["pass"] = False
+            failed.append({"leaf": name, "line": program.decls[name].line, **figures(m),
+                           "dtype": None if got is None else str(got.dtype)})
+        release(want)
+        resident.release([name])
+    return {"pass": not failed, "leaves": len(names), "failed": failed}
+
+
+def _crc(torch, t):
+    """The CRC-32 of a contiguous CPU tensor's bytes (zlib's: ~3 GB/s here), else None."""
+    t = t.detach()
+    if t.device.type != "cpu" or not t.is_contiguous() or t.is_neg() or t.is_conj():
+        return None
+    return zlib.crc32(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _sum(torch, t):
+    return None if t is None else (t, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, _crc(torch, t))
+
+
+def leaf_sums(torch, model, names, resident):
+    """{leaf: (its tensor, where its values start, shape, strides, dtype, its bytes' CRC-32)} of
+    the module's leaves `names` that are its own memory, what still_loaded holds such a leaf to,
+    to know it unchanged with one read of its bytes, not a cast and a comparison of the VM's
+    values. (A leaf that maps its file is known unchanged from its pages: resident.maps_as.)"""
+    return {n: _sum(torch, getattr(model, "leaf_" + n, None)) for n in names if n not in resident.ranges}
+
+
+def _unchanged(torch, model, name, was):
+    t = getattr(model, "leaf_" + name, None)
+    return was is not None and t is was[0] and was[5] is not None and _sum(torch, t) == was
+
+
+def still_loaded(torch, model, program, leaves, dtype, tol, resident, load, step, sums):
+    """The load stage again after a step, over the constant leaves: a weight the module wrote
+    while it ran (through `.data` or NumPy, which torch does not count) is a failure naming it,
+    where the bf16 gate's floors, which read the module's own weights, would pass it. `load` as
+    it was, or the failures, each `written` at `step`. `sums` (leaf_sums', kept up to date here):
+    a leaf still the tensor, place and bytes' CRC-32 it passed with is not compared again (a
+    change of at most 4 bytes always moves a CRC-32; any other keeps it by a chance of 2^-32).
+    What it finds is a module's writes, not one built to hide them: a CRC-32 can be kept on
+    purpose, as a weight can be put back before the step ends, which no check between steps sees."""
+    moved = [n for n in program.leaves if n not in program.states and not _unchanged(torch, model, n, sums.get(n))]
+    again = load_stage(torch, model, program, leaves, dtype, tol, resident, moved)
+    if again["pass"]:
+        sums.update(leaf_sums(torch, model, moved, resident))
+        return load
+    return {**load, "pass": False, "failed": [{**f, "written": step} for f in again["failed"]]}
