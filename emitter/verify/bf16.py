@@ -41,6 +41,7 @@ import numpy as np
 
 from ..ops import ALL_OPS
 from ..ops.base import WIDEN_BYTES
+from .compare import SMALL
 from .rounding import COMPUTE_GRAIN, rounded
 from .routing import ROUTERS, judge_router
 from .verdict import describe_flip
@@ -313,7 +314,7 @@ def gate_step(torch, program, current, trace, probe, gate, step, label):
     found = floors(torch, program, current, trace.stages, gate.precisions, gate.model,
                    gate.shared, {i: probe.exact.get(i) for i, m in probe.results.items() if m.get("view")})
     plain = [i for i, m in probe.results.items() if not m.get("view") and program.stages[i].op.name not in ROUTERS
-             and not isinstance(trace.stages[i], tuple)]   # judged together (judge_many)
+             and not isinstance(trace.stages[i], tuple) and np.size(trace.stages[i]) <= SMALL]   # judged together
     judged = dict(zip(plain, judge_many([(program.stages[i].op.name, probe.values[i], trace.stages[i], found[i],
                                           gate.precisions[i][0]) for i in plain], gate.bounds)))
     for i, m in probe.results.items():
