@@ -448,3 +448,31 @@ def test_the_free_pass_hands_inputs_of_any_dtype_as_arguments_and_puts_their_buf
             args["f"].mul_(2)
             1 / 0
     assert all(torch.equal(getattr(model, "leaf_" + n), v) for n, v in values.items())
+
+
+def test_inputs_sharing_memory_are_put_back_whole():
+    """Two inputs whose buffers share memory: both arguments hold the values, and the memory
+    holds them again after (each input's copy taken before any is poisoned)."""
+    import torch
+    from types import SimpleNamespace
+    from emitter.verify.probe import as_arguments
+    base = torch.arange(6, dtype=torch.float64)
+    model = SimpleNamespace(leaf_a=base[:3], leaf_b=base[:3])
+    with as_arguments(torch, model, ["a", "b"]) as args:
+        assert torch.equal(args["a"], torch.arange(3.0, dtype=torch.float64)) and torch.equal(args["a"], args["b"])
+        assert torch.isnan(base[:3]).all()
+    assert torch.equal(base, torch.arange(6, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("old,new,stage,said", [
+    ("        return y\n", "        return float(y.sum())\n", "output", "returned a float, not a tensor"),
+    ('            self.register_buffer("leaf_" + name, value)\n',
+     '            if name != "cs":\n                self.register_buffer("leaf_" + name, value)\n',
+     "load", "holds no buffer `leaf_cs`"),   # (the load stage named the leaf first)
+])
+def test_a_module_without_a_tensor_output_or_a_states_buffer_fails_naming_it(zoo, tmp_path, old, new, stage, said):
+    bundle = _sabotage(zoo, tmp_path, old, new)
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == stage and said in r["reason"], r["reason"]
+    if stage == "load":
+        assert r["first_divergence"]["out"] == "cs"

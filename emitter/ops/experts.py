@@ -15,8 +15,6 @@ weights each by its routing weight (zero when not chosen): fixed shapes, no data
 which is what a static dataflow graph (SambaFlow's, torch.fx's) can trace.
 """
 
-import itertools
-
 from .base import Op, ShapeError, fmt, np, np_sigmoid, np_silu, np_softmax
 
 
@@ -64,7 +62,7 @@ def _choosable(scores, mask, tol):
         return np.isfinite(lo) & (lo - hi >= -np.asarray(tol)) | ~mask.any(axis=1)
 
 
-def softmax_choosable(a, mask, tol):
+def softmax_choosable(a, mask, tol, rows=None):
     """Per token: whether the experts `mask` chose are a top K of p within `tol` of a tie (a
     choice rounding can make), not only of the same number."""
     return _choosable(np_softmax(a["L"], axis=1), mask, tol)
@@ -117,31 +115,34 @@ def sigmoid_selection(a):
     return mask, np.minimum(margin, experts), c
 
 
-def sigmoid_choosable(a, mask, tol):
-    """Per token: whether the experts `mask` chose are a choice of sigmoid_selection's on biased
-    scores within `tol` of a tie with the VM's (each chosen at least each other less `tol`; a
-    group's score, two of them, less twice that): their groups with some others, up to G, a top G
-    of the groups, and the experts a top K within them."""
+def sigmoid_choosable(a, mask, tol, rows=None):
+    """Per token (of `rows`, all where None; the others False): whether the experts `mask` chose
+    are a choice of sigmoid_selection's on biased scores within `tol` of a tie with the VM's (each
+    chosen at least each other less `tol`; a group's score, two of them, less twice that): their
+    groups with the best of the others whose experts none of the chosen would lose to, up to G, a
+    top G of the groups (those others, best first, are the choice that rules out least), and the
+    experts a top K within them."""
     c = np_sigmoid(a["L"]) + (a["B"] if a.has("B") else 0.0)
-    rows, n = c.shape
+    n_rows, n = c.shape
     groups = a.int("N") if a.has("N") else 1
-    tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), (rows,))
+    tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), (n_rows,))
     if groups == 1:
         return _choosable(c, mask, tol)
     size, keep = n // groups, a.int("G")
-    score = np.sort(c.reshape(rows, groups, size), axis=2)[:, :, -2:].sum(axis=2)
-    used = mask.reshape(rows, groups, size).any(axis=2)
-    out = np.zeros(rows, dtype=bool)
-    for t in range(rows):   # the groups used with any others up to G (few: C(N, G) at most)
-        others = [g for g in range(groups) if not used[t, g]]
-        for extra in itertools.combinations(others, max(0, keep - int(used[t].sum()))) if used[t].sum() <= keep else ():
-            kept = used[t].copy()
-            kept[list(extra)] = True
-            within = np.where(np.repeat(kept, size), c[t], -np.inf)
-            if _choosable(score[t:t + 1], kept[None], 2 * tol[t:t + 1])[0] and \
-                    _choosable(within[None], mask[t:t + 1], tol[t:t + 1])[0]:
-                out[t] = True
-                break
+    score = np.sort(c.reshape(n_rows, groups, size), axis=2)[:, :, -2:].sum(axis=2)
+    used = mask.reshape(n_rows, groups, size).any(axis=2)
+    out = np.zeros(n_rows, dtype=bool)
+    for t in range(n_rows) if rows is None else rows:
+        if not mask[t].any() or used[t].sum() > keep:
+            continue
+        weakest = c[t][mask[t]].min()
+        harmless = [g for g in np.argsort(-score[t], kind="stable")
+                    if not used[t, g] and c[t].reshape(groups, size)[g].max() <= weakest + tol[t]]
+        kept = used[t].copy()
+        kept[harmless[:keep - int(used[t].sum())]] = True
+        within = np.where(np.repeat(kept, size), c[t], -np.inf)
+        out[t] = kept.sum() == keep and _choosable(score[t:t + 1], kept[None], 2 * tol[t:t + 1])[0] and \
+            _choosable(within[None], mask[t:t + 1], tol[t:t + 1])[0]
     return out
 
 

@@ -140,6 +140,9 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     stage_reads = reads(program)
     raised = None
     returned = Returned(torch, program, model)   # what a caller keeps of the outputs
+    for s in program.states:
+        if not isinstance(getattr(model, "leaf_" + s, None), torch.Tensor):
+            raise BundleFault(_writer(program, s), f"the module holds no buffer `leaf_{s}` for the state `{s}`")
     watch = watched(program, model)
     inputs = [n for n in program.leaves if program.roles[n] == "input"]
 
@@ -340,9 +343,11 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["reason"] = str(e.at(program_path))
     except CouldNotRun as e:
         result["reason"] = str(e)
-    except BundleFault as e:
+    except BundleFault as e:   # (a leaf the load stage found wrong is the first divergence still)
+        f = ((result.get("load") or {}).get("failed") or [None])[0]
         result.update(verdict="fail", reason=str(e), first_divergence={
-            "step": e.step, **e.where, **{k: None for k in KEYS}, "raised": str(e)},
+            "step": e.step, **e.where, **{k: None for k in KEYS}, "raised": str(e)} if f is None else {
+            "step": 0, "stage": "load", "out": f["leaf"], "line": f["line"], "op": "load", **{k: f[k] for k in figures(f)}},
             worst={**e.where, "ratio": None, "max_abs": None, "guarded_rel": None})
     except (Exception, SystemExit) as e:  # anything else is still "could not run" (exit 2), never a fail
         result["reason"] = f"the lock check raised {type(e).__name__}: {e}"

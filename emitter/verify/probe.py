@@ -96,12 +96,17 @@ def run_module(model, program, what, step=0, args=None):
     passed to forward as arguments (compile.py's way), by name."""
     try:
         out = model(**(args or {}))
-        mine = out.untyped_storage().data_ptr() if hasattr(out, "untyped_storage") else None
+        if not hasattr(out, "untyped_storage") or not hasattr(out, "resolve_neg"):
+            raise BundleFault({"stage": "output", "out": program.output, "op": "output",
+                               "line": program.bound_at.get(program.output)},
+                              f"in {what} the module's forward returned a {type(out).__name__}, not a tensor", step)
+        out = out.resolve_neg()
+        mine = out.untyped_storage().data_ptr()
         alias = next((s for s in program.states if mine and mine == getattr(
             model, "leaf_" + s).untyped_storage().data_ptr()), None)
         if alias is None:
             return out
-    except CouldNotRun:
+    except (CouldNotRun, BundleFault):
         raise
     except (Exception, SystemExit) as e:   # (a bundle's sys.exit() is its own fault too)
         nxt = getattr(model.probe, "last", -1) + 1 if model.probe else None
@@ -253,7 +258,7 @@ def same_values(torch, a, b):
 def held_sum(torch, value, dtype):
     """(shape, dtype, the CRC-32 of its bytes) of `value` as a buffer of `dtype` holds it (copy_'s
     rounding): what a state's buffer holds after its write-back, without keeping a copy of it."""
-    held = value.to(dtype).contiguous()
+    held = value.resolve_neg().to(dtype).contiguous()
     return tuple(held.shape), held.dtype, _crc(torch, held)
 
 
@@ -295,27 +300,23 @@ def as_arguments(torch, model, inputs):
     buffers, which meanwhile hold what no input does (NaN; an integer buffer its least value), so
     a forward that reads a buffer instead of its argument computes on it; the buffers put back
     after, from copies of their own (the module may write into its arguments)."""
-    args, saved = {}, {}
+    bufs = {n: b.detach() for n in inputs if isinstance(b := getattr(model, "leaf_" + n, None), torch.Tensor)}
+    args = {n: b.clone() for n, b in bufs.items()}
+    saved = {n: (b, b.clone()) for n, b in bufs.items()}   # all taken first: two may share memory
     try:
-        for n in inputs:
-            buf = getattr(model, "leaf_" + n, None)
-            if not isinstance(buf, torch.Tensor):
-                continue
-            b = buf.detach()
-            args[n] = b.clone()
-            fill = math.nan if b.dtype.is_floating_point else \
-                None if b.dtype == torch.bool or b.is_complex() else torch.iinfo(b.dtype).min
+        for b, _ in saved.values():
+            fill = math.nan if b.dtype.is_floating_point else None if b.dtype == torch.bool or b.is_complex() \
+                else torch.iinfo(b.dtype).min if b.dtype.is_signed else torch.iinfo(b.dtype).max
             if fill is not None and not b.is_neg():
                 try:
-                    was = b.clone()
                     b.fill_(fill)
-                    saved[n] = (b, was)
                 except RuntimeError:   # (memory it cannot write: an expanded tensor)
                     pass
         yield args
     finally:
         for b, was in saved.values():
-            b.copy_(was)
+            if not b.is_neg():
+                b.copy_(was)
 
 
 def watched(program, model):

@@ -43,8 +43,9 @@ def judge_router(torch, program, st, env, module, gate, step):
         noise = np.maximum(_rms_rows(scores_fed - scores), COMPUTE_GRAIN[compute] * _rms_rows(scores))
     got = np.asarray(module[0] if isinstance(module, tuple) else module, dtype=np.float64)
     mask = got != 0
-    flips, near = [], choosable(a, mask, gate.bounds["margin_noise"] * noise)
-    for t in np.flatnonzero((mask != mask_vm).any(axis=1)):
+    flipped = np.flatnonzero((mask != mask_vm).any(axis=1))
+    flips, near = [], choosable(a, mask, gate.bounds["margin_noise"] * noise, flipped) if flipped.size else None
+    for t in flipped:
         same_size = mask[t].sum() == mask_vm[t].sum()
         flips.append({"step": step, "token": int(t), "vm": np.flatnonzero(mask_vm[t]).tolist(),
                       "module": np.flatnonzero(mask[t]).tolist(), "margin": float(margin[t]),
