@@ -137,7 +137,7 @@ def load_stage(torch, model, program, leaves, dtype, tol, resident, names=None):
     return {"pass": not failed, "leaves": len(names), "failed": failed}
 
 
-def _crc(torch, t):
+def bytes_crc(torch, t):
     """The CRC-32 of a contiguous CPU tensor's bytes (zlib's: ~3 GB/s here), else None."""
     t = t.detach()
     if t.device.type != "cpu" or not t.is_contiguous() or t.is_neg() or t.is_conj():
@@ -146,7 +146,7 @@ def _crc(torch, t):
 
 
 def _sum(torch, t):
-    return None if t is None else (t, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, _crc(torch, t))
+    return None if t is None else (t, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, bytes_crc(torch, t))
 
 
 def leaf_sums(torch, model, names, resident):

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ops import release
 from .compare import EXACT, SMALL, compare, compare_many, flat_pair, same_in_dtype, worse
-from .leaf_check import _crc
+from .leaf_check import bytes_crc
 
 
 class CouldNotRun(Exception):
@@ -259,7 +259,7 @@ def held_sum(torch, value, dtype):
     """(shape, dtype, the CRC-32 of its bytes) of `value` as a buffer of `dtype` holds it (copy_'s
     rounding): what a state's buffer holds after its write-back, without keeping a copy of it."""
     held = value.resolve_neg().to(dtype).contiguous()
-    return tuple(held.shape), held.dtype, _crc(torch, held)
+    return tuple(held.shape), held.dtype, bytes_crc(torch, held)
 
 
 class Returned:
