@@ -222,27 +222,42 @@ def judge(op_name, module, vm, floor, b, compute="fp32"):
     """The gate's figures for one op on one step (its compute precision gives the noise's grain),
     and whether it passes."""
     m, v, f = _flat(module), _flat(vm), _flat(floor)
-    grain = COMPUTE_GRAIN[compute]
-    noise = max(_rms(f - v), grain * _rms(v))
-    excess = _ratio(_rms(m - v), noise)
-    w = 1.0 / np.maximum(np.abs(v), _rms(v) + np.finfo(float).tiny)   # values over the rms: relative
+    rv = _rms(v)
+    w = 1.0 / np.maximum(np.abs(v), rv + np.finfo(float).tiny)   # values over the rms: relative
     moved = ((m - f) * w) ** 2
-    moved = math.sqrt(max(float(moved.sum() - moved.max()), 0.0) / v.size) if v.size else 0.0
-    deviation = _ratio(moved, max(_rms((f - v) * w), grain))
+    fv = f - v
+    return _judged(op_name, compute, b, (m, v, f), (fv, m - v, fv * w, moved), moved.max() if v.size else 0.0, rv,
+                   (np.isfinite(m).all(), np.isfinite(f).all(), np.isfinite(v).all(), np.any(v)))
+
+
+def _judged(op_name, compute, b, values, derived, top, rv, flags):
+    """judge()'s figures from one stage's values (module, VM, floor), what is derived of them
+    elementwise (floor − VM, module − VM, (floor − VM)·w, ((module − floor)·w)²), the largest of
+    the last, rms(VM) and (module finite, floor finite, VM finite, any VM value not 0): the part
+    of the gate judge and judge_many share."""
+    m, v, f = values
+    fv, mv, fvw, moved = derived
+    finite_m, finite_f, finite_v, some = flags
+    n = v.size
+    grain = COMPUTE_GRAIN[compute]
+    noise = max(_rms(fv), grain * rv)
+    excess = _ratio(_rms(mv), noise)
+    spread = math.sqrt(max(float(moved.sum() - top), 0.0) / n) if n else 0.0
+    deviation = _ratio(spread, max(_rms(fvw), grain))
     limit = b["excess"].get(op_name, b["excess_other"])
     z, cosine, gain = 0.0, 1.0, 0.0
-    if v.size >= MIN_VALUES and np.any(v) and np.isfinite(m).all() and np.isfinite(f).all():
+    if n >= MIN_VALUES and some and finite_m and finite_f:
         ff = float(np.dot(f, f))
         slope = float(np.dot(m, f)) / ff if ff > 0 else 1.0
         gain = slope - 1.0
         if op_name not in GAIN_SKIP and abs(gain) > GAIN_MIN:
             resid = m - slope * f      # its standard error robust to noise that grows with |f|
-            se = math.sqrt(float(np.dot(f * f, resid * resid)) * v.size / (v.size - 1)) / ff
+            se = math.sqrt(float(np.dot(f * f, resid * resid)) * n / (n - 1)) / ff
             z = abs(slope - 1.0) / se if se > 0 else math.inf
         norms = math.sqrt(float(np.dot(m, m)) * float(np.dot(v, v)))
         cosine = float(np.dot(m, v)) / norms if norms > 0 else 0.0
-    finite = bool(np.isfinite(m).all() == np.isfinite(v).all())
-    ok = finite and excess <= limit and deviation <= b["deviation"] and z <= b["z"] and cosine >= b["cosine"]
+    ok = bool(finite_m == finite_v) and excess <= limit and deviation <= b["deviation"] and z <= b["z"] \
+        and cosine >= b["cosine"]
     return {"excess": excess, "excess_limit": limit, "deviation": deviation, "z": z, "gain": gain,
             "cosine": cosine, "pass": ok}
 
@@ -259,41 +274,20 @@ def judge_many(items, b):
         ends = np.cumsum(sizes)
         starts = ends - sizes
         m, v, f = (np.concatenate([flats[k][j] for k in todo]) for j in range(3))
-        dot, tiny = np.dot, np.finfo(float).tiny
         spans = list(zip(starts.tolist(), ends.tolist()))
-        rv = [math.sqrt(float(dot(v[lo:hi], v[lo:hi])) / (hi - lo)) for lo, hi in spans]
+        rv = [_rms(v[lo:hi]) for lo, hi in spans]
         with np.errstate(all="ignore"):
             fv, mv = f - v, m - v
-            w = 1.0 / np.maximum(np.abs(v), np.repeat(np.array(rv) + tiny, sizes))
+            w = 1.0 / np.maximum(np.abs(v), np.repeat(np.array(rv) + np.finfo(float).tiny, sizes))
             moved = ((m - f) * w) ** 2
             fvw = fv * w
             top = np.maximum.reduceat(moved, starts).tolist()
-            finite_m, finite_f, finite_v = (np.logical_and.reduceat(np.isfinite(x), starts).tolist() for x in (m, f, v))
+            finite = [np.logical_and.reduceat(np.isfinite(x), starts).tolist() for x in (m, f, v)]
             some = np.logical_or.reduceat(v != 0, starts).tolist()
         for k, (i, (lo, hi)) in enumerate(zip(todo, spans)):
-            op_name, compute, n = items[i][0], items[i][4], hi - lo
-            mi, vi, fi = m[lo:hi], v[lo:hi], f[lo:hi]
-            grain = COMPUTE_GRAIN[compute]
-            noise = max(_rms(fv[lo:hi]), grain * rv[k])
-            excess = _ratio(_rms(mv[lo:hi]), noise)
-            spread = math.sqrt(max(float(moved[lo:hi].sum() - top[k]), 0.0) / n)
-            deviation = _ratio(spread, max(_rms(fvw[lo:hi]), grain))
-            limit = b["excess"].get(op_name, b["excess_other"])
-            z, cosine, gain = 0.0, 1.0, 0.0
-            if n >= MIN_VALUES and some[k] and finite_m[k] and finite_f[k]:
-                ff = float(dot(fi, fi))
-                slope = float(dot(mi, fi)) / ff if ff > 0 else 1.0
-                gain = slope - 1.0
-                if op_name not in GAIN_SKIP and abs(gain) > GAIN_MIN:
-                    resid = mi - slope * fi
-                    se = math.sqrt(float(dot(fi * fi, resid * resid)) * n / (n - 1)) / ff
-                    z = abs(slope - 1.0) / se if se > 0 else math.inf
-                norms = math.sqrt(float(dot(mi, mi)) * float(dot(vi, vi)))
-                cosine = float(dot(mi, vi)) / norms if norms > 0 else 0.0
-            ok = finite_m[k] == finite_v[k] and excess <= limit and deviation <= b["deviation"] \
-                and z <= b["z"] and cosine >= b["cosine"]
-            out[i] = {"excess": excess, "excess_limit": limit, "deviation": deviation, "z": z, "gain": gain,
-                      "cosine": cosine, "pass": ok}
+            out[i] = _judged(items[i][0], items[i][4], b, (m[lo:hi], v[lo:hi], f[lo:hi]),
+                             (fv[lo:hi], mv[lo:hi], fvw[lo:hi], moved[lo:hi]), top[k], rv[k],
+                             (finite[0][k], finite[1][k], finite[2][k], some[k]))
     return [j if j is not None else judge(*items[i][:4], b, items[i][4]) for i, j in enumerate(out)]
 
 
