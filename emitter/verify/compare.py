@@ -49,8 +49,8 @@ def same_in_dtype(got, want):
         return False
     got, scratch = got.resolve_neg(), {}   # (a lazily negated view has no bits to compare)
     for g, w in _blocks(got, want, widen=False):
-        b = _as_dtype(torch, scratch, w, g.dtype)
-        same = _same_bits(torch, g, b) or torch.equal(g, b)
+        b = as_dtype(torch, scratch, w, g.dtype)
+        same = same_bits(torch, g, b) or torch.equal(g, b)
         release(want)
         if not same:
             return False
@@ -226,13 +226,13 @@ def _viewed(torch, block):
 _NUMPY = {"torch.float32": np.dtype("<f4"), "torch.float64": np.dtype("<f8")}
 
 
-def _numpy(dtype):
+def numpy_dtype(dtype):
     """The NumPy dtype of a torch dtype the maps hold, or None (never compare None with a NumPy
     dtype: NumPy takes it for float64)."""
     return _NUMPY.get(str(dtype))
 
 
-def _as_dtype(torch, buffers, block, dtype):
+def as_dtype(torch, buffers, block, dtype):
     """A block of the VM's values as a tensor of `dtype`: viewed as it is, or cast into `buffers`'
     one buffer of that dtype (grown as needed, reused: no fresh pages for each block)."""
     b = _viewed(torch, block)
@@ -247,7 +247,13 @@ def _as_dtype(torch, buffers, block, dtype):
 _BITS = {2: "int16", 4: "int32", 8: "int64"}
 
 
-def _same_bits(torch, a, b):
+def nan_equal(torch, a, b):
+    """Whether tensors `a` and `b` of one dtype hold equal values, NaN where NaN."""
+    return torch.equal(a, b) or (torch.equal(torch.isnan(a), torch.isnan(b)) and
+                                 torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+
+
+def same_bits(torch, a, b):
     """Whether `a` and `b` hold the same bits (then equal; where not, equal may still hold: -0.0, NaN)."""
     bits = _BITS.get(a.element_size())
     return (bits is not None and a.dtype == b.dtype and a.shape == b.shape and a.is_contiguous()

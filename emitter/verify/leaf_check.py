@@ -7,7 +7,7 @@ import zlib
 import numpy as np
 
 from ..ops import release
-from .compare import _as_dtype, _numpy, _same_bits, compare, figures
+from .compare import as_dtype, compare, figures, nan_equal, numpy_dtype, same_bits
 
 
 def _held(torch, program, name, dtype):
@@ -21,7 +21,7 @@ def _same_bytes(torch, got, want, name, resident):
     """Whether the module's leaf is an untouched map of the very bytes of the VM's (a map of the same
     file at the same offset, in the same dtype): equal bit for bit without reading either."""
     return (isinstance(want, np.memmap) and want.filename is not None and want.flags.c_contiguous
-            and got.is_contiguous() and _numpy(got.dtype) is not None and _numpy(got.dtype) == want.dtype
+            and got.is_contiguous() and numpy_dtype(got.dtype) is not None and numpy_dtype(got.dtype) == want.dtype
             and resident.maps_as(name, want.filename, want.offset, got))
 
 
@@ -79,7 +79,7 @@ def known_view_of(torch, got, want, name, leaf, vm_leaf, resident, loaded):
     NumPy) is found where a later stage reads the table, not at the view."""
     if same_view_bytes(torch, got, want, leaf.detach(), vm_leaf, name, resident):
         return True
-    if isinstance(vm_leaf, np.memmap) and _numpy(leaf.dtype) is not None and _numpy(leaf.dtype) == vm_leaf.dtype:
+    if isinstance(vm_leaf, np.memmap) and numpy_dtype(leaf.dtype) is not None and numpy_dtype(leaf.dtype) == vm_leaf.dtype:
         return False
     was = loaded.get(name)
     return was is not None and was[0] is leaf and leaf._version == was[1] and leaf.data_ptr() == was[2] \
@@ -120,11 +120,9 @@ def load_stage(torch, model, program, leaves, dtype, tol, resident, names=None):
             if _widened_equal(got[r:r + rows], want[r:r + rows], scratch):
                 release(want)
                 continue
-            a, b = got[r:r + rows], _as_dtype(torch, scratch, want[r:r + rows], held)
+            a, b = got[r:r + rows], as_dtype(torch, scratch, want[r:r + rows], held)
             release(want)
-            if not (_same_bits(torch, a, b) or torch.equal(a, b) or (
-                    torch.equal(torch.isnan(a), torch.isnan(b)) and
-                    torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))):
+            if not (same_bits(torch, a, b) or nan_equal(torch, a, b)):
                 ok = False
                 break
         if not ok:

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ..ops import release
-from .compare import EXACT, SMALL, compare, compare_many, flat_pair, same_in_dtype, worse
+from .compare import EXACT, SMALL, compare, compare_many, flat_pair, nan_equal, numpy_dtype, same_in_dtype, worse
 from .leaf_check import bytes_crc
 
 
@@ -122,15 +122,11 @@ def run_module(model, program, what, step=0, args=None):
                       "the next step overwrites: a caller's earlier outputs would change", step)
 
 
-_NUMPY = {}   # torch's float32 and float64 as NumPy's, filled by the first Probe
-
-
 class Probe:
     """The module's `tap` hook in the probe pass: compare each stage with the VM, hand back the VM's."""
 
     def __init__(self, torch, dtype, vm_stages, tol, precisions=None, views=(), known=None, watch=()):
         self.torch, self.dtype, self.vm_stages, self.tol, self.views = torch, dtype, vm_stages, tol, views
-        _NUMPY.update({torch.float32: np.float32, torch.float64: np.float64})
         # known(index, value, want): the module's view is the VM's by where it points (no read)
         self.known = known or (lambda index, value, want: False)
         self.precisions = precisions   # bf16: each stage's (compute, output); its values are kept
@@ -170,9 +166,9 @@ class Probe:
         """The VM's value as the module gets it: a copy (never the VM's memory, which a module
         writing in place, `Z.mul_(2)`, would change under the comparisons still to come)."""
         dtype = self.out_dtype(index)
-        if dtype in (self.torch.float32, self.torch.float64):   # NumPy rounds as torch does, sooner
+        if numpy_dtype(dtype) is not None:   # float32, float64: NumPy rounds as torch does, sooner
             with np.errstate(over="ignore"):
-                return self.torch.from_numpy(np.array(value, dtype=_NUMPY[dtype], order="C"))
+                return self.torch.from_numpy(np.array(value, dtype=numpy_dtype(dtype), order="C"))
         return self.torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64)).to(dtype, copy=True)
 
     def _own(self, value):
@@ -250,9 +246,7 @@ def same_values(torch, a, b):
     """Whether tensors `a` and `b` hold the same values (NaN where NaN), whatever their dtypes."""
     if not isinstance(a, torch.Tensor) or tuple(a.shape) != tuple(b.shape):
         return False
-    a, b = a.detach().resolve_neg().double(), b.detach().resolve_neg().double()
-    return torch.equal(a, b) or (torch.equal(torch.isnan(a), torch.isnan(b)) and
-                                 torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)))
+    return nan_equal(torch, a.detach().resolve_neg().double(), b.detach().resolve_neg().double())
 
 
 def held_sum(torch, value, dtype):
