@@ -77,6 +77,13 @@ def _still_as_read(result, weights_dir, sources, shas):
                           "holds it open to write, and its content is not what the check read") from None
 
 
+def _load_divergence(f):
+    """The first divergence a leaf the load stage failed makes (`written`: the step after which
+    the module was found to have written it)."""
+    return {"step": f.get("written") or 0, "stage": "load", "out": f["leaf"], "line": f["line"],
+            "op": "written while it ran" if f.get("written") else "load", **{k: f[k] for k in figures(f)}}
+
+
 def _label(program, index):
     st = program.stages[index]
     return {"stage": st.index, "out": st.out, "op": st.op.name, "line": st.line}
@@ -325,8 +332,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         f = load["failed"][0] if load["failed"] else None
         w = f and f.get("written")
         if f and not (w and first and (first["step"] < w or first["step"] == w and isinstance(first["stage"], int))):
-            first = {"step": f.get("written") or 0, "stage": "load", "out": f["leaf"], "line": f["line"],
-                     "op": "written while it ran" if f.get("written") else "load", **{k: f[k] for k in figures(f)}}
+            first = _load_divergence(f)
         result.update(steps_detail=details, stages=stages, first_divergence=first, output=output,
                       **judge.report(stages, load))
         if raised is not None:
@@ -346,8 +352,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     except BundleFault as e:   # (a leaf the load stage found wrong is the first divergence still)
         f = ((result.get("load") or {}).get("failed") or [None])[0]
         result.update(verdict="fail", reason=str(e), first_divergence={
-            "step": e.step, **e.where, **{k: None for k in KEYS}, "raised": str(e)} if f is None else {
-            "step": 0, "stage": "load", "out": f["leaf"], "line": f["line"], "op": "load", **{k: f[k] for k in figures(f)}},
+            "step": e.step, **e.where, **{k: None for k in KEYS}, "raised": str(e)} if f is None else _load_divergence(f),
             worst={**e.where, "ratio": None, "max_abs": None, "guarded_rel": None})
     except (Exception, SystemExit) as e:  # anything else is still "could not run" (exit 2), never a fail
         result["reason"] = f"the lock check raised {type(e).__name__}: {e}"
