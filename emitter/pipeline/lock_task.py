@@ -113,15 +113,13 @@ def _job(entry, check, parts, run, golden, traces):
     from . import executors
     pc = entry.pc
     shas = _weights_shas(entry, parts)
-    # what the check runs with is its key's record where the key names it (so the verdict is about it)
-    spec = parts or check.spec or {}
-    config = spec.get("config") or {}
-    kwargs = dict(dtype=spec.get("dtype", check.dtype), steps=spec.get("steps", pc.steps),
-                  atol=spec["tolerance"]["abs"] if "tolerance" in spec else check.atol,
-                  rtol=spec["tolerance"]["rel"] if "tolerance" in spec else check.rtol,
-                  allow_nonfinite=tuple(config.get("allow_nonfinite", pc.allow_nonfinite)),
-                  max_tensor_bytes=pc.limits["tensor_bytes"], bf16_bounds=config.get("bf16", pc.bf16),
-                  precision=spec.get("precision", pc.precision), weights_shas=shas,
+    # what the check runs with is its key's record (its spec, where no key names it: so the verdict
+    # is about what the key says); a check runs only for a program whose config was read (a spec)
+    spec = parts or check.spec
+    kwargs = dict(dtype=spec["dtype"], steps=spec["steps"], atol=spec["tolerance"]["abs"],
+                  rtol=spec["tolerance"]["rel"], allow_nonfinite=tuple(spec["config"]["allow_nonfinite"]),
+                  max_tensor_bytes=pc.limits["tensor_bytes"], bf16_bounds=spec["config"]["bf16"],
+                  precision=spec["precision"], weights_shas=shas,
                   trace=trace_spec(parts, traces, pc.limits.get("trace_bytes", 0)))
     # the driver's hash record of those files: a worker on this host whose stat agrees does not
     # hash them again (another host's stat of a network filesystem may be stale: it hashes)
