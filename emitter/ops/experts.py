@@ -98,17 +98,24 @@ def sigmoid_routing_shape(a):
     return _routing_shape(a, groups=True)
 
 
+def _biased(a):
+    """(c = sigmoid(l) + bias, the number of groups, each group's score: the sum of its two best c,
+    or None for one group)."""
+    c = np_sigmoid(a["L"]) + (a["B"] if a.has("B") else 0.0)
+    groups = a.int("N") if a.has("N") else 1
+    rows, n = c.shape
+    return c, groups, np.sort(c.reshape(rows, groups, n // groups), axis=2)[:, :, -2:].sum(axis=2) \
+        if groups > 1 else None
+
+
 def sigmoid_selection(a):
     """(mask, margin, scores): c = sigmoid(l) + bias; the best G groups by the sum of each group's
     two best c, then the top K of c within them. A token's margin is the smaller of the experts'
     (K-th against (K+1)-th c among the kept groups) and the groups' (G-th against (G+1)-th)."""
-    c = np_sigmoid(a["L"]) + (a["B"] if a.has("B") else 0.0)
+    c, groups, score = _biased(a)
     rows, n = c.shape
-    groups = a.int("N") if a.has("N") else 1
     margin = np.full(rows, np.inf)
     if groups > 1:
-        g = c.reshape(rows, groups, n // groups)
-        score = np.sort(g, axis=2)[:, :, -2:].sum(axis=2)
         keep, margin = _top(score, a.int("G"))
         c = np.where(np.repeat(keep, n // groups, axis=1), c, -np.inf)
     mask, experts = _top(c, a.int("K"))
@@ -122,14 +129,12 @@ def sigmoid_choosable(a, mask, tol, rows=None):
     groups with the best of the others whose experts none of the chosen would lose to, up to G, a
     top G of the groups (those others, best first, are the choice that rules out least), and the
     experts a top K within them."""
-    c = np_sigmoid(a["L"]) + (a["B"] if a.has("B") else 0.0)
+    c, groups, score = _biased(a)
     n_rows, n = c.shape
-    groups = a.int("N") if a.has("N") else 1
     tol = np.broadcast_to(np.asarray(tol, dtype=np.float64), (n_rows,))
     if groups == 1:
         return _choosable(c, mask, tol)
     size, keep = n // groups, a.int("G")
-    score = np.sort(c.reshape(n_rows, groups, size), axis=2)[:, :, -2:].sum(axis=2)
     used = mask.reshape(n_rows, groups, size).any(axis=2)
     out = np.zeros(n_rows, dtype=bool)
     for t in range(n_rows) if rows is None else rows:
