@@ -299,6 +299,22 @@ def test_an_importer_edited_while_it_imports_leaves_no_weights_as_current(tmp_pa
     assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
 
 
+@pytest.mark.parametrize("odd", ["os.makedirs(os.path.join(args.out, 'sub'))",
+                                 "os.symlink('w.f64', os.path.join(args.out, 'v.f64'))"])
+def test_an_importer_that_makes_no_plain_file_fails_naming_it(tmp_path, odd):
+    """What an importer makes is plain files (every reader refuses anything else where a leaf's
+    file goes): a folder or a link among them fails the import, naming it, and leaves no weights."""
+    z = make_zoo(tmp_path / "zoo", {"d": (PROG_A, "derive:\n  importer: fake\n  checkpoint: ckpt/w.bin\n")})
+    (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER.replace("    return 0\n", f"    {odd}\n    return 0\n"))
+    with open(z / "emitter/importers/__init__.py", "a") as f:
+        f.write('\nIMPORTERS["fake"] = ("emitter.importers.fake", "test importer")\n')
+    _weights(z / "ckpt" / "w.bin", 5)
+    rc, ran, out = doit(z)
+    name = "sub" if "makedirs" in odd else "v.f64"
+    assert rc != 0 and "weights:d" in ran and f"made `{name}` in build/weights/d, which is not a plain file" in out, out
+    assert not (z / "build/weights/d").exists()
+
+
 def test_lock_false_and_list(tmp_path):
     z = make_zoo(tmp_path / "zoo", {"a": (PROG_B, "lock: false\n")})
     rc, ran, out = doit(z, "list", "--all")
