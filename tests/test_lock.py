@@ -432,8 +432,8 @@ def test_a_stage_tapped_twice_is_judged_on_its_last_tap(zoo, tmp_path, second):
 
 def test_the_free_pass_hands_inputs_of_any_dtype_as_arguments_and_puts_their_buffers_back():
     """The free pass's inputs: forward's arguments are the buffers' values; meanwhile a float
-    buffer holds NaN, an integer one its least value, a bool one (nothing to poison it with) is
-    left; after, each holds its values again, though the module wrote into its argument or raised."""
+    buffer holds NaN, an integer one its least value, a bool one each value flipped; after, each
+    holds its values again, though the module wrote into its argument or raised."""
     import torch
     from emitter.verify.probe import as_arguments
     model = torch.nn.Module()
@@ -444,7 +444,7 @@ def test_the_free_pass_hands_inputs_of_any_dtype_as_arguments_and_puts_their_buf
         with as_arguments(torch, model, ["f", "i", "b", "missing"]) as args:
             assert set(args) == {"f", "i", "b"} and all(torch.equal(args[n], values[n]) for n in args)
             assert torch.isnan(model.leaf_f).all() and (model.leaf_i == torch.iinfo(torch.int64).min).all()
-            assert torch.equal(model.leaf_b, values["b"])
+            assert torch.equal(model.leaf_b, ~values["b"])
             args["f"].mul_(2)
             1 / 0
     assert all(torch.equal(getattr(model, "leaf_" + n), v) for n, v in values.items())
@@ -462,6 +462,11 @@ def test_inputs_sharing_memory_are_put_back_whole():
         assert torch.equal(args["a"], torch.arange(3.0, dtype=torch.float64)) and torch.equal(args["a"], args["b"])
         assert torch.isnan(base[:3]).all()
     assert torch.equal(base, torch.arange(6, dtype=torch.float64))
+    mask = torch.tensor([True, False, False, True])   # a mask two share: flipped once, not twice
+    model = SimpleNamespace(leaf_a=mask[:2], leaf_b=mask[:2])
+    with as_arguments(torch, model, ["a", "b"]) as args:
+        assert torch.equal(args["a"], torch.tensor([True, False])) and torch.equal(mask[:2], ~args["b"])
+    assert torch.equal(mask, torch.tensor([True, False, False, True]))
 
 
 @pytest.mark.parametrize("old,new,stage,said", [

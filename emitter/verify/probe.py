@@ -291,19 +291,19 @@ class Returned:
 @contextlib.contextmanager
 def as_arguments(torch, model, inputs):
     """The inputs `inputs` as forward's keyword arguments (compile.py's way), copies of their
-    buffers, which meanwhile hold what no input does (NaN; an integer buffer its least value), so
-    a forward that reads a buffer instead of its argument computes on it; the buffers put back
-    after, from copies of their own (the module may write into its arguments)."""
+    buffers, which meanwhile hold what no input does (NaN; an integer buffer its least value; a
+    mask each value flipped), so a forward that reads a buffer instead of its argument computes on
+    it; the buffers put back after, from copies of their own (the module may write into its arguments)."""
     bufs = {n: b.detach() for n in inputs if isinstance(b := getattr(model, "leaf_" + n, None), torch.Tensor)}
     args = {n: b.clone() for n, b in bufs.items()}
     saved = {n: (b, b.clone()) for n, b in bufs.items()}   # all taken first: two may share memory
     try:
-        for b, _ in saved.values():
-            fill = math.nan if b.dtype.is_floating_point else None if b.dtype == torch.bool or b.is_complex() \
+        for b, was in saved.values():
+            fill = math.nan if b.dtype.is_floating_point or b.is_complex() else None if b.dtype == torch.bool \
                 else torch.iinfo(b.dtype).min if b.dtype.is_signed else torch.iinfo(b.dtype).max
-            if fill is not None and not b.is_neg():
-                try:
-                    b.fill_(fill)
+            if not b.is_neg():
+                try:   # (a mask: each value the other; from the copy, so memory two share flips once)
+                    b.fill_(fill) if fill is not None else b.copy_(was.logical_not())
                 except RuntimeError:   # (memory it cannot write: an expanded tensor)
                     pass
         yield args
