@@ -114,9 +114,10 @@ def one_check_overhead(zoo, n=30):
     os.chdir(zoo)
     from emitter.pipeline import executors
     job = {"name": "mlp", "root": zoo, "bundle": "build/bundles/mlp", "source": "programs/mlp.logos",
-           "weights": "weights/mlp", "golden": None, "threads": 1, "thread_env": {}, "memory": None,
-           "kwargs": {"dtype": "float64", "steps": 1, "atol": None, "rtol": None,
-                      "allow_nonfinite": (), "max_tensor_bytes": None}}
+           "weights": "weights/mlp", "golden": None, "thread_env": {}, "memory": None,
+           "record": {"dtype": "float64", "steps": 1, "tolerance": {"abs": None, "rel": None},
+                      "config": {"allow_nonfinite": [], "bf16": None, "limits": {"tensor_bytes": None}},
+                      "precision": None, "threads": 1}}
     inline = executors.Inline()
     inline.run([job], 600)   # warm: torch imported, the bundle's module compiled
     ex = executors.Dask(executors.parse("dask:local", 1))
@@ -174,7 +175,7 @@ def ceiling(zoo, names, dask_results, base):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     with open(path) as f:
         jobs = json.load(f)
-    index = {(j["name"], j["kwargs"]["dtype"]): i for i, j in enumerate(jobs)}
+    index = {(j["name"], j["record"]["dtype"]): i for i, j in enumerate(jobs)}
     split = {}
     for (name, dtype), r in sorted(dask_results.items(), key=lambda kv: kv[1]["execution"]["started"]):
         split.setdefault(r["execution"]["pid"], []).append(str(index[name, dtype]))

@@ -68,8 +68,8 @@ def _yaml():
     parse cache never loads PyYAML. libyaml's safe loader where PyYAML was built with it (the same
     safe constructors, in C), else the pure-Python one; either refuses a key written twice in one
     mapping (YAML would keep the last silently, so `steps: 1` above `steps: 3` would pass), and
-    reads numbers as YAML 1.2 does: `1e-5` is a float (YAML 1.1, PyYAML's, wants `1.0e-5` and
-    would read `1e-5` as a string)."""
+    reads scalars as YAML 1.2's core schema does: `1e-5` is a float (YAML 1.1, PyYAML's, wants
+    `1.0e-5` and would read `1e-5` as a string), `010` is ten, `no` is text."""
     import re
 
     import yaml
@@ -87,9 +87,23 @@ def _yaml():
                     keys.add(key.value)
             return super().construct_mapping(node, deep)
 
-    Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+    # YAML 1.2's core schema, not PyYAML's 1.1 one: `010` is 10 (not octal 8), `1:30` and `1_0` are
+    # text (not 90 and 10), `no`/`off`/`yes`/`on` are text (not booleans), `1e-5` is a float
+    Loader.yaml_implicit_resolvers = {}
+    for tag, pattern, first in (
+            ("null", r"~|null|Null|NULL|", ["~", "n", "N", ""]),
+            ("bool", r"true|True|TRUE|false|False|FALSE", list("tTfF")),
+            ("int", r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+", list("-+0123456789")),
+            ("float", r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+                      r"|\.(?:nan|NaN|NAN)", list("-+.0123456789"))):
+        Loader.add_implicit_resolver(f"tag:yaml.org,2002:{tag}", re.compile(f"^(?:{pattern})$"), first)
+
+    def integer(loader, node):
+        text = loader.construct_scalar(node)
+        if text.startswith(("0o", "0x")):
+            return int(text[2:], 8 if text[1] == "o" else 16)
+        return int(text, 10)
+    Loader.add_constructor("tag:yaml.org,2002:int", integer)
     return yaml, Loader
 
 
@@ -117,8 +131,8 @@ class ParseCache(StampedCache):
     that JSON gives back exactly, key order included, is kept (a date or an integer key is parsed
     every time), so a hit is what parsing would give, errors and their order too."""
 
-    VERSION = 5   # a cache another version wrote (v1 sorted keys, v3 read `1e-5` as text, v4 keyed
-    #               by the text's digest, not the file's) is not read
+    VERSION = 6   # a cache another version wrote (v1 sorted keys, v3 read `1e-5` as text, v4 keyed
+    #               by the text's digest, not the file's; v5 read YAML 1.1's `010`, `no`) is not read
 
     def __init__(self, path):
         super().__init__(path, self.VERSION)

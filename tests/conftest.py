@@ -26,6 +26,14 @@ def load_model(bundle_dir):
     return module
 
 
+def check_record(dtype="float64", steps=1, threads=1):
+    """A lock job's record (what check_worker.lock_arguments makes lock_bundle's arguments of) for a
+    check with the default tolerances and no config of its own."""
+    return {"dtype": dtype, "steps": steps, "tolerance": {"abs": None, "rel": None},
+            "config": {"allow_nonfinite": [], "bf16": None, "limits": {"tensor_bytes": None}},
+            "precision": None, "threads": threads}
+
+
 def write_weights(program, directory, seed=0, skip=()):
     """Random float64 weights for every Real leaf of `program` (skipping `skip`)."""
     os.makedirs(directory, exist_ok=True)

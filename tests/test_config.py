@@ -61,7 +61,12 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
     ("derive: {importer: gguf, checkpoint: 'package:yaml/../../x'}\n", "programs/p.yaml:1",
      "a path inside it"),
     ("!!python/object/apply:os.system ['true']\n", "programs/p.yaml", "not valid YAML"),
-    ("steps: 2\nwhen: 2001-13-01\n", "programs/p.yaml", "not valid YAML: month must be in 1..12"),
+    ("steps: 2\nwhen: !!timestamp 2001-13-01\n", "programs/p.yaml", "not valid YAML: month must be in 1..12"),
+    # YAML 1.2's core schema: what YAML 1.1 made a number or a boolean is text
+    ("steps: 1:30\n", "programs/p.yaml:1", "`steps`: must be a positive integer"),
+    ("steps: 1_0\n", "programs/p.yaml:1", "`steps`: must be a positive integer"),
+    ("lock: no\n", "programs/p.yaml:1", "`lock`: must be true or false"),
+    ("lock: off\n", "programs/p.yaml:1", "`lock`: must be true or false"),
     ("steps: !!int abc\n", "programs/p.yaml", "not valid YAML: invalid literal for int()"),
     ("- a\n- b\n", "programs/p.yaml:1", "a mapping of keys"),
     ("steps: 1\ndtypes: [float32]\nsteps: 3\n", "programs/p.yaml:3",
@@ -181,6 +186,23 @@ def test_bad_defaults_fail_every_program(tmp_path):
     assert got["p"].error.startswith("programs/defaults.yaml:1: `weights`: unknown key")
 
 
+def test_a_package_folder_that_links_out_names_no_file_of_a_package(tmp_path, monkeypatch):
+    """A folder on sys.path (a zoo's own root, where `python -m doit` runs) holding a link named as
+    a package, and a dist-info whose RECORD lists a file through it: no `package:` reaches past
+    the folder it lies in (here /etc/passwd)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("not a checkpoint\n")
+    base = tmp_path / "zoo"
+    (base / "evil-1.0.dist-info").mkdir(parents=True)
+    os.symlink(outside, base / "evil")
+    (base / "evil-1.0.dist-info/RECORD").write_text("evil/secret,,\n")
+    (base / "evil-1.0.dist-info/top_level.txt").write_text("evil\n")
+    monkeypatch.syspath_prepend(str(base))
+    with pytest.raises(ValueError, match="is listed by evil-1.0.dist-info but is not a file inside the package"):
+        resolve_package_file("evil/secret")
+
+
 def test_package_checkpoint_resolves_inside_the_package(tmp_path):
     path = resolve_package_file("yaml/__init__.py")
     assert os.path.isfile(path) and path.endswith(os.path.join("yaml", "__init__.py"))
@@ -261,7 +283,7 @@ def test_parse_cache_gives_what_parsing_gives_and_sees_every_edit(tmp_path):
     cache = str(tmp_path / "build" / "cache.json")
     (tmp_path / "build").mkdir()
     files = {"programs/a.logos": SRC, "programs/a.yaml": "steps: 2\ndtypes: [float32]\n",
-             "programs/b.logos": SRC, "programs/b.yaml": "when: 2026-01-01\n",
+             "programs/b.logos": SRC, "programs/b.yaml": "when: !!timestamp 2026-01-01\n",
              "programs/defaults.yaml": "steps: 3\n"}
     zoo(tmp_path, files)
     cold = discover(str(tmp_path), cache_file=cache)
@@ -338,6 +360,8 @@ def test_yaml_numbers_as_yaml_1_2_reads_them(tmp_path):
     assert got["p"].tolerances["float32"] == {"abs": 1e-5, "rel": 2e-3}
     got = zoo(tmp_path, {"programs/q.logos": SRC, "programs/q.yaml": "tolerances: {float32: {abs: '1e-5'}}\n"})
     assert "`abs` must be a finite number >= 0, got '1e-5'" in got["q"].error   # quoted: a string
+    got = zoo(tmp_path, {"programs/r.logos": SRC, "programs/r.yaml": "steps: 010\nlimits: {seconds: 0x10}\n"})
+    assert got["r"].error is None and got["r"].steps == 10 and got["r"].limits["seconds"] == 16   # (not octal 8)
 
 
 def test_bf16_bounds_in_a_config(tmp_path):

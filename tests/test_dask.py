@@ -68,15 +68,14 @@ def test_dask_local_gives_the_inline_verdicts(tmp_path):
 
 
 def _job(tmp_path, name, source, **extra):
-    from conftest import emit_bundle
+    from conftest import check_record, emit_bundle
     bundle = emit_bundle(source, tmp_path / name)
     path = tmp_path / f"{name}.logos"
     path.write_text(source)
     return {"name": name, "root": str(tmp_path), "bundle": os.path.relpath(bundle, tmp_path),
-            "source": f"{name}.logos", "weights": None, "golden": None, "threads": 1,
+            "source": f"{name}.logos", "weights": None, "golden": None,
             "thread_env": {}, "memory": None,
-            "kwargs": {"dtype": "float64", "steps": 1, "atol": None, "rtol": None,
-                       "allow_nonfinite": (), "max_tensor_bytes": None}, **extra}
+            "record": check_record(), **extra}
 
 
 def test_a_dead_worker_a_slow_check_and_a_too_big_one_are_errors_not_hangs(tmp_path):
@@ -149,7 +148,7 @@ def test_a_worker_takes_the_drivers_hashes_of_the_weights_where_its_stat_agrees(
     sha = record.sha256(os.path.join("w", "w.f64"))
     job.update(weights="w", stamps={"host": socket.gethostname(),
                                     "files": {"w.f64": record.entry(os.path.join("w", "w.f64"))}})
-    job["kwargs"] = {**job["kwargs"], "weights_shas": {"w.f64": sha}}
+    job["weights_shas"] = {"w.f64": sha}
 
     def run(job):
         p = subprocess.run([sys.executable, "-c", HASHED, json.dumps(job)], cwd=tmp_path, capture_output=True,
@@ -179,7 +178,7 @@ def test_a_local_cluster_starts_warm_runs_the_longest_first_and_leaves_nothing(t
     small = _job(tmp_path, "small", PROG_B, memory=1 << 20)
     big = _job(tmp_path, "big", PROG_B, memory=1 << 30)
     assert executors.cost(big) > executors.cost(small)
-    by_dtype = [executors.cost({**small, "kwargs": {**small["kwargs"], "dtype": d}})
+    by_dtype = [executors.cost({**small, "record": {**small["record"], "dtype": d}})
                 for d in ("float32", "bfloat16", "float64")]
     assert by_dtype == sorted(set(by_dtype))     # as measured: float64's module copy costs most
     ex = dask_executor.Dask(executors.parse("dask:local", 1))

@@ -81,6 +81,32 @@ def test_a_file_the_importer_reads_beside_the_checkpoint_is_an_input(tmp_path):
     assert rc == 0 and not ran & {"weights:q", "lock:q"}, out
 
 
+def test_a_config_json_over_the_importers_limit_is_keyed_by_its_size_unread(tmp_path, monkeypatch):
+    """An importer refuses a config.json over CONFIG_BYTES: the import key holds its size, and
+    nothing reads it (a 6 GB one cost 17 s of hashing before the refusal); one within is hashed."""
+    from types import SimpleNamespace
+    from emitter.importers import CONFIG_BYTES
+    from emitter.pipeline import keys
+    ck = tmp_path / "ck"
+    shutil.copytree(os.path.join(ROOT, "checkpoints/qwen38-tiny"), ck)
+    program = tmp_path / "q.logos"
+    shutil.copy(os.path.join(ROOT, "programs/qwen38.logos"), program)
+    derive = SimpleNamespace(importer="qwen35", checkpoint="ck/model.safetensors",
+                             checkpoint_path=str(ck / "model.safetensors"))
+    pc = SimpleNamespace(derive=derive, source=str(program), limits={"program_bytes": 8 << 20})
+    read = []
+    real = keys.sha256_or_none
+    monkeypatch.setattr(keys, "sha256_or_none", lambda p, st=None: read.append(os.path.basename(p)) or real(p, st))
+    within = keys.import_inputs(pc)["reads"]
+    assert len(within["ck/config.json"]) == 64 and "config.json" in read
+    with open(ck / "config.json", "r+b") as f:
+        f.truncate(CONFIG_BYTES + 1)   # (sparse: no disk taken)
+    read.clear()
+    over = keys.import_inputs(pc)["reads"]
+    assert over["ck/config.json"] == f"over the limit: {CONFIG_BYTES + 1} bytes" and "config.json" not in read
+    assert over["ck/model.safetensors"] == within["ck/model.safetensors"]
+
+
 def test_code_edited_with_its_size_and_mtime_kept_runs_as_edited(tmp_path):
     """Python's bytecode cache trusts a .pyc while its source keeps mtime and size: the package's
     are checked against the source's bytes, so the code that runs is the code the key hashed."""

@@ -481,3 +481,32 @@ def test_a_module_without_a_tensor_output_or_a_states_buffer_fails_naming_it(zoo
     assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == stage and said in r["reason"], r["reason"]
     if stage == "load":
         assert r["first_divergence"]["out"] == "cs"
+
+
+@pytest.mark.parametrize("old,new,stage,said", [
+    ("class LogosModule(", "class LogosModel(", "load", "defines no LogosModule"),
+    ("def load_weights(", "def load_weight(", "load", "defines no load_weights"),
+    ("\nclass LogosModule(", "\nraise SystemExit(2)\n\n\nclass LogosModule(", "import", "SystemExit: 2"),
+    ("\nclass LogosModule(", "\nTABLE = torch.zeros(2 ** 42)\n\n\nclass LogosModule(", "import", "importing the module failed"),
+    ('    if not os.path.isdir(directory):\n', '    raise SystemExit("model.py: refused")\n    if not os.path.isdir(directory):\n',
+     "load", "raised: SystemExit: model.py: refused"),
+])
+def test_a_bundle_wrong_before_any_stage_fails_naming_the_part(zoo, tmp_path, old, new, stage, said):
+    """A model.py without what every bundle defines, or one that exits (or asks for 32 TiB) as it
+    is imported or as it loads the weights the VM read, is the bundle's fault: a fail (exit 1)
+    naming the part, never an error of the lock's (exit 2)."""
+    bundle = _sabotage(zoo, tmp_path, old, new)
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == stage and said in r["reason"], r["reason"]
+
+
+def test_a_one_value_tensor_at_any_stride_has_its_crc():
+    """One value is contiguous whatever its stride (an argmax's expanded index): its CRC-32 is
+    its bytes', not a crash of the lock on a correct bundle."""
+    import zlib
+    import torch
+    from emitter.verify.leaf_check import bytes_crc
+    one = torch.arange(4.0, dtype=torch.float64)[2::2][:1].reshape(1, 1)
+    assert one.is_contiguous() and one.stride() != (1, 1)
+    assert bytes_crc(torch, one) == zlib.crc32(np.float64(2.0).tobytes())
+

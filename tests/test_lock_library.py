@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from conftest import DATA, ROOT, emit_bundle, run_cli, write_weights
+from conftest import DATA, ROOT, check_record, emit_bundle, run_cli, write_weights
 from emitter import read_file
 from emitter.verify.lock import lock_bundle
 
@@ -289,9 +289,9 @@ def test_run_check_returns_golden_and_swaps_no_class(zoo, tmp_path, remote):
     cls = golden.Golden
     tol = {"float64": {"abs": 1e-9, "rel": 1e-9}}
     job = {"root": str(zoo["dir"]), "bundle": str(bundle), "source": zoo["program"], "weights": zoo["weights"],
-           "golden": tol, "threads": 1, "thread_env": {}, "remote": remote, "key": "k",
+           "golden": tol, "thread_env": {}, "remote": remote, "key": "k",
            "executor": "dask:local" if remote else "inline",
-           "kwargs": {"dtype": "float64", "steps": 1, "atol": None, "rtol": None}}
+           "record": check_record()}
     env = dict(os.environ)
     try:
         o = run_check(job)
@@ -304,6 +304,61 @@ def test_run_check_returns_golden_and_swaps_no_class(zoo, tmp_path, remote):
     assert json.loads(o["golden"]["golden.json"])["tolerances"] == tol
     assert not (bundle / "golden").exists()
     assert run_check({**job, "golden": None})["golden"] is None
+
+
+def test_a_check_runs_with_what_its_record_says_made_into_arguments_by_lock_code(zoo):
+    """A check's tolerance, steps, dtype and limits reach the lock from its key's record, through
+    lock code (every lock key's digest holds the file that does it): the pipeline's driver code,
+    which is in no lock key, does not choose what a verdict is computed with."""
+    import inspect
+    from emitter.pipeline import check_worker, digests
+    here = os.path.relpath(inspect.getsourcefile(check_worker.lock_arguments), digests.PACKAGE)
+    assert here.replace(os.sep, "/") in digests.code_files("lock")
+    job = {"root": str(zoo["dir"]), "bundle": zoo["bundle"], "source": zoo["program"], "weights": zoo["weights"],
+           "golden": None, "record": {**check_record("float32", steps=2), "tolerance": {"abs": 0.5, "rel": 0.25}}}
+    r = check_worker.run_check(job)["result"]
+    assert (r["verdict"], r["dtype"], r["steps"], r["tolerance"]) == ("pass", "float32", 2, {"abs": 0.5, "rel": 0.25})
+    small = {**job["record"], "config": {**job["record"]["config"], "limits": {"tensor_bytes": 64}}}
+    r = check_worker.run_check({**job, "record": small})["result"]
+    assert r["verdict"] == "error" and "over the limit of 64 bytes" in r["reason"], r["reason"]
+
+
+VIEW_OF_A_STATE = """Let T be a 2 by 2 tensor of Real.
+Set item 1 of T to 1.
+Set item 2 of T to 2.
+Set item 3 of T to 3.
+Set item 4 of T to 4.
+Let r be a 1 by 2 tensor of Real.
+Set item 1 of r to 10.
+Set item 2 of r to 20.
+Let s be silu of r.
+Let y be transpose of T.
+Set row 0 of T to s.
+"""
+VIEWS_ALONE = """Let x be a 1 by 2 tensor of Real.
+Set item 1 of x to 1.
+Let y be transpose of x.
+"""
+
+
+@pytest.mark.parametrize("source", [VIEW_OF_A_STATE, VIEWS_ALONE])
+def test_an_output_that_is_a_view_is_what_the_step_computed(tmp_path, source):
+    """An output that views a state is copied before the write-back (after it, the copy held the
+    next step's state: (9.9995, 3, 20, 4) where the VM says (1, 3, 2, 4)); a program whose every
+    op is a view has its golden/ (its output's stage summarised), not an IndexError."""
+    import torch
+    from conftest import load_model
+    path = tmp_path / "p.logos"
+    path.write_text(source)
+    bundle = emit_bundle(source, tmp_path / "b")
+    for dtype in ("float64", "float32"):
+        files = {}
+        r = lock_bundle(bundle, str(path), None, dtype, 2, golden={dtype: None}, golden_files=files)
+        assert r["verdict"] == "pass", r.get("reason") or r["first_divergence"]
+        assert sorted(files) == ["golden.json", "output.1.f64", "output.2.f64"]
+    model = load_model(bundle).LogosModule(dtype=torch.float64)
+    first = model().reshape(-1).tolist()
+    assert first == ([1.0, 3.0, 2.0, 4.0] if "T" in source else [1.0, 0.0])
 
 
 def test_the_lock_command_writes_golden_beside_the_bundle_for_compile_py_test(zoo, tmp_path):

@@ -56,6 +56,11 @@ def test_no_zoo_and_missing_paths_are_one_line_each(tmp_path):
     assert r.returncode == 2 and "no programs/ folder" in r.stderr and "Traceback" not in r.stderr
     r = logos("check", "nothere.logos", cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.startswith("nothere.logos: no such file or folder")
+    assert "0 program(s), 1 error(s)" in r.stderr, r.stderr
+    (tmp_path / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")   # a file that is nothing to check
+    r = logos("check", "passwd", cwd=tmp_path)
+    assert r.returncode == 1 and r.stdout.startswith("passwd: not a program (NAME.logos)"), r.stdout + r.stderr
+    assert "0 program(s), 1 error(s)" in r.stderr, r.stderr
     os.makedirs(tmp_path / "empty")   # a folder named that holds no program is no pass either
     r = logos("check", "empty", cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.startswith("empty: no program (NAME.logos) there"), r.stderr

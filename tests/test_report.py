@@ -21,6 +21,15 @@ def test_summary_rows_stay_one_line():
     assert "\r" not in line and "\x01" not in line and "a sentence ends with a period" in line
 
 
+def test_summary_shows_program_text_as_text_never_as_markup():
+    """A reason quoting a program's line is shown, not rendered: no image, link or HTML tag of a
+    program's text reaches summary.md (a GitHub step summary renders Markdown and HTML)."""
+    said = "Let y be silu of a|b<img src=https://evil.invalid/x.png>[link](https://evil.invalid) & <script>"
+    line = [l for l in render_summary([{**ROW, "reason": said}]).splitlines() if l.startswith("| `bad")][0]
+    assert "<img" not in line and "<script" not in line and "[link](" not in line and "a\\|b" in line
+    assert "&lt;img src=https://evil.invalid/x.png&gt;\\[link\\](https://evil.invalid) &amp; &lt;script&gt;" in line
+
+
 def test_result_cache_follows_the_files_and_survives_a_bad_cache(tmp_path, monkeypatch):
     import json
     import os

@@ -511,6 +511,6 @@ def test_lock_code_that_cannot_be_imported_is_an_error_per_check_never_a_crash(m
     def broken():
         raise ModuleNotFoundError("No module named 'torch'")
     monkeypatch.setattr(check_worker, "loaded_code", broken)
-    jobs = [{"kwargs": {"dtype": d}} for d in ("float64", "float32")]
+    jobs = [{"record": {"dtype": d}} for d in ("float64", "float32")]
     assert executors.Inline().run(jobs, 10) == \
         [{"error": "the lock check raised ModuleNotFoundError: No module named 'torch'"}] * 2

@@ -14,7 +14,7 @@ IMPORTERS = {
 
 from .packages import chunked_spec, chunks, resolve_checkpoint, resolve_package_file  # noqa: E402
 
-__all__ = ["IMPORTERS", "READS", "declared_reads", "chunked_spec", "chunks", "resolve_checkpoint", "resolve_package_file"]
+__all__ = ["CONFIG_BYTES", "IMPORTERS", "READS", "declared_reads", "read_limit", "chunked_spec", "chunks", "resolve_checkpoint", "resolve_package_file"]
 
 
 # What each importer reads of its checkpoint beyond the file itself (the program it is handed is
@@ -23,6 +23,7 @@ __all__ = ["IMPORTERS", "READS", "declared_reads", "chunked_spec", "chunks", "re
 # derived weights' inputs: every one is in their import key, so an edit of any re-derives them.
 # An importer not listed reads its checkpoint file alone.
 READS = {"qwen35": "hf", "qwen3next": "hf"}
+CONFIG_BYTES = 16 << 20   # a model's config.json is kilobytes: an importer refuses one over this
 
 
 def declared_reads(importer, spec, path):
@@ -44,3 +45,10 @@ def declared_reads(importer, spec, path):
         base_spec, base = posixpath.dirname(spec), os.path.dirname(path)
         files = [(spec, path)]
     return files + [(posixpath.join(base_spec, "config.json"), os.path.join(base, "config.json"))]
+
+
+def read_limit(name):
+    """The size past which an importer refuses a file `declared_reads` names (its config.json:
+    CONFIG_BYTES), so that nothing reads more of it; None for the checkpoint's tensors, which
+    are read whole whatever their size."""
+    return CONFIG_BYTES if name.rsplit("/", 1)[-1] == "config.json" else None

@@ -44,6 +44,13 @@ def run(name, args):
         return 1
 
 
+def command(name, checkpoint, program, out):
+    """The command the pipeline's weights task runs to derive a program's weights: here, in the
+    code an import key names, so how an import is asked for moves that key (and the verdicts
+    computed on what it made) as any edit of an importer does."""
+    return [sys.executable, "-m", "emitter.importers", name, checkpoint, "--program", program, "-o", out]
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in IMPORTERS:

@@ -79,7 +79,9 @@ def package_file(spec):
             entry = _record(os.path.join(base, info, "RECORD")).get(target)
             if entry is None:
                 continue
-            root = os.path.realpath(os.path.join(base, module))
+            # inside the package's folder as it lies in `base`: a link (the folder, or a file in
+            # it) that leads out of it names no file of the package
+            root = os.path.join(os.path.realpath(base), module)
             full = os.path.realpath(os.path.join(base, target))
             if not full.startswith(root + os.sep) or not os.path.isfile(full):
                 raise ValueError(f"`{target}` is listed by {info} but is not a file inside the package")

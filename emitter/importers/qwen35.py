@@ -18,6 +18,7 @@ import sys
 import numpy as np
 
 from ..extras import require
+from . import CONFIG_BYTES
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
@@ -40,9 +41,6 @@ def checkpoint_files(checkpoint):
     if not files:
         raise ProgramError("no *.safetensors file in the checkpoint directory", path=checkpoint)
     return checkpoint, files
-
-
-CONFIG_BYTES = 16 << 20   # a model's config.json is kilobytes
 
 
 def read_config(checkpoint):

@@ -92,6 +92,21 @@ class Program:
         scratch = max((st.op.scratch(Args(st.bound, self.shapes)) for st in self.stages if st.op.scratch), default=0)
         return 8 * (sum(r * c for r, c in self.shapes.values()) + scratch)
 
+    def over_limits(self, limits):
+        """Why this program may not run within `limits` (said of its file), or None: more
+        sentences than limits.sentences (emitting, importing and locking cost each one: a 400 000-
+        stage chain took 156 s and 2.6 GB in the run's own process), or tensors over
+        limits.tensor_bytes. (Emit code: what it refuses moves the emit's key.)"""
+        from ..files import size_text
+        if len(self.sentences) > limits["sentences"]:
+            return (f"{len(self.sentences)} sentences (tensors, fills and ops), over the limit of "
+                    f"{limits['sentences']} (limits.sentences)")
+        need, have = self.tensor_bytes, limits["tensor_bytes"]
+        if need <= have:
+            return None
+        return (f"its tensors take {size_text(need)} in float64, over the limit of {size_text(have)} "
+                "(limits.tensor_bytes; the default is half this machine's memory)")
+
     @property
     def required(self):
         """The leaves that need a file: read by an op, not a state (a state starts from its declared

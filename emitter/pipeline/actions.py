@@ -16,7 +16,6 @@ import sys
 from ..files import BUNDLE_FILES, json_lines, write_atomic
 from ..fingerprint import sha256_text
 from . import digests
-from .config import over_limits
 from .guards import freeze_heap
 from .keys import emit_key
 
@@ -45,7 +44,7 @@ def emit_bundle(entry, run=None):
             program = read_file(pc.source, pc.limits["program_bytes"])
             state.update(source_sha=sha256_text(program.source),   # leaves: {name: [rows, cols]}
                          leaves={n: [program.decls[n].rows, program.decls[n].cols] for n in sorted(program.leaves)})
-            error = over_limits(program, pc.limits)
+            error = program.over_limits(pc.limits)
             error = error and f"{program.path}: {error}"
             artifact = None if error else emit_program(program, pc.precision)
         except ProgramError as e:

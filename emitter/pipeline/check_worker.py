@@ -11,8 +11,9 @@ import socket
 import time
 
 from .. import fingerprint
-from ..verify.environment import THREAD_VARS
+from ..verify.environment import THREAD_VARS, memory_bytes
 from ..verify.threads import thread_limits
+from .digests import code as code_digest, digest
 
 # the *_NUM_THREADS variables only size thread pools, which each check sets explicitly
 POOL_VARS = tuple(v for v in THREAD_VARS if v.endswith("_NUM_THREADS"))
@@ -25,15 +26,45 @@ def loaded_code():
     return LOADED
 
 
+def trace_key(record):
+    """The key of the VM's trace a check reads (emitter.verify.trace), of the parts of its key's
+    record the VM reads: the program's text, the weights' files (not the folder's others, never
+    read), the steps, the VM's code, the environment and the thread count (the BLAS's sums)."""
+    weights = {k: v for k, v in (record["weights"] or {}).items() if k != "others"} or None
+    return digest({"schema": "logos.vm-trace-key", "version": 1, "source": record["source"],
+                   "weights": weights, "steps": record["steps"], "code": code_digest("vm"),
+                   "environment": record["environment"], "threads": record["threads"]})
+
+
+def lock_arguments(record, traces=None, trace_bytes=0, alone=False):
+    """lock_bundle's arguments for a check, from its key's record alone: this is lock code, so how
+    a record becomes a run is in every check's key. `traces`: the store's folder of VM traces, for
+    a keyed record (None: the lock computes its VM); `trace_bytes`: the weights a VM reads for its
+    trace to be worth a file (limits.trace_bytes); `alone`: no other check of the program reads it.
+    A record's tensor limit of None is the default: half the memory of the machine it runs on."""
+    config = record["config"]
+    trace = None
+    if traces is not None:
+        key = trace_key(record)
+        trace = {"path": os.path.join(traces, key[:2], f"{key}.trace"), "key": key, "source": record["source"],
+                 "environment": record["environment"], "min_bytes": trace_bytes, **({"alone": True} if alone else {})}
+    return dict(dtype=record["dtype"], steps=record["steps"], atol=record["tolerance"]["abs"],
+                rtol=record["tolerance"]["rel"], allow_nonfinite=tuple(config["allow_nonfinite"]),
+                max_tensor_bytes=config["limits"]["tensor_bytes"] or memory_bytes() // 2,
+                bf16_bounds=config["bf16"], precision=record["precision"], trace=trace)
+
+
 def run_check(job, worker=None):
     """One lock check, on whichever process runs it: {"result", "golden" ({name: bytes} of the
     bundle's golden/ when the job asked for them and the check ran through, else None),
     "execution"}.
 
-    `job`: {"root", "bundle", "source", "weights", "kwargs" (lock_bundle's), "golden" (tolerances,
-    or None), "threads", "thread_env" (the driver's *_NUM_THREADS), "stamps" (the driver's host
-    and its hash record of the weights files), "key", "remote" (run by a worker, not the
-    driver)}. Paths are relative to `root`, the driver's folder (a worker elsewhere sees it
+    `job`: {"root", "bundle", "source", "weights", "record" (the check's key's record, or its
+    config's part where nothing is keyed, with "threads": what it runs with, `lock_arguments`),
+    "traces" and "trace_bytes" and "alone" (its VM's trace), "weights_shas" (what the weights
+    files must hold), "golden" (tolerances, or None), "thread_env" (the driver's
+    *_NUM_THREADS), "stamps" (the driver's host and its hash record of the weights files),
+    "code" (the lock code's digest the key names), "remote" (run by a worker, not the driver)}. Paths are relative to `root`, the driver's folder (a worker elsewhere sees it
     through a shared filesystem). `worker`: the worker's address, as its executor knows it."""
     remote = job.get("remote", False)
     code = loaded_code()   # all of the lock code, before this check imports any of it
@@ -56,14 +87,14 @@ def run_check(job, worker=None):
         # the driver's hashes, each checked by a stat here (on its host: another's may be stale)
         fingerprint.known({os.path.join(path(job["weights"]), f): e for f, e in stamps["files"].items()})
     golden = {} if job.get("golden") is not None else None
-    kwargs = dict(job["kwargs"])
-    if kwargs.get("trace"):   # the VM's trace file: only by the code its key names, and here
-        kwargs["trace"] = {**kwargs["trace"], "path": path(kwargs["trace"]["path"])} \
-            if job.get("code") == code else None
+    traces = job.get("traces")   # the VM's trace file: only by the code its key names, and here
+    kwargs = lock_arguments(job["record"], path(traces) if traces and job.get("code") == code else None,
+                            job.get("trace_bytes", 0), job.get("alone", False))
     start, cpu, began = time.perf_counter(), time.process_time(), time.time()
-    with thread_limits(job["threads"]) as threads:
+    with thread_limits(job["record"]["threads"]) as threads:
         r = lock_bundle(path(job["bundle"]), path(job["source"]), path(job["weights"]),
-                        golden=job.get("golden"), golden_files=golden, **kwargs)
+                        golden=job.get("golden"), golden_files=golden, weights_shas=job.get("weights_shas"),
+                        **kwargs)
     r.update(program_path=str(job["source"]), bundle=str(job["bundle"]),
              weights=None if job["weights"] is None else str(job["weights"]))
     execution = {"executor": job.get("executor", "inline"), "worker": worker, "pid": os.getpid(),

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..language.errors import excerpt
+from ..verify.environment import memory_bytes
 from ..verify.tolerances import DEFAULT_TOLERANCES
 from .config_keys import (Problems, check_bf16, check_common, check_derive, check_precision,
                           check_weights, env_roots, leaves_message)
@@ -22,16 +23,11 @@ from .paths import Tree, inside
 from ..yamlfile import ConfigError, ConfigErrors, ParseCache, load_yaml
 
 DEFAULTS_FILE = "defaults.yaml"
-def _memory_bytes():
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 16 << 30
 
 
 # What one program may cost, each raised per program (or zoo-wide in defaults.yaml) under `limits:`.
 LIMITS = {
-    "tensor_bytes": _memory_bytes() // 2,   # every tensor of the program in float64, checked at read
+    "tensor_bytes": memory_bytes() // 2,   # every tensor of the program in float64, checked at read
     "seconds": 3600,                        # wall time of one lock check, and of one import
     "steps": 100_000,                       # the largest `steps:`
     "program_bytes": 8 << 20,               # the program file (gemma3's: 141 KiB)
@@ -280,19 +276,3 @@ def load_defaults_builtin(root="."):
     """The built-in defaults, with the roots LOGOS_ROOTS names."""
     return {**{k: (dict(v) if isinstance(v, dict) else v) for k, v in BUILTIN.items()},
             "roots": env_roots(root)}
-
-
-def over_limits(program, limits):
-    """Why a program read within limits.program_bytes may not run here (said of its file), or
-    None: more sentences than limits.sentences (emitting, importing and locking cost each one: a
-    400 000-stage chain took 156 s and 2.6 GB in the run's own process), or tensors over
-    limits.tensor_bytes."""
-    from ..files import size_text
-    if len(program.sentences) > limits["sentences"]:
-        return (f"{len(program.sentences)} sentences (tensors, fills and ops), over the limit of "
-                f"{limits['sentences']} (limits.sentences)")
-    need, have = program.tensor_bytes, limits["tensor_bytes"]
-    if need <= have:
-        return None
-    return (f"its tensors take {size_text(need)} in float64, over the limit of {size_text(have)} "
-            "(limits.tensor_bytes; the default is half this machine's memory)")

@@ -189,7 +189,7 @@ class Dask(Executor):
         mine = []
         for i, job in enumerate(jobs):
             job = {**job, "remote": True, "executor": self.kind, "log_start": self.ex["kind"] == "tcp",
-                   "key": f"{job['name']}-{job['kwargs']['dtype']}-{uuid.uuid4().hex[:12]}"}
+                   "key": f"{job['name']}-{job['record']['dtype']}-{uuid.uuid4().hex[:12]}"}
             need = job.pop("memory", None)
             mine.append(_Check(i, job, need, cost(job, need)))
         with self._cv:   # queued before the cluster is up: it starts on the run's longest
@@ -295,7 +295,7 @@ class _Check:
 
 
 def _what(job, kind):
-    return f"the {job['kwargs']['dtype']} lock check on {kind}"
+    return f"the {job['record']['dtype']} lock check on {kind}"
 
 
 def _until(end):

@@ -82,7 +82,7 @@ class Inline(Executor):
         out = []
         for job in jobs:
             try:
-                with deadline(seconds, f"the {job['kwargs']['dtype']} lock check"):
+                with deadline(seconds, f"the {job['record']['dtype']} lock check"):
                     out.append(run_check(job))
             except TimeLimit as e:
                 out.append({"error": str(e)})
@@ -160,8 +160,8 @@ def cost(job, need=None):
     longest start first, so a zoo's last check is a short one and no worker idles while another
     finishes a long one."""
     need = need or job.get("memory") or 0
-    k = job["kwargs"]
-    return int(need * (k.get("steps") or 1) * DTYPE_COST.get(k.get("dtype"), 1.0) / (1 << 10))
+    r = job["record"]
+    return int(need * r["steps"] * DTYPE_COST.get(r["dtype"], 1.0) / (1 << 10))
 
 
 _EXECUTORS = {}

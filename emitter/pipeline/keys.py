@@ -72,18 +72,6 @@ def check_key(parts):
     return digest({"schema": SCHEMA, "version": VERSION, **parts})
 
 
-def trace_key(parts):
-    """The key of the VM's trace a check reads (emitter.verify.trace), of the parts of its key the
-    VM reads: the program's text, the weights' files (not the folder's others, never read), the
-    steps, the VM's code, the environment and the thread count (the BLAS's sums); None for none."""
-    if parts is None:
-        return None
-    weights = {k: v for k, v in (parts["weights"] or {}).items() if k != "others"} or None
-    return digest({"schema": "logos.vm-trace-key", "version": 1, "source": parts["source"],
-                   "weights": weights, "steps": parts["steps"], "code": digests.code("vm"),
-                   "environment": parts["environment"], "threads": parts["threads"]})
-
-
 def import_inputs(pc):
     """What a program's derived weights are made from: the importer, the checkpoint as the config
     names it, the sha256 of every file the importer declares it reads, the program's sentences
@@ -94,7 +82,7 @@ def import_inputs(pc):
     from ..language.lines import sentences_only
     derive = pc.derive
     try:
-        reads = {name: sha256_or_none(path) for name, path in
+        reads = {name: _read_sha(name, path) for name, path in
                  declared_reads(derive.importer, derive.checkpoint, derive.checkpoint_path)}
         with open(pc.source, "rb") as f:
             text = f.read(pc.limits["program_bytes"] + 1)
@@ -105,6 +93,20 @@ def import_inputs(pc):
         return None
     return {"importer": derive.importer, "checkpoint": derive.checkpoint, "reads": reads,
             "program": sha256_text(program), "code": digests.code("import")}
+
+
+def _read_sha(name, path):
+    """A file an importer reads: its sha256, or its size where it is over the size the importer
+    refuses it at (read_limit: never hashed, the import says why), or None where it cannot be read."""
+    from ..importers import read_limit
+    limit = read_limit(name)
+    if limit is not None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return f"over the limit: {st.st_size} bytes" if st.st_size > limit else sha256_or_none(path, st)
+    return sha256_or_none(path)
 
 
 def import_key(pc):

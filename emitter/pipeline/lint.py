@@ -13,7 +13,7 @@ import sys
 import time
 
 from ..language.errors import ProgramError
-from .config import (DEFAULTS_FILE, load_defaults, load_defaults_builtin, load_program, over_limits,
+from .config import (DEFAULTS_FILE, load_defaults, load_defaults_builtin, load_program,
                      stray_configs)
 from .paths import find_zoo_root, inside
 from ..yamlfile import ConfigError
@@ -62,9 +62,10 @@ def _programs_in(folder):
 
 
 def _targets(paths):
-    """({programs folder: {program names}}, [loose programs]): a folder, or a zoo's
-    defaults.yaml (which every program of it depends on), stands for every program in it."""
-    folders, loose = {}, []
+    """({programs folder: {program names}}, [loose programs], [paths that are none of these]): a
+    folder, or a zoo's defaults.yaml (which every program of it depends on), stands for every
+    program in it."""
+    folders, loose, unusable = {}, [], []
     for path in paths:
         if os.path.isdir(path):
             folder = os.path.join(path, "programs") if os.path.isdir(os.path.join(path, "programs")) else path
@@ -89,7 +90,9 @@ def _targets(paths):
         elif base.endswith((".yaml", ".yml")) and in_zoo:
             for w in stray_configs([base], (), folder):
                 print(f"warning: {w}", file=sys.stderr)
-    return folders, loose
+        elif not base.endswith((".yaml", ".yml")):   # (other YAML, a CI workflow: a hook names it too)
+            unusable.append(path)
+    return folders, loose, unusable
 
 
 def _read(report, path, limit=None):
@@ -104,9 +107,13 @@ def _read(report, path, limit=None):
 
 
 def check(paths):
-    """(programs read, errors) of checking `paths`; the errors are printed."""
-    folders, loose = _targets(paths)
+    """(programs read, errors) of checking `paths`; the errors are printed (a path that is no
+    program, config or folder is one)."""
+    folders, loose, unusable = _targets(paths)
     report, read = Report(), 0
+    for path in unusable:
+        report.error(ProgramError("not a program (NAME.logos), a program's config (NAME.yaml beside "
+                                  "it) or a folder of programs: nothing to check", path=path))
     for folder, names in sorted(folders.items()):
         root, programs_dir = os.path.split(os.path.abspath(folder))
         try:
@@ -128,7 +135,7 @@ def check(paths):
                 continue   # a link out of the repository (refused above): never read, never shown
             program = _read(report, os.path.relpath(os.path.join(folder, f"{name}.logos")),
                             pc.limits["program_bytes"] if pc else None)
-            why = program is not None and pc is not None and over_limits(program, pc.limits)
+            why = program is not None and pc is not None and program.over_limits(pc.limits)
             if why:
                 report.error(ProgramError(why, path=program.path))
     for path in loose:
@@ -160,6 +167,7 @@ def _main(args):
     for p in missing:
         print(f"{p}: no such file or folder", file=sys.stderr)
     read, errors = check([p for p in paths if p not in missing])
+    errors += len(missing)
     empty = bool(args.paths) and not read and not missing and all(map(os.path.isdir, args.paths))
     if empty:   # folders named that hold no program: a mistyped folder is no pass
         print(f"{', '.join(args.paths)}: no program (NAME.logos) there", file=sys.stderr)

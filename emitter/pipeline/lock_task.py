@@ -23,7 +23,7 @@ from ..fingerprint import entry as on_record, sha256_or_none
 from ..verify.result import SCHEMA as RESULT_SCHEMA, VERSION as RESULT_VERSION
 from . import digests, golden_store
 from .guards import freeze_heap
-from .keys import DERIVED, check_key, check_parts, golden_as_recorded, golden_record, trace_key
+from .keys import DERIVED, check_key, check_parts, golden_as_recorded, golden_record
 from .log import LOG
 
 
@@ -98,34 +98,20 @@ def _about(r, parts):
         (r.get("dtype"), r.get("steps"), r.get("tolerance")) == (parts["dtype"], parts["steps"], parts["tolerance"])
 
 
-def trace_spec(parts, traces, min_bytes=0):
-    """The VM's trace file of a check (`traces`: build/store/traces), shared by its program's
-    checks: its path under the trace key, and what the lock must find to use it (emitter.verify.trace);
-    `min_bytes`: the weights a VM reads for its trace to be worth a file (limits.trace_bytes)."""
-    key = trace_key(parts)
-    if key is None:
-        return None
-    return {"path": os.path.join(traces, key[:2], f"{key}.trace"), "key": key,
-            "source": parts["source"], "environment": parts["environment"], "min_bytes": min_bytes}
-
-
 def _job(entry, check, parts, run, golden, traces):
     from . import executors
     pc = entry.pc
     shas = _weights_shas(entry, parts)
-    # what the check runs with is its key's record (its spec, where no key names it: so the verdict
-    # is about what the key says); a check runs only for a program whose config was read (a spec)
-    spec = parts or check.spec
-    kwargs = dict(dtype=spec["dtype"], steps=spec["steps"], atol=spec["tolerance"]["abs"],
-                  rtol=spec["tolerance"]["rel"], allow_nonfinite=tuple(spec["config"]["allow_nonfinite"]),
-                  max_tensor_bytes=pc.limits["tensor_bytes"], bf16_bounds=spec["config"]["bf16"],
-                  precision=spec["precision"], weights_shas=shas,
-                  trace=trace_spec(parts, traces, pc.limits.get("trace_bytes", 0)))
+    # what the check runs with is its key's record (its config's part, where no key names it), made
+    # into lock_bundle's arguments by the lock code that runs it (check_worker.lock_arguments): so
+    # the verdict is about what the key says. A check runs only for a program whose config was read
+    record = parts or {**check.spec, "threads": run["threads"]}
     # the driver's hash record of those files: a worker on this host whose stat agrees does not
     # hash them again (another host's stat of a network filesystem may be stale: it hashes)
     stamps = {f: e for f in shas or () if (e := on_record(os.path.join(pc.weights, f)))}
     return {"code": digests.code("lock"), "name": pc.name, "root": os.getcwd(), "bundle": entry.bundle, "source": pc.source,
-            "weights": pc.weights, "kwargs": kwargs, "golden": golden, "threads": run["threads"],
+            "weights": pc.weights, "record": record, "traces": traces if parts else None,
+            "trace_bytes": pc.limits.get("trace_bytes", 0), "weights_shas": shas, "golden": golden,
             "stamps": {"host": socket.gethostname(), "files": stamps},
             "thread_env": {k: os.environ[k] for k in executors.POOL_VARS if k in os.environ},
             "memory": executors.memory_need(os.path.join(entry.bundle, "manifest.json"))}
@@ -219,8 +205,8 @@ def lock_program(entry, run, db):
             done.pop(c.dtype)
             intact.discard(c.dtype)
             restored.discard(c.dtype)
-    if len(jobs) == 1 and jobs[0]["kwargs"]["trace"]:   # no other check to share the VM's trace with
-        jobs[0]["kwargs"]["trace"] = {**jobs[0]["kwargs"]["trace"], "alone": True}
+    if len(jobs) == 1:   # no other check to share the VM's trace with
+        jobs[0]["alone"] = True
     try:
         ex = executors.executor(run.get("executor"), run.get("workers"))
         outcomes = ex.run(jobs, pc.limits["seconds"]) if jobs else []
@@ -228,7 +214,7 @@ def lock_program(entry, run, db):
         outcomes = [{"error": str(e), "infrastructure": True}] * len(jobs)
     made_golden = None
     for job, o in zip(jobs, outcomes):
-        dtype = job["kwargs"]["dtype"]
+        dtype = job["record"]["dtype"]
         o = _refused(o, dtype, own)
         fresh.add(dtype)
         if "error" in o:

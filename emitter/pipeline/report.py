@@ -298,7 +298,18 @@ def render_junit(rows, header=None, locate=True):
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
+_MD = str.maketrans({"|": "\\|", "\\": "\\\\", "[": "\\[", "]": "\\]", "\n": " ", "\r": " ", "`": "'",
+                     "<": "&lt;", ">": "&gt;", "&": "&amp;"})
+
+
 def _md(text):
+    """Text from programs and configs as Markdown shows it, and only as text: no table cell ends,
+    no link, image or HTML tag starts (a GitHub step summary renders both)."""
+    return str(text).translate(_MD)
+
+
+def _code(text):
+    """Text for inside a `code span` (where nothing but a backtick or a cell's end is markup)."""
     return str(text).replace("|", "\\|").replace("\n", " ").replace("\r", " ").replace("`", "'")
 
 
@@ -314,14 +325,14 @@ def render_summary(rows, header=None):
     bad = [r for r in rows if r["verdict"] != "pass"]
     if bad:
         out += ["### Failures", "", "| program | check | verdict | why |", "|---|---|---|---|"]
-        out += [f"| `{_md(short(r['name']))}` | {r['check']} | **{r['verdict']}** | {_md(describe(r))} |"
+        out += [f"| `{_code(short(r['name']))}` | {r['check']} | **{r['verdict']}** | {_md(describe(r))} |"
                 for r in bad]
         out.append("")
     out += ["### All checks", "",
             "| program | check | verdict | worst stage | × its bound (bf16: the gate's) | output | max abs | guarded rel | 1−cos |",
             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| `{_md(short(r['name']))}` | {r['check']} | {r['verdict']}"
+        out.append(f"| `{_code(short(r['name']))}` | {r['check']} | {r['verdict']}"
                    f"{' (cached)' if r.get('from_cache') else ''}"
                    f"{' (' + _md(r['environment_note']) + ')' if r.get('environment_note') else ''} | "
                    + _figures(r))
@@ -333,7 +344,7 @@ def render_summary(rows, header=None):
         for r in gated:
             g = r["bf16"]
             we, wz, mc = g.get("worst_excess") or {}, g.get("worst_z") or {}, g.get("min_cosine") or {}
-            out.append(f"| `{_md(short(r['name']))}` | {r['verdict']} | {number(we.get('excess'))} "
+            out.append(f"| `{_code(short(r['name']))}` | {r['verdict']} | {number(we.get('excess'))} "
                        f"({number(we.get('limit'))}) | {_md(we.get('out'))} = {_md(we.get('op'))} | "
                        f"{number(wz.get('z'))} | {number(mc.get('cosine'))} | {g.get('ops_failing')} |")
     return "\n".join(out) + "\n"
@@ -348,7 +359,7 @@ def _figures(r):
     if o.get("integer"):
         what = "token agrees" if not o.get("integer_mismatches") else "token DIFFERS"
         shown = o.get("feeding") or {}
-        what += f"; `{_md(shown.get('out'))}`:" if shown else ""
+        what += f"; `{_code(shown.get('out'))}`:" if shown else ""
     else:
         what = "tensor" if o else ""
     return (f"{stage} | {_md(decided(decisive(r), compact=True))} | {what} | {number(shown.get('max_abs'))} | "

@@ -11,6 +11,7 @@ import sys
 import tempfile
 
 from ..files import write_atomic
+from ..importers.entry import command
 from ..fingerprint import moved, sha256
 from ..lifetime import DIE_WITH
 from . import digests
@@ -34,9 +35,7 @@ def import_weights(pc, tmp_root="build/tmp"):
         return TaskFailed("the importers' code changed since this run started: run doit again")
     tmp = tempfile.mkdtemp(dir=tmp_root, prefix=f"import-{os.path.basename(out_dir)}.")
     try:
-        cmd = [sys.executable, "-m", "emitter.importers", derive.importer, derive.checkpoint_path,
-               "--program", source,
-               "-o", os.path.join(tmp, "out")]
+        cmd = command(derive.importer, derive.checkpoint_path, source, os.path.join(tmp, "out"))
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds,
                                   env={**os.environ, "TMPDIR": os.path.abspath(tmp),

@@ -86,14 +86,13 @@ def _forward(p: Program, calls):
             for v in p.leaves]
     for stage, call in zip(p.stages, calls):
         body += _stage_lines(stage, call)
-    result = p.output
     if p.states:
-        body.append("# write-back: the states this step hands to the next")
-        body += [f"self.leaf_{s}.copy_({s})" for s in p.states]
         out_stage = next(st for st in reversed(p.stages) if st.binds)
         if out_stage.op.view:   # a view of a state's buffer would change with its write-back
-            result = f"{result}.clone()"
-    body.append(f"return {result}")
+            body.append(f"{p.output} = {p.output}.clone()   # (before the write-back: what the step computed)")
+        body.append("# write-back: the states this step hands to the next")
+        body += [f"self.leaf_{s}.copy_({s})" for s in p.states]
+    body.append(f"return {p.output}")
     params = "".join(f", {v}=None" for v in inputs)
     return [
         "class LogosModule(ProgramModule):",

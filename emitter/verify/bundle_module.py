@@ -27,11 +27,12 @@ def _compiled(source, path):
     return code
 
 
-def load_bundle_module(bundle_dir, source=None):
+def load_bundle_module(bundle_dir, source=None, limit=None):
     """The bundle's model.py as a fresh module (its own LogosModule, loader and helpers): `source`
     (its bytes as the lock hashed them; read here when not given) compiled and run as they are.
     No bytecode cache is read or written: a .pyc is trusted while its source keeps its size and
-    mtime, so a hand edit that puts them back (`cp -p`, `touch -r`) would run the old code."""
+    mtime, so a hand edit that puts them back (`cp -p`, `touch -r`) would run the old code.
+    `limit`: the bytes past which one allocation is the bundle's fault (probe.absurd)."""
     path = os.path.join(bundle_dir, "model.py")
     if source is None:
         source = read_model(path)
@@ -41,9 +42,9 @@ def load_bundle_module(bundle_dir, source=None):
     module.__file__ = path
     try:
         exec(_compiled(source, path), module.__dict__)
-    except Exception as e:  # the bundle is generated text: a failure of its own to import is a finding
+    except (Exception, SystemExit) as e:  # the bundle is generated text: its own failure to import is a finding
         message = f"{path}: importing the module failed: {type(e).__name__}: {e}"
-        if isinstance(e, (SyntaxError, ValueError)) or bundles_fault(e):   # (compile's: its text's)
+        if isinstance(e, (SyntaxError, ValueError)) or bundles_fault(e, limit):   # (compile's: its text's)
             raise BundleFault({"stage": "import", "out": None, "op": "model.py", "line": None}, message) from None
         raise CouldNotRun(message) from None
     return module

@@ -116,6 +116,15 @@ def _installed(path):
     }
 
 
+def memory_bytes():
+    """This machine's memory (16 GiB where it cannot be told): a check's tensor limit by default is
+    half of the memory of the machine it runs on."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 << 30
+
+
 def fingerprint():
     """The environment a lock's numbers depend on, as far as it is known without importing them."""
     return {

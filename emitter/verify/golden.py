@@ -26,11 +26,12 @@ def summary(value):
 
 def picked(program):
     """The stages summarised: up to STAGES spread evenly over those that bind a value (not a view of
-    another, such as a transposed table), the output's last."""
+    another, such as a transposed table), the last of them last (a program of views alone: its
+    output's stage)."""
     binding = [st.index for st in program.stages if st.binds and not st.op.view]   # a view: its operand
     step = max(1, len(binding) // STAGES)
-    chosen = sorted(set(binding[::step][:STAGES - 1]) | {binding[-1]})
-    return chosen
+    last = binding[-1:] or [st.index for st in program.stages if st.binds][-1:]   # (all views: the output's)
+    return sorted(set(binding[::step][:STAGES - 1]) | set(last))
 
 
 class Golden:

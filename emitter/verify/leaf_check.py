@@ -140,7 +140,10 @@ def bytes_crc(torch, t):
     t = t.detach()
     if t.device.type != "cpu" or not t.is_contiguous() or t.is_neg() or t.is_conj():
         return None
-    return zlib.crc32(t.reshape(-1).view(torch.uint8).numpy())
+    flat = t.reshape(-1)
+    if flat.numel() <= 1 and flat.stride(0) != 1:   # (one value: contiguous at any stride)
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return zlib.crc32(flat.view(torch.uint8).numpy())
 
 
 def _sum(torch, t):

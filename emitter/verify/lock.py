@@ -97,6 +97,10 @@ def _writer(program, state):
 
 def _build(torch, module, program, weights_dir, dtype, allow_nonfinite):
     """The module as a user builds it: the bundle's loader, then its LogosModule."""
+    missing = [n for n in ("load_weights", "LogosModule") if not callable(getattr(module, n, None))]
+    if missing:   # (what every bundle defines: compile.py calls both)
+        raise BundleFault({"stage": "load", "out": None, "op": missing[0], "line": None},
+                          f"the bundle's model.py defines no {' and no '.join(missing)}")
     try:
         if weights_dir is None:
             weights = {}
@@ -105,7 +109,7 @@ def _build(torch, module, program, weights_dir, dtype, allow_nonfinite):
         else:
             weights = module.load_weights(weights_dir, dtype)
         return module.LogosModule(weights, dtype)
-    except Exception as e:   # the VM read these weights: the bundle's refusal is its own fault
+    except (Exception, SystemExit) as e:   # the VM read these weights: the bundle's refusal is its own fault
         message = f"the bundle's load_weights / LogosModule raised: {type(e).__name__}: {e}"
         if bundles_fault(e, absurd(program)) and not isinstance(e, OSError):
             raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None}, message) from None
@@ -298,7 +302,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["environment"] = environment.describe(np, torch)
         if model_py is None:
             raise CouldNotRun(f"{os.path.join(bundle_dir, 'model.py')}: no model.py in the bundle")
-        module = load_bundle_module(bundle_dir, model_py)
+        module = load_bundle_module(bundle_dir, model_py, absurd(program))
         if getattr(module, "PROGRAM", None) != result["program"]:
             raise CouldNotRun(f"the bundle is of program {getattr(module, 'PROGRAM', None)!r}, the source "
                               f"is {result['program']!r}: emit it again")

@@ -349,7 +349,8 @@ def changed_after_tap(torch, program, model, out, handed):
         found.append(({"stage": "output", "out": program.output, "op": "output",
                        "line": program.bound_at.get(program.output)},
                       f"the module's output is not what stage {where[0].index} (`{program.output} = "
-                      f"{where[0].op.name}`) handed on: changed after its stage"))
+                      f"{where[0].op.name}`) handed on: changed after its stage, or not the value its tap "
+                      "returned (a module returns what its last stage's tap hands back)"))
     for s in program.states:
         st, part = last[s]
         want, buf = handed.get((st.index, part)), getattr(model, "leaf_" + s, None)
@@ -357,5 +358,6 @@ def changed_after_tap(torch, program, model, out, handed):
                 held_sum(torch, buf.detach(), want[1]) != want:
             found.append(({"stage": "write-back", "out": s, "op": st.op.name, "line": st.line},
                           f"the state `{s}` the module wrote back is not what stage {st.index} "
-                          f"(`{st.op.name}`) handed on: changed after its stage"))
+                          f"(`{st.op.name}`) handed on: changed after its stage, or written other than from "
+                          "its tap (a state is written back from what its stage's tap hands back)"))
     return found
