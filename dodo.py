@@ -55,9 +55,11 @@ def task_small_weights():
     # only what it writes is a dependency: another file there is never read (nor hashed), nor is
     # a FIFO, a device, a folder or a file of over SMALL_BYTES in its place (it is checked: its
     # head read, it differs); the packaged lock tasks name such a leaf as an error
+    # make_small.py reads each program's shapes too: an edit of one reruns the check
+    programs = sorted({f"programs/{f.split('/')[1]}.logos" for f in made})
     return {
         "actions": [_check_small],
-        "file_dep": [SMALL] + files,
+        "file_dep": [SMALL] + [p for p in programs if _plain(p)] + files,
         "uptodate": [len(files) == len(made)],
         "verbosity": 0,
     }

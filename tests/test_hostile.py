@@ -124,6 +124,22 @@ def test_doit_clean_removes_what_the_tasks_made_and_keeps_the_history(tmp_path):
     assert rc == 0 and {"emit:a", "lock:a", "report"} <= ran, out
 
 
+def test_doit_clean_of_one_task_leaves_no_report_that_says_pass(tmp_path):
+    """`doit clean lock:a` takes a's results away: the last report, about them, is set aside
+    (build/stale/) until a run writes one about what is there; a whole `doit clean` leaves none."""
+    from test_pipeline import doit
+    z = _small_zoo(tmp_path)
+    assert doit(z)[0] == 0
+    rc, _, out = doit(z, "clean", "lock:a")
+    assert rc == 0 and not (z / "build/results/a/float64.json").exists(), out
+    for f in ("report.json", "junit.xml", "summary.md", "report.html"):
+        assert not (z / "build" / f).exists() and (z / "build/stale" / f).is_file(), f
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:a" in ran and (z / "build/report.json").is_file(), out
+    assert doit(z, "clean")[0] == 0
+    assert not (z / "build/report.json").exists() and not (z / "build/stale/report.json").exists()
+
+
 def test_a_killed_runs_leftovers_are_swept_and_build_must_stay_inside(tmp_path):
     from test_pipeline import doit
     z = _small_zoo(tmp_path)

@@ -270,7 +270,7 @@ def test_the_repos_weights_check_names_the_file_that_differs(tmp_path):
 
 def test_the_repos_weights_check_depends_on_what_make_small_writes_and_nothing_else(tmp_path, monkeypatch):
     """doit's checker hashes a task's file_dep whole: small_weights names only the files
-    make_small.py writes (a stray 16 GiB file beside them is never read), and one of them that is
+    make_small.py reads and writes (a stray 16 GiB file beside them is never read), and one that is
     not a small plain file (a sparse 16 GiB one in its place) is no dependency but makes the task
     run, which reads its head and names it."""
     import runpy
@@ -286,7 +286,8 @@ def test_the_repos_weights_check_depends_on_what_make_small_writes_and_nothing_e
     task = runpy.run_path(str(tmp_path / "dodo.py"))["task_small_weights"]()
     deps = task["file_dep"]
     assert "weights/mlp/zzz.f64" not in deps and "weights/mlp/W1.f64" in deps and task["uptodate"] == [True]
-    assert len(deps) == 1 + 51   # make_small.py and what it writes
+    assert len(deps) == 1 + len(SMALL) + 51   # make_small.py, the programs it reads, what it writes
+    assert {f"programs/{n}.logos" for n in SMALL} <= set(deps)   # (a program's shape edited: it runs)
     with open(tmp_path / "weights/mlp/W1.f64", "r+b") as f:
         f.truncate(16 << 30)
     task = runpy.run_path(str(tmp_path / "dodo.py"))["task_small_weights"]()

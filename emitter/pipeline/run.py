@@ -34,8 +34,15 @@ def cache_publish(*args):
 
 def clean_report(build):
     """`doit clean` of the report's files."""
-    from .report_aside import REPORT_FILES
-    files_io.remove_files([f"{build}/{f}" for f in REPORT_FILES])
+    from .report_aside import REPORT_FILES, STALE
+    files_io.remove_files([f"{build}/{d}{f}" for f in REPORT_FILES for d in ("", f"{STALE}/")])
+
+
+def report_aside(build):
+    """`doit clean` of what a report is about (a bundle, weights, results): the last report no
+    longer describes build/, so it goes to build/stale/ until a run finds it current again."""
+    from .report_aside import set_aside
+    set_aside(build)
 
 
 class ZooChecker(files_io.FingerprintChecker):
@@ -261,7 +268,7 @@ class Run:
                 "actions": [(import_weights, [e.pc, f"{self.build}/tmp"])],
                 **self._after(e, "weights"),
                 "uptodate": [(keys.uptodate, ["weights", e])],
-                "clean": [(files_io.remove_dir, [e.pc.weights])],
+                "clean": [(files_io.remove_dir, [e.pc.weights]), (report_aside, [self.build])],
             }
 
     def emit_tasks(self):
@@ -275,7 +282,7 @@ class Run:
                 "actions": [(emit_bundle, [e, self.settings])],
                 **self._after(e, "emit"),
                 "uptodate": [(keys.uptodate, ["emit", e])],
-                "clean": [(files_io.remove_files, [[e.status] + e.bundle_files()])],
+                "clean": [(files_io.remove_files, [[e.status] + e.bundle_files()]), (report_aside, [self.build])],
             }
 
     def lock_tasks(self):
@@ -296,7 +303,7 @@ class Run:
                 "uptodate": [(keys.uptodate, ["lock", e, self.settings["threads"], self.settings["cache"]])],
                 # the history in results.sqlite stays: `logos results --prune` drops a program's
                 "clean": [(files_io.remove_files, [[c.result for c in e.checks] + [e.lock_status]]),
-                          (files_io.remove_dir, [f"{e.bundle}/golden"])],
+                          (files_io.remove_dir, [f"{e.bundle}/golden"]), (report_aside, [self.build])],
                 **more,
             }
 
