@@ -364,6 +364,13 @@ def test_yaml_numbers_as_yaml_1_2_reads_them(tmp_path):
     assert got["r"].error is None and got["r"].steps == 10 and got["r"].limits["seconds"] == 16   # (not octal 8)
 
 
+def test_every_bad_bf16_bound_is_said_at_once(tmp_path):
+    text = "dtypes: [float64, bfloat16]\nbf16:\n  z: -1\n  cosine: 2\n  excess:\n    matmul: -3\n    nope: 1\n"
+    got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/p.yaml": text})
+    for where, key in ((3, "bf16.z"), (4, "bf16.cosine"), (5, "bf16.excess.matmul"), (5, "bf16.excess.nope")):
+        assert f"programs/p.yaml:{where}: `{key}`" in got["p"].error, got["p"].error
+
+
 def test_bf16_bounds_in_a_config(tmp_path):
     got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/p.yaml":
                          "dtypes: [float32, bfloat16]\nbf16: {deviation: 0.3, excess: {matmul: 5}}\n",

@@ -189,26 +189,27 @@ def _range(low, closed, high):
 
 
 def check_bf16(p, b):
-    """`bf16:`, the gate's bound overrides: {bound: number}, `excess` {op: number}."""
+    """`bf16:`, the gate's bounds overrides: {bound: number}, `excess` {op: number}; every bad
+    bound is said (kept in `p`), not only the first."""
     if not isinstance(b, dict):
         raise p.error("bf16", f"must map some of {', '.join(BF16_RANGES)} to numbers (`excess` to {{op: number}})")
+    before = len(p.errors)
     for k, v in b.items():
         if k not in BF16_RANGES:
-            raise p.error(f"bf16.{k}", f"unknown bound (known: {', '.join(BF16_RANGES)})"
-                          + did_you_mean(str(k), list(BF16_RANGES)))
-        if k == "excess":
+            p.add(f"bf16.{k}", f"unknown bound (known: {', '.join(BF16_RANGES)})" + did_you_mean(str(k), list(BF16_RANGES)))
+        elif k == "excess":
             from ..ops import BY_NAME          # (the op table loads numpy: only when asked)
             if not isinstance(v, dict):
-                raise p.error("bf16.excess", "must map op names to numbers, e.g. {matmul: 4}")
+                p.add("bf16.excess", "must map op names to numbers, e.g. {matmul: 4}")
+                continue
             for op, x in v.items():
                 if op not in BY_NAME:
-                    raise p.error(f"bf16.excess.{op}", f"`{excerpt(str(op), 40)}` is not an op"
-                                  + did_you_mean(str(op), list(BY_NAME)))
-                if not _bound(x, *BF16_RANGES[k]):
-                    raise p.error(f"bf16.excess.{op}", f"must be {_range(*BF16_RANGES[k])}, got {excerpt(repr(x), 40)}")
+                    p.add(f"bf16.excess.{op}", f"`{excerpt(str(op), 40)}` is not an op" + did_you_mean(str(op), list(BY_NAME)))
+                elif not _bound(x, *BF16_RANGES[k]):
+                    p.add(f"bf16.excess.{op}", f"must be {_range(*BF16_RANGES[k])}, got {excerpt(repr(x), 40)}")
         elif not _bound(v, *BF16_RANGES[k]):
-            raise p.error(f"bf16.{k}", f"must be {_range(*BF16_RANGES[k])}, got {excerpt(repr(v), 40)}")
-    return dict(b)
+            p.add(f"bf16.{k}", f"must be {_range(*BF16_RANGES[k])}, got {excerpt(repr(v), 40)}")
+    return dict(b) if len(p.errors) == before else None
 
 
 def check_derive(p, d, keys, root, tree, roots):
