@@ -142,6 +142,34 @@ def test_controls_fail_where_they_must(program, weights, vm_run, hf_logits, tmp_
     assert min(_errors(program, unordered, tokens, hf_logits)) > 1e-2
 
 
+CACHE_ROWS = 8   # qwen38's KV cache (Kc1, Vc1, ...): every row written and read once the steps reach it
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_the_bundle_locks_over_its_whole_kv_cache_and_a_conv_ring_that_forgets_fails(program, weights, tmp_path, dtype):
+    """The zoo locks qwen38 over 2 steps (its summary rows are fixed); here over all 8 rows of its
+    KV cache and twice round its 4-tap conv rings, where a ring that drops one tap too many (a
+    bug 2 steps never reach: its oldest rows are still the declared zeros) fails."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    from emitter.verify.lock import lock_bundle
+    bundle = str(tmp_path / "b")
+    write_bundle(emit_program(program, {}), bundle)   # (with its bf16 precision policy, as the zoo's)
+    r = lock_bundle(bundle, PROGRAM, weights, dtype, CACHE_ROWS)
+    assert r["verdict"] == "pass" and len(r["steps_detail"]) == CACHE_ROWS, r.get("reason")
+    if dtype != "float64":
+        return
+    model = os.path.join(bundle, "model.py")
+    with open(model) as f:
+        text = f.read()
+    ring = "    ring = torch.cat([cs[1:], x.reshape(1, -1)], dim=0)\n"
+    assert ring in text
+    with open(model, "w") as f:
+        f.write(text.replace(ring, "    ring = torch.cat([torch.zeros_like(cs[:1]), cs[2:], x.reshape(1, -1)], dim=0)\n"))
+    assert lock_bundle(bundle, PROGRAM, weights, dtype, 2)["verdict"] == "pass"   # (what 2 steps see)
+    r = lock_bundle(bundle, PROGRAM, weights, dtype, CACHE_ROWS)
+    assert r["verdict"] == "fail" and r["first_divergence"]["op"] == "causal conv", r["first_divergence"]
+
+
 def test_program_uses_all_qwen38_ops(program):
     used = {s.op.name for s in program.stages}
     assert set(QWEN38_OPS) <= used, sorted(set(QWEN38_OPS) - used)
