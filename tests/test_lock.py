@@ -341,9 +341,11 @@ def test_weights_changed_after_their_manifest_are_an_error(zoo):
     assert "changed after the check's key was taken" in r["reason"]
 
 
-def test_weights_rewritten_while_the_lock_runs_are_an_error(zoo, tmp_path):
+@pytest.mark.parametrize("who", ["another process", "the bundle"])
+def test_weights_rewritten_while_the_lock_runs_are_an_error_or_the_bundles_fault(zoo, tmp_path, who):
     """The weights are maps of their files, read to the end of the check: a file rewritten in place
-    after the first look (here by the bundle's own import) is an error too, said as such."""
+    after the first look by another process (started here by the bundle's import) is an error, said
+    as such; by the bundle's own code (its import opening it to write), a fail naming the file."""
     import hashlib
     w, bundle = tmp_path / "w", tmp_path / "b"
     shutil.copytree(zoo["weights"], w)
@@ -351,11 +353,31 @@ def test_weights_rewritten_while_the_lock_runs_are_an_error(zoo, tmp_path):
     shas = {f: hashlib.sha256((w / f).read_bytes()).hexdigest() for f in os.listdir(w)}
     victim = sorted(shas)[0]
     head = (w / victim).read_bytes()[:8]
+    write = f"with open({str(w / victim)!r}, 'r+b') as _f:\n    _f.write({bytes(255 - b for b in head)!r})\n"
     with open(bundle / "model.py", "a") as f:
-        f.write(f"\nwith open({str(w / victim)!r}, 'r+b') as _f:\n    _f.write({bytes(255 - b for b in head)!r})\n")
+        f.write(f"\nimport subprocess, sys\nsubprocess.run([sys.executable, '-c', {write!r}], check=True)\n"
+                if who == "another process" else "\n" + write)
     r = lock_bundle(str(bundle), zoo["program"], str(w), "float64", 1, weights_shas=shas)
-    assert r["verdict"] == "error" and r["stale_weights"] == [victim], r["reason"]
-    assert "changed after the check's key was taken" in r["reason"]
+    assert r["stale_weights"] == [victim], r["reason"]
+    if who == "another process":
+        assert r["verdict"] == "error" and "changed after the check's key was taken" in r["reason"], r["reason"]
+    else:
+        assert r["verdict"] == "fail" and f"the bundle wrote into the weights file {victim}" in r["reason"], r["reason"]
+        assert r["first_divergence"]["stage"] == "load"
+
+
+def test_a_bundle_that_opens_its_weights_to_write_fails_though_it_changes_nothing(zoo, tmp_path):
+    """A forward that opens a weights file to write and puts back what it held (or a second run
+    over what a first one wrote) leaves the file as read: still the bundle's fault, a fail naming
+    it, where it once passed."""
+    w, bundle = tmp_path / "w", tmp_path / "b"
+    shutil.copytree(zoo["weights"], w)
+    victim = sorted(os.listdir(w))[0]
+    bundle = _sabotage(zoo, tmp_path, "        return y\n", f"        _f = open({str(w / victim)!r}, 'r+b')\n"
+                       "        _f.write(_f.read(8)) if False else _f.close()\n        return y\n")
+    r = lock_bundle(bundle, zoo["program"], str(w), "float64", 1)
+    assert r["verdict"] == "fail" and f"the bundle opened {os.path.realpath(w / victim)} to write" in r["reason"], r["reason"]
+    assert r["first_divergence"]["stage"] == "load"
 
 
 @pytest.mark.parametrize("old,new,where", [

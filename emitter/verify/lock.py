@@ -31,7 +31,7 @@ from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, as_arguments, bundles_fault,
                     changed_after_tap, run_module, watched)
-from .resident import Releasing, Resident, held_for_writing, reads, worth_releasing
+from .resident import Releasing, Resident, Watching, held_for_writing, reads, worth_releasing
 from .result import unfinished
 from .tolerances import DEFAULT_TOLERANCES as TOLERANCES
 
@@ -60,15 +60,16 @@ def _as_manifest(result, weights_dir, sources, shas):
                           "files?): run it again")
 
 
-def _still_as_read(result, weights_dir, sources, shas):
+def _still_as_read(result, weights_dir, sources, shas, opened):
     """_as_manifest at the end of a check: a file that changed while the bundle held it open to
-    write (a loader mapping its files writable, a forward writing through it) is the bundle's
-    doing, a fail naming the file and its leaves; another change is an error (run it again)."""
+    write (a loader mapping its files writable, a forward writing through it), or that the bundle
+    opened to write (`opened`, real paths: resident.Watching), is the bundle's doing, a fail
+    naming the file and its leaves; another change is an error (run it again)."""
     try:
         _as_manifest(result, weights_dir, sources, shas)
     except CouldNotRun:
         moved = {os.path.realpath(os.path.join(weights_dir, f)): f for f in result["stale_weights"]}
-        mine = sorted(moved[p] for p in held_for_writing(set(moved)))
+        mine = sorted(moved[p] for p in held_for_writing(set(moved)) | (set(moved) & opened))
         if not mine:
             raise
         leaves = ", ".join(f"`{n}`" for n, f in sorted(sources.items()) if f == mine[0])
@@ -270,7 +271,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     for the caller to write (`write_golden`). `trace`: the VM's trace file this check shares with
     its program's others ({"path", "key", "source", "environment"}: emitter.verify.trace), used
     only where the program read and this process's environment are those its key names."""
-    start = time.perf_counter()
+    start, watch = time.perf_counter(), None
     result = unfinished(bundle_dir, program_path, weights_dir, dtype, steps, atol, rtol, None)
     tol = result["tolerance"]
     try:
@@ -302,6 +303,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["environment"] = environment.describe(np, torch)
         if model_py is None:
             raise CouldNotRun(f"{os.path.join(bundle_dir, 'model.py')}: no model.py in the bundle")
+        watch = Watching(weights_dir)   # from the bundle's first line: a bundle reads its weights only
         module = load_bundle_module(bundle_dir, model_py, absurd(program))
         if getattr(module, "PROGRAM", None) != result["program"]:
             raise CouldNotRun(f"the bundle is of program {getattr(module, 'PROGRAM', None)!r}, the source "
@@ -328,8 +330,13 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                                                           steps, judge, result["timings"], resident,
                                                           exact_leaves(model, program, load), keep, vm_steps)
             load = result["load"] = judge.settled(load)
+        opened = watch.stop()
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
-            _still_as_read(result, weights_dir, leaves.sources, weights_shas)
+            _still_as_read(result, weights_dir, leaves.sources, weights_shas, opened)
+        if opened:   # (though what it wrote was what the file held)
+            raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None},
+                              f"the bundle opened {min(opened)} to write while it ran ({len(opened)} file(s) "
+                              "of its weights folder): a bundle reads its weights, never writes them")
         # a wrong leaf is the first divergence, whatever the module did then; one the module wrote
         # (`written`: the step it was seen after) is, unless a stage diverged at that step or before
         # (the free pass's output and states, compared after the probe pass, may have read it written)
@@ -360,6 +367,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             worst={**e.where, "ratio": None, "max_abs": None, "guarded_rel": None})
     except (Exception, SystemExit) as e:  # anything else is still "could not run" (exit 2), never a fail
         result["reason"] = f"the lock check raised {type(e).__name__}: {e}"
+    finally:
+        if watch is not None:
+            watch.stop()
     t = result["timings"]
     t["total_s"] = time.perf_counter() - start
     # what the lock itself adds per run beyond setup (imports, reading, hashing) and the two sides

@@ -18,6 +18,7 @@ import functools
 import mmap
 import os
 import sys
+import threading
 import time
 
 
@@ -68,6 +69,63 @@ def held_for_writing(paths):
     except OSError:
         pass
     return found
+
+
+# weights folders watched while a bundle runs (real path -> [its Watching]): Python's
+# audit hook (one per process, added at the first watch) sees every open, truncate, remove or
+# rename, whoever asks for it: the bundle's own Python, numpy's memmap and torch's file opens alike
+_WATCHED = {}
+_WATCH_LOCK = threading.Lock()
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _audit(event, args):
+    if not _WATCHED or event not in ("open", "os.truncate", "os.remove", "os.rename"):
+        return
+    if event == "open":
+        path, mode, flags = (tuple(args) + (None, None))[:3]
+        if not (flags & _WRITE_FLAGS if isinstance(flags, int) else any(c in str(mode or "") for c in "wax+")):
+            return
+        paths = (path,)
+    else:
+        paths = args[:2] if event == "os.rename" else args[:1]
+    for path in paths:
+        if isinstance(path, int) or path is None:
+            continue
+        real = os.path.realpath(os.fsdecode(path))
+        if f"{os.sep}__pycache__{os.sep}" in real:   # (Python's bytecode of a module imported meanwhile)
+            continue
+        with _WATCH_LOCK:
+            for root, watches in _WATCHED.items():
+                if real.startswith(root + os.sep):
+                    for w in watches:
+                        w.opened.add(real)
+
+
+class Watching:
+    """The files under a weights folder that this process opens to write, truncates, removes or
+    renames from now until `stop()` (`opened`, real paths): a bundle reads its weights only."""
+    _hooked = []
+
+    def __init__(self, folder):
+        self.opened, self.root = set(), None
+        if folder is None:
+            return
+        if not Watching._hooked:
+            sys.addaudithook(_audit)   # (for the life of the process: a hook cannot be taken out)
+            Watching._hooked.append(True)
+        self.root = os.path.realpath(folder)
+        with _WATCH_LOCK:
+            _WATCHED.setdefault(self.root, []).append(self)
+
+    def stop(self):
+        with _WATCH_LOCK:
+            left = [w for w in _WATCHED.get(self.root, []) if w is not self]
+            if left:
+                _WATCHED[self.root] = left
+            else:
+                _WATCHED.pop(self.root, None)
+        return self.opened
 
 
 RELEASE_FROM = 16 << 20   # weights of fewer bytes are not worth a look at the maps (1 ms a check)
