@@ -46,7 +46,7 @@ def plant(zoo, outside):
     program("yaml_not_utf8", config=b"steps: 2 # caf\xe9\n", expect="programs/yaml_not_utf8.yaml:1: not UTF-8 text")
     program("yaml_twice", config="steps: 1\nsteps: 3\n", expect="programs/yaml_twice.yaml:2")
     program("yaml_list", config="- 1\n- 2\n", expect="a config is a mapping of keys")
-    program("yaml_bad_date", config="steps: 2\nwhen: 2001-13-01\n", expect="programs/yaml_bad_date.yaml: not valid YAML")
+    program("yaml_bad_date", config="steps: 2\nwhen: !!timestamp 2001-13-01\n", expect="programs/yaml_bad_date.yaml: not valid YAML")
     program("yaml_steps", config="steps: 1000000000000000000000000000000\n", expect="steps is over the limit of 100000")
     program("yaml_unknown", config="stepz: 2\n", expect="`stepz`: unknown key")
     program("yaml_python", config="steps: !!python/object/apply:os.system ['echo pwned']\n", expect="programs/yaml_python.yaml:1: not valid YAML")

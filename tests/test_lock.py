@@ -532,3 +532,82 @@ def test_a_one_value_tensor_at_any_stride_has_its_crc():
     assert one.is_contiguous() and one.stride() != (1, 1)
     assert bytes_crc(torch, one) == zlib.crc32(np.float64(2.0).tobytes())
 
+
+OVERFLOWING = """Let x be a 1 by 2 tensor of Real.
+Set item 1 of x to {big}.
+Set item 2 of x to 2.
+Let y be x hadamard x.
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_leaves_a_dtype_cannot_hold_are_an_error_naming_them(tmp_path, dtype):
+    """A value finite in float64 that a float32 or bfloat16 module cannot hold (it rounds to Inf),
+    in a weights file or a program's fill, is an error naming the file or line and the leaf: no
+    module of that dtype computes the program's meaning (where it was a fail with tiny figures, or
+    the module's constructor raising). float64 locks it."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    for where in ("file", "fill"):
+        source = OVERFLOWING.format(big="1e39" if where == "fill" else "1")
+        path = tmp_path / f"{where}.logos"
+        path.write_text(source)
+        program = read_file(str(path))
+        bundle = str(tmp_path / f"b_{where}")
+        write_bundle(emit_program(program, {}), bundle)
+        w = None
+        if where == "file":
+            w = tmp_path / "w"
+            w.mkdir()
+            np.array([[1e39, 2.0]]).astype("<f8").tofile(w / "x.f64")
+            w = str(w)
+        assert lock_bundle(bundle, str(path), w, "float64", 1)["verdict"] == "pass"
+        r = lock_bundle(bundle, str(path), w, dtype, 1)
+        said = os.path.join(w, "x.f64") if where == "file" else "line 1 of the program"
+        assert r["verdict"] == "error" and r["reason"].startswith(f"{said}: `x` holds 1e+39, beyond what torch."), r["reason"]
+
+
+def test_a_stage_that_overflows_in_float32_fails_saying_so(tmp_path):
+    """1e20 squared is 1e40: float32's module computes Inf where the VM has a number. A fail whose
+    first divergence counts the values NaN or Inf on one side only (no other figure does)."""
+    from emitter.verify.verdict import describe
+    path = tmp_path / "p.logos"
+    path.write_text(OVERFLOWING.format(big="1e20"))
+    bundle = emit_bundle(path.read_text(), tmp_path / "b")
+    r = lock_bundle(bundle, str(path), None, "float32", 1)
+    assert r["verdict"] == "fail" and r["first_divergence"]["nonfinite"] == 1, r["first_divergence"]
+    assert "1 value(s) NaN or Inf on one side only" in describe(r), describe(r)
+
+
+@pytest.mark.parametrize("how", [
+    "os.unlink({P})", "os.rename({P}, {P} + '.bak'); os.rename({P} + '.bak', {P})",
+    "_d = os.open({D}, os.O_RDONLY); os.close(os.open({N}, os.O_RDWR, dir_fd=_d)); os.close(_d)",
+    "import shutil; shutil.copytree({D}, {D} + '.x'); shutil.rmtree({D}); os.rename({D} + '.x', {D})",
+])
+def test_a_bundle_that_removes_renames_or_opens_its_weights_through_a_folder_fails(zoo, tmp_path, how):
+    """Removing a weights file, renaming it (and back), opening it to write relative to a folder's
+    descriptor, or removing the folder (shutil's rmtree, through descriptors) and putting a copy
+    back: the bundle's doing, a fail naming the file, not an error of a file gone missing."""
+    w = tmp_path / "w"
+    shutil.copytree(zoo["weights"], w)
+    victim = sorted(os.listdir(w))[0]
+    code = how.format(P=repr(str(w / victim)), D=repr(str(w)), N=repr(victim))
+    bundle = _sabotage(zoo, tmp_path, "        return y\n", f"        {code}\n        return y\n")
+    r = lock_bundle(bundle, zoo["program"], str(w), "float64", 1)
+    assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == "load", r["reason"]
+    assert str(os.path.realpath(w)) in r["reason"] or victim in r["reason"], r["reason"]
+
+
+def test_the_locks_own_trace_inside_the_weights_folder_is_not_the_bundles_write(zoo, tmp_path):
+    """The VM's trace the lock stores (build/store/traces) may lie inside a weights folder that holds
+    the repository: the lock's own writes there are not the bundle's."""
+    import hashlib
+    import torch
+    from emitter.verify import environment
+    w = tmp_path / "w"
+    shutil.copytree(zoo["weights"], w)
+    spec = {"path": str(w / "build/store/traces/ab/k.trace"), "key": "ab" + "0" * 62, "min_bytes": 0,
+            "source": hashlib.sha256(read_file(zoo["program"]).source.encode()).hexdigest(),
+            "environment": environment.describe(np, torch)["digest"]}
+    r = lock_bundle(zoo["bundle"], zoo["program"], str(w), "float64", 2, trace=spec)
+    assert r["verdict"] == "pass" and r["trace"]["written"], (r["reason"], r.get("trace"))
+

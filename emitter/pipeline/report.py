@@ -304,7 +304,8 @@ _MD = str.maketrans({"|": "\\|", "\\": "\\\\", "[": "\\[", "]": "\\]", "\n": " "
 
 def _md(text):
     """Text from programs and configs as Markdown shows it, and only as text: no table cell ends,
-    no link, image or HTML tag starts (a GitHub step summary renders both)."""
+    no link, image or HTML tag starts (a GitHub step summary renders both; a bare URL it links
+    as it would in any text)."""
     return str(text).translate(_MD)
 
 

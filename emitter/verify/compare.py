@@ -197,8 +197,12 @@ def worse(a, b):
 
 
 def figures(m):
-    """The figures of a comparison, without its pass flag and extras."""
-    return {k: m[k] for k in KEYS}
+    """The figures of a comparison, without its pass flag and extras; `nonfinite`, where values are
+    NaN or Inf on one side only (which no other figure counts: a float32 overflow to Inf)."""
+    out = {k: m[k] for k in KEYS}
+    if m.get("nonfinite_mismatch"):
+        out["nonfinite"] = m["nonfinite_mismatch"]
+    return out
 
 
 def worst_of(stages, load):

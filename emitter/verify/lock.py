@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from ..fingerprint import sha256 as _sha256   # one stat cache: weights the keys hashed are not read again
+from ..fingerprint import sha256 as _sha256, sha256_or_none   # one stat cache: weights the keys hashed are not read again
 from ..files import BUNDLE_FILES, size_text
 from ..language.errors import ProgramError
 from ..language.reader import read_file
@@ -52,7 +52,7 @@ def _as_manifest(result, weights_dir, sources, shas):
     check (a loader that writes into its files too; a file's memo holds while its stat does, so
     a file unchanged costs a stat)."""
     moved = [f for f in sorted(set(sources.values()) - {"declared"})
-             if shas is not None and _sha256(os.path.join(weights_dir, f)) != shas.get(f)]
+             if shas is not None and sha256_or_none(os.path.join(weights_dir, f)) != shas.get(f)]   # (gone: moved)
     if moved:
         result["stale_weights"] = moved
         raise CouldNotRun(f"{weights_dir}: {', '.join(moved[:3])}{' and more' if moved[3:] else ''} "
@@ -76,6 +76,23 @@ def _still_as_read(result, weights_dir, sources, shas, opened):
         raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None},
                           f"the bundle wrote into the weights file {mine[0]} ({leaves}) while it ran: it "
                           "holds it open to write, and its content is not what the check read") from None
+
+
+def _held_by(dtype, program, weights_dir, leaves):
+    """A float32 or bfloat16 check of leaves one of which a module of that dtype cannot hold (a
+    value that rounds to infinity there: 1e39 in float32) is an error naming it: the program's
+    float64 meaning needs the value, so no module of that dtype computes it (not the bundle's fault)."""
+    if dtype == "float64":
+        return
+    import torch
+    for name, peak in leaves.peaks.items():
+        held = torch.float32 if dtype == "bfloat16" and not program.decls[name].real else getattr(torch, dtype)
+        if math.isfinite(peak) and math.isinf(torch.tensor(peak, dtype=torch.float64).to(held).item()):
+            source = leaves.sources[name]
+            where = (f"line {program.decls[name].line} of the program" if source == "declared"
+                     else os.path.join(weights_dir, source))
+            raise CouldNotRun(f"{where}: `{name}` holds {peak:.4g}, beyond what {held} holds (its largest "
+                              f"value is {torch.finfo(held).max:.4g}): a {dtype} check cannot run on it")
 
 
 def _load_divergence(f):
@@ -294,6 +311,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                 else None if model_py is None else hashlib.sha256(model_py).hexdigest()
         leaves = vm.load_leaves(program, weights_dir, allow_nonfinite=allow_nonfinite)
         result["unmatched_weights"] = leaves.unmatched
+        _held_by(dtype, program, weights_dir, leaves)
         if weights_dir is not None:
             result["hashes"]["weights"] = weights_digest(weights_dir, leaves.sources)
             if weights_shas is None:   # by hand: the files as the VM read them (hashed just now)
@@ -303,7 +321,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["environment"] = environment.describe(np, torch)
         if model_py is None:
             raise CouldNotRun(f"{os.path.join(bundle_dir, 'model.py')}: no model.py in the bundle")
-        watch = Watching(weights_dir)   # from the bundle's first line: a bundle reads its weights only
+        # from the bundle's first line: a bundle reads its weights only (what the lock itself writes
+        # meanwhile, its VM's trace, is its own wherever the store lies)
+        watch = Watching(weights_dir, own=trace and os.path.dirname(os.path.dirname(trace["path"])))
         module = load_bundle_module(bundle_dir, model_py, absurd(program))
         if getattr(module, "PROGRAM", None) != result["program"]:
             raise CouldNotRun(f"the bundle is of program {getattr(module, 'PROGRAM', None)!r}, the source "

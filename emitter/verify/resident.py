@@ -73,7 +73,7 @@ def held_for_writing(paths):
 
 # weights folders watched while a bundle runs (real path -> [its Watching]): Python's
 # audit hook (one per process, added at the first watch) sees every open, truncate, remove or
-# rename, whoever asks for it: the bundle's own Python, numpy's memmap and torch's file opens alike
+# rename made through Python, whoever asks for it: the bundle's own code, numpy's memmap, torch.save
 _WATCHED = {}
 _WATCH_LOCK = threading.Lock()
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
@@ -82,33 +82,59 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 def _audit(event, args):
     if not _WATCHED or event not in ("open", "os.truncate", "os.remove", "os.rename"):
         return
-    if event == "open":
+    if event == "open":   # (path, mode, flags): os.open's says nothing of a dir_fd
         path, mode, flags = (tuple(args) + (None, None))[:3]
         if not (flags & _WRITE_FLAGS if isinstance(flags, int) else any(c in str(mode or "") for c in "wax+")):
             return
-        paths = (path,)
+        named = [(path, None)]
+    elif event == "os.rename":   # (src, dst, src_dir_fd, dst_dir_fd)
+        named = [(args[0], args[2]), (args[1], args[3])]
+    else:   # os.remove (path, dir_fd); os.truncate (path or descriptor, length)
+        named = [(args[0], args[1] if event == "os.remove" else None)]
+    with _WATCH_LOCK:
+        watched = [(root, list(ws)) for root, ws in _WATCHED.items()]
+    roots = [root for root, _ in watched]
+    for real in (r for path, dir_fd in named for r in _places(path, dir_fd, roots)):
+        for root, watches in watched:
+            if real.startswith(root + os.sep):
+                for w in watches:
+                    if not (w.own and real.startswith(w.own + os.sep)):
+                        w.opened.add(real)   # (a set's add: atomic under the interpreter's lock)
+
+
+def _places(path, dir_fd, roots):
+    """The real paths a path of an audited call may name: where a relative one lies in a folder
+    given by descriptor, else from the current folder or, the folder unknown (os.open's dir_fd),
+    in any watched folder that holds it. A descriptor (os.truncate's) names none, nor does
+    Python's bytecode of a module imported meanwhile."""
+    if path is None or isinstance(path, int):
+        return ()
+    p = os.fsdecode(path)
+    if os.path.isabs(p):
+        out = [p]
+    elif isinstance(dir_fd, int) and dir_fd >= 0:   # (none given: AT_FDCWD, below zero)
+        try:
+            out = [os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), p)]
+        except OSError:
+            out = [os.path.join(root, p) for root in roots if os.path.lexists(os.path.join(root, p))]
     else:
-        paths = args[:2] if event == "os.rename" else args[:1]
-    for path in paths:
-        if isinstance(path, int) or path is None:
-            continue
-        real = os.path.realpath(os.fsdecode(path))
-        if f"{os.sep}__pycache__{os.sep}" in real:   # (Python's bytecode of a module imported meanwhile)
-            continue
-        with _WATCH_LOCK:
-            for root, watches in _WATCHED.items():
-                if real.startswith(root + os.sep):
-                    for w in watches:
-                        w.opened.add(real)
+        out = [os.path.abspath(p)] + [os.path.join(root, p) for root in roots
+                                       if os.path.lexists(os.path.join(root, p))]
+    return [r for r in map(os.path.realpath, out) if f"{os.sep}__pycache__{os.sep}" not in r]
 
 
 class Watching:
     """The files under a weights folder that this process opens to write, truncates, removes or
-    renames from now until `stop()` (`opened`, real paths): a bundle reads its weights only."""
+    renames through Python from now until `stop()` (`opened`, real paths; `own`: a folder of the
+    lock's own writes, not counted): a bundle reads its weights only. Any thread's calls count
+    (the lock's process runs one check at a time, or the checks of a Dask worker's threads share
+    the blame of one that writes into a folder they watch too); a call that does not go through
+    Python (torch.from_file, C's open) is not seen."""
     _hooked = []
 
-    def __init__(self, folder):
+    def __init__(self, folder, own=None):
         self.opened, self.root = set(), None
+        self.own = own and os.path.realpath(own)
         if folder is None:
             return
         if not Watching._hooked:

@@ -49,7 +49,8 @@ def describe(r, limit=240):
     if f and f.get("raised"):   # the bundle raised there (or skipped that stage): no figures
         parts.append(f"first diverging op: {where(f)}: {short(f['raised'], 200)}")
     elif f:
-        parts.append(f"first diverging op: {where(f)}, max abs {number(f.get('max_abs'))}")
+        parts.append(f"first diverging op: {where(f)}, max abs {number(f.get('max_abs'))}"
+                     + (f", {f['nonfinite']} value(s) NaN or Inf on one side only" if f.get("nonfinite") else ""))
     w = r.get("worst")
     if w and not (w.get("ratio") is None and f and f.get("raised")):   # (a raise ranks no figures)
         # under the bf16 gate, the op furthest towards any bound, `by` naming which

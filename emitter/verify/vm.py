@@ -43,8 +43,9 @@ PASSED_LIMIT = 1 << 14
 
 
 def _read_leaf(program, name, directory, place, nonfinite_ok=False):
-    """The leaf's values at `place` (emitter.sambaflow.weight_files: the reader model.py copies),
-    a read-only map checked a block at a time for non-finite values and, for an Int leaf,
+    """(the leaf's values at `place` (emitter.sambaflow.weight_files: the reader model.py copies),
+    its largest magnitude (NaN where non-finite values are allowed)): a read-only map checked a
+    block at a time for non-finite values and, for an Int leaf,
     non-integers, its pages released after: what the VM holds of a 1 GB checkpoint is the map,
     not the memory (`release`). Bytes this process checked the same way already are not read."""
     d = program.decls[name]
@@ -60,36 +61,42 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
     done = sha and (sha, place[1:], d.rows, d.cols, d.real, nonfinite_ok)
     if done:
         with _PASSED_LOCK:
-            if _PASSED.pop(done, False):
-                _PASSED[done] = True   # (the most recently used)
-                return value
+            peak = _PASSED.pop(done, None)
+            if peak is not None:
+                _PASSED[done] = peak   # (the most recently used)
+                return value, peak
     what = f"`{name}` (tensor `{place[1]}`)" if place[1] else f"`{name}`"
-    flat = value.reshape(-1)
+    flat, peak = value.reshape(-1), 0.0
     for start in range(0, flat.size, BLOCK):
         block = flat[start:start + BLOCK]
-        if not nonfinite_ok and not np.isfinite(block).all():
+        hi, lo = (float(block.max()), float(block.min())) if not nonfinite_ok and block.size else (0.0, 0.0)
+        if not (math.isfinite(hi) and math.isfinite(lo)):   # (a NaN makes both NaN)
             bad = start + int(np.flatnonzero(~np.isfinite(block))[0])
             raise ProgramError(f"{what} holds a non-finite value ({flat[bad]}) at flat index {bad}",
                                path=path)
+        peak = max(peak, abs(hi), abs(lo))
         if not d.real and not np.array_equal(block, np.round(block)):
             bad = start + int(np.flatnonzero(block != np.round(block))[0])
             raise ProgramError(f"{what} is an Int tensor but the file holds non-integers "
                                f"({flat[bad]} at flat index {bad})", path=path)
         release(value)
+    peak = math.nan if nonfinite_ok else peak   # (NaN or Inf allowed: no peak to speak of)
     if done and fingerprint.recorded(path, before) == sha:   # (not written while it was checked)
         with _PASSED_LOCK:
-            _PASSED[done] = True
+            _PASSED[done] = peak
             if len(_PASSED) > PASSED_LIMIT:
                 _PASSED.popitem(last=False)
-    return value
+    return value, peak
 
 
 @dataclass
 class Leaves:
-    """Every leaf's value, where each came from, and the directory's files no leaf claimed."""
+    """Every leaf's value, where each came from, and the directory's files no leaf claimed; and
+    each leaf's largest magnitude (`peaks`: whether a float32 or bfloat16 module can hold it)."""
     values: dict
     sources: dict
     unmatched: list = field(default_factory=list)
+    peaks: dict = field(default_factory=dict)
 
 
 def leaf_places(program, weights_dir):
@@ -123,12 +130,12 @@ def load_leaves(program, weights_dir=None, ignore=(), allow_nonfinite=()):
     if weights_dir is not None and not os.path.isdir(weights_dir):
         raise ProgramError("the weights directory does not exist", path=str(weights_dir))
     places, claimed = leaf_places(program, weights_dir)
-    values, sources = {}, {}
+    values, sources, peaks = {}, {}, {}
     required = set(program.required)
     for name in program.leaves:
         place = places.get(name)
         if place:
-            values[name] = _read_leaf(program, name, weights_dir, place, name in allow_nonfinite)
+            values[name], peaks[name] = _read_leaf(program, name, weights_dir, place, name in allow_nonfinite)
             sources[name] = place[0]
         elif name in required:
             what = f"the {program.roles[name]} `{name}`"
@@ -142,11 +149,12 @@ def load_leaves(program, weights_dir=None, ignore=(), allow_nonfinite=()):
         else:
             values[name] = declared_value(program, name)
             sources[name] = "declared"
+            peaks[name] = max((abs(item) for _, item in program.fills[name]), default=0.0)
     unmatched = []
     if weights_dir is not None:
         unmatched = sorted(f for f in os.listdir(weights_dir)
                            if f not in claimed and f not in ignore and not f.startswith("."))
-    return Leaves(values, sources, unmatched)
+    return Leaves(values, sources, unmatched, peaks)
 
 
 @dataclass
