@@ -154,9 +154,6 @@ class Op:
     # T×T scores): what limits.tensor_bytes counts before anything is allocated
     scratch: Optional[Callable[[Args], int]] = None
 
-    def placeholders(self):
-        return list(_order(self.pattern))
-
     def tensor_inputs(self, bound):
         """The tensor names this op reads, in its pattern's (or `inputs_order`'s) order."""
         order = self.inputs_order or _order(self.pattern)
