@@ -12,7 +12,9 @@ def nearest(word, known, cutoff=0.6):
     if same:
         return same[0]
     import difflib   # (only for a word not known: a `logos check` of a clean zoo never loads it)
-    found = difflib.get_close_matches(str(word), known, n=1, cutoff=cutoff)
+    word = str(word)   # difflib's ratio is at most 2·min(len)/(sum of lengths): skip those it rules out
+    known = [k for k in known if 2 * min(len(k), len(word)) >= cutoff * (len(k) + len(word))]
+    found = difflib.get_close_matches(word, known, n=1, cutoff=cutoff)
     return found[0] if found else None
 
 
@@ -32,7 +34,9 @@ def unknown(what, word, known, listed=True):
 
 
 def ranked(text, forms, n=3):
-    """The `n` forms most like `text` (difflib's ratio), best first, ties in the given order."""
+    """The `n` forms most like `text` (difflib's ratio), best first, ties in the given order; of a
+    line, its first 256 characters (a 65 KB line of words took seconds to refuse)."""
     import difflib
+    text = text[:256]
     score = lambda f: difflib.SequenceMatcher(None, text, f, autojunk=False).ratio()  # noqa: E731
     return sorted(forms, key=score, reverse=True)[:n]
