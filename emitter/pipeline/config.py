@@ -168,10 +168,11 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
         pc.bf16 = p.check(check_bf16, p, data["bf16"]) or {}
     if "allow_nonfinite" in data:
         names = data["allow_nonfinite"]
-        if not isinstance(names, list) or not all(isinstance(n, str) and LEAF_RE.fullmatch(n)
-                                                  for n in names):
+        bad = [n for n in names if not (isinstance(n, str) and LEAF_RE.fullmatch(n))] \
+            if isinstance(names, list) else [names]
+        if bad:
             p.add("allow_nonfinite", "must be a list of leaf names whose files may hold NaN or Inf, "
-                  f"got {excerpt(repr(names), 60)}")
+                  f"got {excerpt(repr(bad[0]), 60)}" + (" among them" if isinstance(names, list) else ""))
         else:
             pc.allow_nonfinite = sorted(set(names))
     if "derive" in data:
