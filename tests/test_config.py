@@ -44,6 +44,7 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
     ("tolerances:\n  float32: {abs: -1}\n", "programs/p.yaml:2", "`tolerances.float32`"),
     ("weights: ../outside\n", "programs/p.yaml:1", "`weights`: `../outside` leaves the repository"),
     ("weights: /etc\n", "programs/p.yaml:1", "leaves the repository"),
+    ('weights: "weights/a\\0x"\n', "programs/p.yaml:1", "is no path: it holds a NUL character"),
     ("derive: {importer: gguf, checkpoint: ../../x.gguf}\n", "programs/p.yaml:1",
      "`derive.checkpoint`: `../../x.gguf` leaves the repository"),
     ("derive: {importer: 'bad name', checkpoint: x}\n", "programs/p.yaml:1", "`derive.importer`"),

@@ -129,7 +129,10 @@ def check_roots(p, v, root):
 
 
 def leaves_message(path, roots):
-    """Why a path is refused: it leaves the repository, and every named root when there are any."""
+    """Why a path is refused: no file system's path (a NUL in it), or it leaves the repository,
+    and every named root when there are any."""
+    if "\0" in path:
+        return f"`{excerpt(path, 120)}` is no path: it holds a NUL character"
     if roots:
         return (f"`{excerpt(path, 120)}` leaves the repository and every named root "
                 f"({', '.join(excerpt(r, 200) for r in roots)})")
