@@ -11,6 +11,7 @@ import pytest
 
 from emitter.pipeline.check_worker import POOL_VARS
 from emitter.verify import environment
+from conftest import ROOT
 from test_pipeline import PROG_B, make_zoo
 
 # every variable the fingerprint reads, unset for a test that sets its own
@@ -99,3 +100,26 @@ def test_a_changed_cpu_capability_reruns_the_locks(tmp_path):
     assert rc == 0 and "lock:b" in ran and "emit:b" not in ran, out
     assert json.loads(result.read_text())["environment"]["digest"] == first["digest"]
     assert first["numerics_env"] == {}
+
+
+def test_a_numpy_or_torch_shadowed_in_the_zoo_moves_the_environment(tmp_path):
+    """`python -m doit` puts the zoo's folder first on sys.path: a numpy.py or a torch/ there is
+    what the checks import, whatever the installed versions say. The environment says so (and
+    its digest, in every key, moves); the installed ones are "installed"."""
+    code = ("import json, sys; sys.path.insert(0, ''); sys.path.insert(1, %r)\n"
+            "from emitter.verify import environment as e\n"
+            "fp = e.fingerprint(); print(json.dumps([fp['imports'], e.digest(fp)]))" % ROOT)
+
+    def env_in(folder):
+        p = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, check=True)
+        return json.loads(p.stdout)
+    clean = env_in(tmp_path)
+    assert clean[0] == {"numpy": "installed", "torch": "installed"}
+    (tmp_path / "numpy.py").write_text("raise ImportError('a shadow')\n")
+    shadowed = env_in(tmp_path)
+    assert shadowed[0]["numpy"].startswith("shadowed: ") and shadowed[1] != clean[1]
+    os.unlink(tmp_path / "numpy.py")
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    assert env_in(tmp_path)[0]["torch"].startswith("shadowed: ")
+

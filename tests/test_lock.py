@@ -562,8 +562,18 @@ def test_leaves_a_dtype_cannot_hold_are_an_error_naming_them(tmp_path, dtype):
             w = str(w)
         assert lock_bundle(bundle, str(path), w, "float64", 1)["verdict"] == "pass"
         r = lock_bundle(bundle, str(path), w, dtype, 1)
-        said = os.path.join(w, "x.f64") if where == "file" else "line 1 of the program"
-        assert r["verdict"] == "error" and r["reason"].startswith(f"{said}: `x` holds 1e+39, beyond what torch."), r["reason"]
+        said = f"{os.path.join(w, 'x.f64')}: `x` holds" if where == "file" else \
+            f"{path}: `x` (declared at line 1) is filled with"
+        assert r["verdict"] == "error" and r["reason"].startswith(f"{said} 1e+39, beyond what torch."), r["reason"]
+    # the sign said; a NaN beside it allowed (allow_nonfinite) hides nothing; an overridden fill is what it ends as
+    w = str(tmp_path / "w")
+    np.array([[-1e39, np.nan]]).astype("<f8").tofile(os.path.join(w, "x.f64"))
+    r = lock_bundle(str(tmp_path / "b_file"), str(tmp_path / "file.logos"), w, dtype, 1, allow_nonfinite=("x",))
+    assert r["verdict"] == "error" and "`x` holds -1e+39, beyond" in r["reason"], r["reason"]
+    path = tmp_path / "over.logos"
+    path.write_text(OVERFLOWING.format(big="1e39").replace("Set item 2 of x to 2.", "Set item 1 of x to 3."))
+    write_bundle(emit_program(read_file(str(path)), {}), str(tmp_path / "b_over"))
+    assert lock_bundle(str(tmp_path / "b_over"), str(path), None, dtype, 1)["verdict"] == "pass"
 
 
 def test_a_stage_that_overflows_in_float32_fails_saying_so(tmp_path):
@@ -597,6 +607,36 @@ def test_a_bundle_that_removes_renames_or_opens_its_weights_through_a_folder_fai
     assert str(os.path.realpath(w)) in r["reason"] or victim in r["reason"], r["reason"]
 
 
+@pytest.mark.parametrize("how", ["open({P}, 'r+b').close()", "os.unlink({P}); os.symlink({T}, {P})"])
+def test_a_weights_file_that_is_a_link_is_watched_where_it_leads(zoo, tmp_path, how, monkeypatch):
+    """A leaf's file may link elsewhere (a shared root's blobs): opening it to write writes where it
+    leads, and removing the link removes the leaf's file; both are the bundle's doing."""
+    blobs, w = tmp_path / "blobs", tmp_path / "w"
+    monkeypatch.setenv("LOGOS_ROOTS", str(blobs))
+    shutil.copytree(zoo["weights"], blobs)
+    w.mkdir()
+    for f in os.listdir(blobs):
+        os.symlink(blobs / f, w / f)
+    victim = sorted(os.listdir(w))[0]
+    code = how.format(P=repr(str(w / victim)), T=repr(str(blobs / victim)))
+    bundle = _sabotage(zoo, tmp_path, "        return y\n", f"        {code}\n        return y\n")
+    r = lock_bundle(bundle, zoo["program"], str(w), "float64", 1)
+    assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == "load", r["reason"]
+
+
+def test_a_relative_file_written_elsewhere_is_not_the_weights(zoo, tmp_path, monkeypatch):
+    """A bundle writing `W.f64` in the current folder, where a weights file has that name too,
+    wrote no weights file."""
+    w, here = tmp_path / "w", tmp_path / "here"
+    shutil.copytree(zoo["weights"], w)
+    here.mkdir()
+    monkeypatch.chdir(here)
+    victim = sorted(os.listdir(w))[0]
+    bundle = _sabotage(zoo, tmp_path, "        return y\n", f"        open({victim!r}, 'wb').close()\n        return y\n")
+    r = lock_bundle(bundle, zoo["program"], str(w), "float64", 1)
+    assert r["verdict"] == "pass" and (here / victim).exists(), r["reason"]
+
+
 def test_the_locks_own_trace_inside_the_weights_folder_is_not_the_bundles_write(zoo, tmp_path):
     """The VM's trace the lock stores (build/store/traces) may lie inside a weights folder that holds
     the repository: the lock's own writes there are not the bundle's."""
@@ -610,4 +650,21 @@ def test_the_locks_own_trace_inside_the_weights_folder_is_not_the_bundles_write(
             "environment": environment.describe(np, torch)["digest"]}
     r = lock_bundle(zoo["bundle"], zoo["program"], str(w), "float64", 2, trace=spec)
     assert r["verdict"] == "pass" and r["trace"]["written"], (r["reason"], r.get("trace"))
+
+
+def test_a_leaf_the_module_holds_as_inf_says_so_in_its_first_divergence(zoo, tmp_path):
+    """A module whose copy of a weight holds Inf where the file holds a number: the load stage's
+    first divergence counts it (no other figure does: max abs is over the finite values)."""
+    from emitter.verify.verdict import describe
+    program = read_file(zoo["program"])
+    w = next(n for n in program.leaves if program.roles[n] == "weight"
+             and os.path.exists(os.path.join(zoo["weights"], n + ".f64")))
+    bundle = _sabotage(zoo, tmp_path, '            self.register_buffer("leaf_" + name, value)\n',
+                       f'            if name == {w!r}:\n                value = value.clone()\n'
+                       '                value.view(-1)[0] = float("inf")\n'
+                       '            self.register_buffer("leaf_" + name, value)\n')
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f["out"], f.get("nonfinite")) == ("load", w, 1), f
+    assert "1 value(s) NaN or Inf on one side only" in describe(r), describe(r)
 

@@ -319,7 +319,11 @@ def render_summary(rows, header=None):
     mark = "✅" if c["fail"] == c["error"] == 0 else "❌"
     out = [f"## {mark} LOGOS lock: {headline(rows)}", ""]
     if (header or {}).get("threads"):
-        out += [f"Each verdict is current against its check's key at threads={header['threads']}.", ""]
+        at = header.get("commit")   # (a report says when its currency was judged: `logos results` says now)
+        at = f" as of commit {at[:12]}{' with local edits' if header.get('dirty') else ''}" if at else ""
+        out += [f"Each verdict is current against its check's key at threads={header['threads']}{at}"
+                f"{', ' + header['time'] + ' UTC' if header.get('time') else ''} (`logos results` says "
+                "whether it still is).", ""]
     notes = warnings(rows)
     if notes:
         out += ["### Warnings", ""] + [f"- {_md(n)}" for n in notes] + [""]

@@ -128,8 +128,10 @@ def render_model(p: Program, name, calls, precisions=None):
     out.append("}")
     out.append("FILLS = {")
     for v in leaves:
-        if p.fills[v]:
-            out.append(f'    "{v}": {_tuple([f"({i}, {val!r})" for i, val in p.fills[v]])},')
+        if p.fills[v]:   # (an index filled twice: its last value only, where the first stood)
+            last = dict(p.fills[v])
+            kept = [(i, last.pop(i)) for i, _ in p.fills[v] if i in last]
+            out.append(f'    "{v}": {_tuple([f"({i}, {val!r})" for i, val in kept])},')
     inputs = [v for v in leaves if p.roles[v] == "input"]
     out += ["}", f"INPUTS = {_tuple([_q(v) for v in inputs])}",
             f"STATES = {_tuple([_q(v) for v in p.states])}",

@@ -200,8 +200,9 @@ def figures(m):
     """The figures of a comparison, without its pass flag and extras; `nonfinite`, where values are
     NaN or Inf on one side only (which no other figure counts: a float32 overflow to Inf)."""
     out = {k: m[k] for k in KEYS}
-    if m.get("nonfinite_mismatch"):
-        out["nonfinite"] = m["nonfinite_mismatch"]
+    n = m.get("nonfinite_mismatch") or m.get("nonfinite")   # (a comparison's, or figures' own)
+    if n:
+        out["nonfinite"] = n
     return out
 
 

@@ -100,6 +100,39 @@ def bundled_libraries(name):
     return None
 
 
+def origins(names):
+    """{name: where `import name` finds it first on sys.path}: "installed" where that folder holds
+    the metadata of a distribution of that name (a dist-info or egg-info: numpy's, torch's), else
+    what shadows it: the sha256 of its
+    `name.py` or `name/__init__.py` (a numpy.py in the zoo's folder, which `python -m doit` puts
+    first), "shadowed" where it is neither; None where it is nowhere. The versions above are the
+    distributions'; this says whether they are what runs."""
+    out = {}
+    for name in names:
+        out[name] = None
+        for base in sys.path:
+            base = base or "."
+            try:
+                entries = os.listdir(base)
+            except OSError:
+                continue
+            if name not in entries and f"{name}.py" not in entries and \
+                    not any(e.startswith(f"{name}.") and e.endswith((".so", ".pyd")) for e in entries):
+                continue
+            if any(e.lower().startswith(f"{name}-") and e.endswith((".dist-info", ".egg-info")) for e in entries):
+                out[name] = "installed"
+            else:
+                for f in (os.path.join(base, name, "__init__.py"), os.path.join(base, f"{name}.py")):
+                    if os.path.isfile(f):
+                        with open(f, "rb") as fh:
+                            out[name] = "shadowed: " + hashlib.sha256(fh.read(1 << 24)).hexdigest()
+                        break
+                else:
+                    out[name] = "shadowed"
+            break
+    return out
+
+
 @functools.lru_cache(maxsize=4)
 def _installed(path):
     """What the interpreter, the CPU and the libraries on `path` (sys.path, as a tuple) are: read
@@ -112,6 +145,7 @@ def _installed(path):
         **_cpu(),
         "cpu_count": os.cpu_count(),
         **versions(("numpy", "torch")),
+        "imports": origins(("numpy", "torch")),
         "numpy_libs": bundled_libraries("numpy"),
     }
 

@@ -69,7 +69,8 @@ def _still_as_read(result, weights_dir, sources, shas, opened):
         _as_manifest(result, weights_dir, sources, shas)
     except CouldNotRun:
         moved = {os.path.realpath(os.path.join(weights_dir, f)): f for f in result["stale_weights"]}
-        mine = sorted(moved[p] for p in held_for_writing(set(moved)) | (set(moved) & opened))
+        mine = sorted(moved[p] for p in held_for_writing(set(moved)) | (set(moved) & opened)) or \
+            sorted(moved.values() if opened else ())   # (it wrote there: a link of it, say)
         if not mine:
             raise
         leaves = ", ".join(f"`{n}`" for n, f in sorted(sources.items()) if f == mine[0])
@@ -87,12 +88,12 @@ def _held_by(dtype, program, weights_dir, leaves):
     import torch
     for name, peak in leaves.peaks.items():
         held = torch.float32 if dtype == "bfloat16" and not program.decls[name].real else getattr(torch, dtype)
-        if math.isfinite(peak) and math.isinf(torch.tensor(peak, dtype=torch.float64).to(held).item()):
+        if math.isinf(torch.tensor(peak, dtype=torch.float64).to(held).item()):
             source = leaves.sources[name]
-            where = (f"line {program.decls[name].line} of the program" if source == "declared"
-                     else os.path.join(weights_dir, source))
-            raise CouldNotRun(f"{where}: `{name}` holds {peak:.4g}, beyond what {held} holds (its largest "
-                              f"value is {torch.finfo(held).max:.4g}): a {dtype} check cannot run on it")
+            where = (f"{program.path or 'the program'}: `{name}` (declared at line {program.decls[name].line}) "
+                     "is filled with" if source == "declared" else f"{os.path.join(weights_dir, source)}: `{name}` holds")
+            raise CouldNotRun(f"{where} {peak:.4g}, beyond what {held} holds (its largest value is "
+                              f"{torch.finfo(held).max:.4g}): a {dtype} check cannot run on it")
 
 
 def _load_divergence(f):
@@ -323,7 +324,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             raise CouldNotRun(f"{os.path.join(bundle_dir, 'model.py')}: no model.py in the bundle")
         # from the bundle's first line: a bundle reads its weights only (what the lock itself writes
         # meanwhile, its VM's trace, is its own wherever the store lies)
-        watch = Watching(weights_dir, own=trace and os.path.dirname(os.path.dirname(trace["path"])))
+        watch = Watching(weights_dir, own=trace and os.path.dirname(os.path.dirname(trace["path"])),
+                         files=[os.path.join(weights_dir, f) for f in set(leaves.sources.values()) - {"declared"}]
+                         if weights_dir is not None else ())
         module = load_bundle_module(bundle_dir, model_py, absurd(program))
         if getattr(module, "PROGRAM", None) != result["program"]:
             raise CouldNotRun(f"the bundle is of program {getattr(module, 'PROGRAM', None)!r}, the source "

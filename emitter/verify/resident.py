@@ -73,7 +73,7 @@ def held_for_writing(paths):
 
 # weights folders watched while a bundle runs (real path -> [its Watching]): Python's
 # audit hook (one per process, added at the first watch) sees every open, truncate, remove or
-# rename made through Python, whoever asks for it: the bundle's own code, numpy's memmap, torch.save
+# rename made through Python's own functions, whoever asks for it: the bundle's code, numpy's memmap
 _WATCHED = {}
 _WATCH_LOCK = threading.Lock()
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
@@ -82,30 +82,32 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 def _audit(event, args):
     if not _WATCHED or event not in ("open", "os.truncate", "os.remove", "os.rename"):
         return
-    if event == "open":   # (path, mode, flags): os.open's says nothing of a dir_fd
+    if event == "open":   # (path, mode, flags); os.open's mode is None and its dir_fd unsaid
         path, mode, flags = (tuple(args) + (None, None))[:3]
         if not (flags & _WRITE_FLAGS if isinstance(flags, int) else any(c in str(mode or "") for c in "wax+")):
             return
-        named = [(path, None)]
-    elif event == "os.rename":   # (src, dst, src_dir_fd, dst_dir_fd)
-        named = [(args[0], args[2]), (args[1], args[3])]
-    else:   # os.remove (path, dir_fd); os.truncate (path or descriptor, length)
-        named = [(args[0], args[1] if event == "os.remove" else None)]
+        named = [(path, None if mode is None else "cwd", True)]
+    elif event == "os.rename":   # (src, dst, src_dir_fd, dst_dir_fd): the links themselves
+        named = [(args[0], args[2], False), (args[1], args[3], False)]
+    elif event == "os.remove":   # (path, dir_fd)
+        named = [(args[0], args[1], False)]
+    else:   # os.truncate (path or descriptor, length): what a link leads to
+        named = [(args[0], "cwd", True)]
     with _WATCH_LOCK:
-        watched = [(root, list(ws)) for root, ws in _WATCHED.items()]
-    roots = [root for root, _ in watched]
-    for real in (r for path, dir_fd in named for r in _places(path, dir_fd, roots)):
-        for root, watches in watched:
-            if real.startswith(root + os.sep):
-                for w in watches:
-                    if not (w.own and real.startswith(w.own + os.sep)):
-                        w.opened.add(real)   # (a set's add: atomic under the interpreter's lock)
+        watches = [w for ws in _WATCHED.values() for w in ws]
+    roots = sorted({w.root for w in watches})
+    for real in (r for path, dir_fd, follow in named for r in _places(path, dir_fd, follow, roots)):
+        for w in watches:
+            if (real.startswith(w.root + os.sep) or real in w.files) and \
+                    not (w.own and real.startswith(w.own + os.sep)):
+                w.opened.add(real)   # (a set's add: atomic under the interpreter's lock)
 
 
-def _places(path, dir_fd, roots):
-    """The real paths a path of an audited call may name: where a relative one lies in a folder
-    given by descriptor, else from the current folder or, the folder unknown (os.open's dir_fd),
-    in any watched folder that holds it. A descriptor (os.truncate's) names none, nor does
+def _places(path, dir_fd, follow, roots):
+    """The paths an audited call may name, their folders resolved (and, where the call `follow`s
+    a link, the file too): a relative one in the folder its descriptor names, else from the
+    current folder; where the folder is unsaid (os.open's dir_fd) and nothing of that name lies
+    there, in any watched folder that holds it. A descriptor (os.truncate's) names none, nor does
     Python's bytecode of a module imported meanwhile."""
     if path is None or isinstance(path, int):
         return ()
@@ -117,24 +119,30 @@ def _places(path, dir_fd, roots):
             out = [os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), p)]
         except OSError:
             out = [os.path.join(root, p) for root in roots if os.path.lexists(os.path.join(root, p))]
-    else:
+    elif dir_fd is None and not os.path.lexists(p):
         out = [os.path.abspath(p)] + [os.path.join(root, p) for root in roots
                                        if os.path.lexists(os.path.join(root, p))]
-    return [r for r in map(os.path.realpath, out) if f"{os.sep}__pycache__{os.sep}" not in r]
+    else:
+        out = [os.path.abspath(p)]
+    out = [os.path.realpath(x) if follow else os.path.join(os.path.realpath(os.path.dirname(x)), os.path.basename(x))
+           for x in out]
+    return [r for r in out if f"{os.sep}__pycache__{os.sep}" not in r]
 
 
 class Watching:
-    """The files under a weights folder that this process opens to write, truncates, removes or
-    renames through Python from now until `stop()` (`opened`, real paths; `own`: a folder of the
-    lock's own writes, not counted): a bundle reads its weights only. Any thread's calls count
-    (the lock's process runs one check at a time, or the checks of a Dask worker's threads share
-    the blame of one that writes into a folder they watch too); a call that does not go through
-    Python (torch.from_file, C's open) is not seen."""
+    """The files under a weights folder (and `files`, those the check read, wherever their links
+    lead) that this process opens to write, truncates, removes or renames through Python from now
+    until `stop()` (`opened`; `own`: a folder of the lock's own writes, not counted): a bundle reads
+    its weights only. Any thread's calls count (the lock's process runs one check at a time; the
+    checks of a Dask worker's threads share the blame of one that writes into a folder they watch);
+    a call that does not go through Python's own functions (torch.save's and torch.from_file's C++,
+    C's open) is not seen."""
     _hooked = []
 
-    def __init__(self, folder, own=None):
+    def __init__(self, folder, own=None, files=()):
         self.opened, self.root = set(), None
         self.own = own and os.path.realpath(own)
+        self.files = {os.path.realpath(f) for f in files}
         if folder is None:
             return
         if not Watching._hooked:

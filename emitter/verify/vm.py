@@ -44,7 +44,7 @@ PASSED_LIMIT = 1 << 14
 
 def _read_leaf(program, name, directory, place, nonfinite_ok=False):
     """(the leaf's values at `place` (emitter.sambaflow.weight_files: the reader model.py copies),
-    its largest magnitude (NaN where non-finite values are allowed)): a read-only map checked a
+    its finite value of the largest magnitude): a read-only map checked a
     block at a time for non-finite values and, for an Int leaf,
     non-integers, its pages released after: what the VM holds of a 1 GB checkpoint is the map,
     not the memory (`release`). Bytes this process checked the same way already are not read."""
@@ -69,18 +69,19 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
     flat, peak = value.reshape(-1), 0.0
     for start in range(0, flat.size, BLOCK):
         block = flat[start:start + BLOCK]
-        hi, lo = (float(block.max()), float(block.min())) if not nonfinite_ok and block.size else (0.0, 0.0)
+        if nonfinite_ok:   # (NaN and Inf allowed: the finite values' extremes)
+            block = block[np.isfinite(block)]
+        hi, lo = (float(block.max()), float(block.min())) if block.size else (0.0, 0.0)
         if not (math.isfinite(hi) and math.isfinite(lo)):   # (a NaN makes both NaN)
             bad = start + int(np.flatnonzero(~np.isfinite(block))[0])
             raise ProgramError(f"{what} holds a non-finite value ({flat[bad]}) at flat index {bad}",
                                path=path)
-        peak = max(peak, abs(hi), abs(lo))
+        peak = max(peak, hi, lo, key=abs)
         if not d.real and not np.array_equal(block, np.round(block)):
             bad = start + int(np.flatnonzero(block != np.round(block))[0])
             raise ProgramError(f"{what} is an Int tensor but the file holds non-integers "
                                f"({flat[bad]} at flat index {bad})", path=path)
         release(value)
-    peak = math.nan if nonfinite_ok else peak   # (NaN or Inf allowed: no peak to speak of)
     if done and fingerprint.recorded(path, before) == sha:   # (not written while it was checked)
         with _PASSED_LOCK:
             _PASSED[done] = peak
@@ -92,7 +93,8 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
 @dataclass
 class Leaves:
     """Every leaf's value, where each came from, and the directory's files no leaf claimed; and
-    each leaf's largest magnitude (`peaks`: whether a float32 or bfloat16 module can hold it)."""
+    each leaf's finite value of the largest magnitude (`peaks`: whether a float32 or bfloat16
+    module can hold it)."""
     values: dict
     sources: dict
     unmatched: list = field(default_factory=list)
@@ -149,7 +151,8 @@ def load_leaves(program, weights_dir=None, ignore=(), allow_nonfinite=()):
         else:
             values[name] = declared_value(program, name)
             sources[name] = "declared"
-            peaks[name] = max((abs(item) for _, item in program.fills[name]), default=0.0)
+            v = values[name].reshape(-1)   # (a fill given twice: the value it ends with)
+            peaks[name] = float(v[np.argmax(np.abs(v))]) if v.size else 0.0
     unmatched = []
     if weights_dir is not None:
         unmatched = sorted(f for f in os.listdir(weights_dir)
