@@ -119,6 +119,11 @@ def test_a_numpy_or_torch_shadowed_in_the_zoo_moves_the_environment(tmp_path):
     shadowed = env_in(tmp_path)
     assert shadowed[0]["numpy"].startswith("shadowed: ") and shadowed[1] != clean[1]
     os.unlink(tmp_path / "numpy.py")
+    (tmp_path / "numpy").mkdir()   # what the import passes over is no shadow: a folder without
+    (tmp_path / "torch").write_text("")   # __init__.py, a file named like the module, another ABI's
+    (tmp_path / "numpy.cpython-39-x86_64-linux-gnu.so").write_bytes(b"")
+    assert env_in(tmp_path) == clean
+    os.unlink(tmp_path / "torch")
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("")
     assert env_in(tmp_path)[0]["torch"].startswith("shadowed: ")

@@ -182,3 +182,13 @@ def test_leaf_file_linking_outside_is_refused(tmp_path):
     os.symlink(tmp_path / "x_real.f64", tmp_path / "w" / "x.f64")
     with pytest.raises(ProgramError, match="links outside the weights directory"):
         vm.load_leaves(p, str(tmp_path / "w"))
+
+
+def test_an_int_leaf_allowed_nan_is_still_refused_as_no_integer(tmp_path):
+    """allow_nonfinite lets a leaf hold NaN; an Int leaf's NaN (or 2.5) is no integer all the same,
+    said with its own value and index."""
+    p = read_program("Let t be a 1 by 3 tensor of Int.\nLet y be silu of t.\n")
+    for values, said in (([1, np.nan, 2], r"\(nan at flat index 1\)"), ([1, 2.5, np.nan], r"\(2.5 at flat index 1\)")):
+        _write(tmp_path / "t.f64", values, "<f8")
+        with pytest.raises(ProgramError, match="Int tensor but the file holds non-integers " + said):
+            vm.load_leaves(p, str(tmp_path), allow_nonfinite=("t",))

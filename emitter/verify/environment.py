@@ -101,35 +101,32 @@ def bundled_libraries(name):
 
 
 def origins(names):
-    """{name: where `import name` finds it first on sys.path}: "installed" where that folder holds
+    """{name: where `import name` finds it}: "installed" where it comes from a folder that holds
     the metadata of a distribution of that name (a dist-info or egg-info: numpy's, torch's), else
-    what shadows it: the sha256 of its
-    `name.py` or `name/__init__.py` (a numpy.py in the zoo's folder, which `python -m doit` puts
-    first), "shadowed" where it is neither; None where it is nowhere. The versions above are the
-    distributions'; this says whether they are what runs."""
+    what shadows it: "shadowed: " and the sha256 of the file it starts from (a numpy.py in the
+    zoo's folder, which `python -m doit` puts first on sys.path); None where it is nowhere. Found
+    as the import finds it (sys.path's finders: a namespace folder or another ABI's extension
+    module is passed over), nothing imported. The versions above are the distributions'; this
+    says whether they are what runs."""
+    from importlib.machinery import PathFinder
     out = {}
     for name in names:
-        out[name] = None
-        for base in sys.path:
-            base = base or "."
-            try:
-                entries = os.listdir(base)
-            except OSError:
-                continue
-            if name not in entries and f"{name}.py" not in entries and \
-                    not any(e.startswith(f"{name}.") and e.endswith((".so", ".pyd")) for e in entries):
-                continue
-            if any(e.lower().startswith(f"{name}-") and e.endswith((".dist-info", ".egg-info")) for e in entries):
-                out[name] = "installed"
-            else:
-                for f in (os.path.join(base, name, "__init__.py"), os.path.join(base, f"{name}.py")):
-                    if os.path.isfile(f):
-                        with open(f, "rb") as fh:
-                            out[name] = "shadowed: " + hashlib.sha256(fh.read(1 << 24)).hexdigest()
-                        break
-                else:
-                    out[name] = "shadowed"
-            break
+        spec = PathFinder.find_spec(name, sys.path)
+        origin = getattr(spec, "origin", None)
+        if spec is None or not origin or not os.path.isfile(origin):
+            out[name] = None if spec is None else "shadowed"
+            continue
+        base = os.path.dirname(os.path.dirname(origin)) if spec.submodule_search_locations else os.path.dirname(origin)
+        try:
+            meta = any(e.lower().startswith(f"{name}-") and e.endswith((".dist-info", ".egg-info"))
+                       for e in os.listdir(base))
+        except OSError:
+            meta = False
+        if meta:
+            out[name] = "installed"
+        else:
+            with open(origin, "rb") as f:
+                out[name] = "shadowed: " + hashlib.sha256(f.read(1 << 24)).hexdigest()
     return out
 
 

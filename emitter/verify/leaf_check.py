@@ -2,6 +2,8 @@
 step and (where the floors read the module's own weights) after each; and what a leaf known so
 lets the lock skip reading: a view of it, a map of the very bytes the VM maps."""
 
+import math
+import os
 import zlib
 
 import numpy as np
@@ -15,6 +17,22 @@ def _held(torch, program, name, dtype):
     if dtype == torch.bfloat16 and not program.decls[name].real:
         return torch.float32
     return dtype
+
+
+def unholdable(torch, program, weights_dir, leaves, dtype):
+    """Why a module of `dtype` cannot hold the leaves the VM read (`vm.Leaves`, with each one's
+    largest finite value: one that rounds to Inf there, 1e39 in float32), naming the file or the
+    program's line and the leaf, or None: the program's float64 meaning needs the value, so no
+    module of that dtype computes it (an error of the check, not the bundle's fault)."""
+    for name, peak in leaves.peaks.items():
+        held = _held(torch, program, name, dtype)
+        if held != torch.float64 and math.isinf(torch.tensor(peak, dtype=torch.float64).to(held).item()):
+            source = leaves.sources[name]
+            where = (f"{program.path or 'the program'}: `{name}` (declared at line {program.decls[name].line}) "
+                     "is filled with" if source == "declared" else f"{os.path.join(weights_dir, source)}: `{name}` holds")
+            return (f"{where} {peak:.4g}, beyond what {held} holds (its largest value is "
+                    f"{torch.finfo(held).max:.4g}): a {str(dtype).split('.')[-1]} check cannot run on it")
+    return None
 
 
 def _same_bytes(torch, got, want, name, resident):

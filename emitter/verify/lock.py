@@ -26,7 +26,7 @@ from ..language.reader import read_file
 from ..sambaflow.marks import program_name
 from . import environment, trace as trace_file, verdict, vm
 from .compare import KEYS, compare, figures, worse  # noqa: F401
-from .leaf_check import exact_leaves, known_view_of, load_stage
+from .leaf_check import exact_leaves, known_view_of, load_stage, unholdable
 from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, as_arguments, bundles_fault,
@@ -68,32 +68,16 @@ def _still_as_read(result, weights_dir, sources, shas, opened):
     try:
         _as_manifest(result, weights_dir, sources, shas)
     except CouldNotRun:
-        moved = {os.path.realpath(os.path.join(weights_dir, f)): f for f in result["stale_weights"]}
-        mine = sorted(moved[p] for p in held_for_writing(set(moved)) | (set(moved) & opened)) or \
-            sorted(moved.values() if opened else ())   # (it wrote there: a link of it, say)
+        folder = os.path.realpath(weights_dir)   # (a file as it lies there, and where its link leads)
+        moved = {**{os.path.join(folder, f): f for f in result["stale_weights"]},
+                 **{os.path.realpath(os.path.join(weights_dir, f)): f for f in result["stale_weights"]}}
+        mine = sorted({moved[p] for p in held_for_writing(set(moved)) | (set(moved) & opened)})
         if not mine:
             raise
         leaves = ", ".join(f"`{n}`" for n, f in sorted(sources.items()) if f == mine[0])
         raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None},
                           f"the bundle wrote into the weights file {mine[0]} ({leaves}) while it ran: it "
                           "holds it open to write, and its content is not what the check read") from None
-
-
-def _held_by(dtype, program, weights_dir, leaves):
-    """A float32 or bfloat16 check of leaves one of which a module of that dtype cannot hold (a
-    value that rounds to infinity there: 1e39 in float32) is an error naming it: the program's
-    float64 meaning needs the value, so no module of that dtype computes it (not the bundle's fault)."""
-    if dtype == "float64":
-        return
-    import torch
-    for name, peak in leaves.peaks.items():
-        held = torch.float32 if dtype == "bfloat16" and not program.decls[name].real else getattr(torch, dtype)
-        if math.isinf(torch.tensor(peak, dtype=torch.float64).to(held).item()):
-            source = leaves.sources[name]
-            where = (f"{program.path or 'the program'}: `{name}` (declared at line {program.decls[name].line}) "
-                     "is filled with" if source == "declared" else f"{os.path.join(weights_dir, source)}: `{name}` holds")
-            raise CouldNotRun(f"{where} {peak:.4g}, beyond what {held} holds (its largest value is "
-                              f"{torch.finfo(held).max:.4g}): a {dtype} check cannot run on it")
 
 
 def _load_divergence(f):
@@ -312,13 +296,15 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                 else None if model_py is None else hashlib.sha256(model_py).hexdigest()
         leaves = vm.load_leaves(program, weights_dir, allow_nonfinite=allow_nonfinite)
         result["unmatched_weights"] = leaves.unmatched
-        _held_by(dtype, program, weights_dir, leaves)
+        import torch
+        beyond = unholdable(torch, program, weights_dir, leaves, getattr(torch, dtype))
+        if beyond:
+            raise CouldNotRun(beyond)
         if weights_dir is not None:
             result["hashes"]["weights"] = weights_digest(weights_dir, leaves.sources)
             if weights_shas is None:   # by hand: the files as the VM read them (hashed just now)
                 weights_shas = {f: _sha256(os.path.join(weights_dir, f)) for f in set(leaves.sources.values()) - {"declared"}}
             _as_manifest(result, weights_dir, leaves.sources, weights_shas)
-        import torch
         result["environment"] = environment.describe(np, torch)
         if model_py is None:
             raise CouldNotRun(f"{os.path.join(bundle_dir, 'model.py')}: no model.py in the bundle")

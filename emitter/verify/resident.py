@@ -86,7 +86,9 @@ def _audit(event, args):
         path, mode, flags = (tuple(args) + (None, None))[:3]
         if not (flags & _WRITE_FLAGS if isinstance(flags, int) else any(c in str(mode or "") for c in "wax+")):
             return
-        named = [(path, None if mode is None else "cwd", True)]
+        # (os.open's folder unsaid: guessed in the weights only for a file that is there to open)
+        creates = isinstance(flags, int) and flags & os.O_CREAT
+        named = [(path, None if mode is None and not creates else "cwd", True)]
     elif event == "os.rename":   # (src, dst, src_dir_fd, dst_dir_fd): the links themselves
         named = [(args[0], args[2], False), (args[1], args[3], False)]
     elif event == "os.remove":   # (path, dir_fd)
@@ -98,7 +100,7 @@ def _audit(event, args):
     roots = sorted({w.root for w in watches})
     for real in (r for path, dir_fd, follow in named for r in _places(path, dir_fd, follow, roots)):
         for w in watches:
-            if (real.startswith(w.root + os.sep) or real in w.files) and \
+            if (real == w.root or real.startswith(w.root + os.sep) or real in w.files) and \
                     not (w.own and real.startswith(w.own + os.sep)):
                 w.opened.add(real)   # (a set's add: atomic under the interpreter's lock)
 

@@ -69,9 +69,8 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
     flat, peak = value.reshape(-1), 0.0
     for start in range(0, flat.size, BLOCK):
         block = flat[start:start + BLOCK]
-        if nonfinite_ok:   # (NaN and Inf allowed: the finite values' extremes)
-            block = block[np.isfinite(block)]
-        hi, lo = (float(block.max()), float(block.min())) if block.size else (0.0, 0.0)
+        finite = block[np.isfinite(block)] if nonfinite_ok else block   # (NaN, Inf allowed: the rest's extremes)
+        hi, lo = (float(finite.max()), float(finite.min())) if finite.size else (0.0, 0.0)
         if not (math.isfinite(hi) and math.isfinite(lo)):   # (a NaN makes both NaN)
             bad = start + int(np.flatnonzero(~np.isfinite(block))[0])
             raise ProgramError(f"{what} holds a non-finite value ({flat[bad]}) at flat index {bad}",
