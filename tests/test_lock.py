@@ -592,6 +592,9 @@ def test_a_stage_that_overflows_in_float32_fails_saying_so(tmp_path):
     "os.unlink({P})", "os.rename({P}, {P} + '.bak'); os.rename({P} + '.bak', {P})",
     "_d = os.open({D}, os.O_RDONLY); os.close(os.open({N}, os.O_RDWR, dir_fd=_d)); os.close(_d)",
     "import shutil; shutil.copytree({D}, {D} + '.x'); shutil.rmtree({D}); os.rename({D} + '.x', {D})",
+    "_d = os.open({D}, os.O_RDONLY); _h = open({N}, 'wb', opener=lambda p, fl: os.open(p, fl, dir_fd=_d)); "
+    "_h.write(b'x'); _h.close(); os.close(_d)",
+    "os.rename({D}, {D} + '.gone')",
 ])
 def test_a_bundle_that_removes_renames_or_opens_its_weights_through_a_folder_fails(zoo, tmp_path, how):
     """Removing a weights file, renaming it (and back), opening it to write relative to a folder's
@@ -624,15 +627,17 @@ def test_a_weights_file_that_is_a_link_is_watched_where_it_leads(zoo, tmp_path, 
     assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == "load", r["reason"]
 
 
-def test_a_relative_file_written_elsewhere_is_not_the_weights(zoo, tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["open({N}, 'wb').close()", "os.close(os.open({N}, os.O_WRONLY | os.O_CREAT))"])
+def test_a_relative_file_written_elsewhere_is_not_the_weights(zoo, tmp_path, monkeypatch, how):
     """A bundle writing `W.f64` in the current folder, where a weights file has that name too,
-    wrote no weights file."""
+    wrote no weights file (os.open's audit says no folder: the weights' file, unchanged, is not
+    blamed)."""
     w, here = tmp_path / "w", tmp_path / "here"
     shutil.copytree(zoo["weights"], w)
     here.mkdir()
     monkeypatch.chdir(here)
     victim = sorted(os.listdir(w))[0]
-    bundle = _sabotage(zoo, tmp_path, "        return y\n", f"        open({victim!r}, 'wb').close()\n        return y\n")
+    bundle = _sabotage(zoo, tmp_path, "        return y\n", f"        {how.format(N=repr(victim))}\n        return y\n")
     r = lock_bundle(bundle, zoo["program"], str(w), "float64", 1)
     assert r["verdict"] == "pass" and (here / victim).exists(), r["reason"]
 

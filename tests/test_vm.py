@@ -188,7 +188,8 @@ def test_an_int_leaf_allowed_nan_is_still_refused_as_no_integer(tmp_path):
     """allow_nonfinite lets a leaf hold NaN; an Int leaf's NaN (or 2.5) is no integer all the same,
     said with its own value and index."""
     p = read_program("Let t be a 1 by 3 tensor of Int.\nLet y be silu of t.\n")
-    for values, said in (([1, np.nan, 2], r"\(nan at flat index 1\)"), ([1, 2.5, np.nan], r"\(2.5 at flat index 1\)")):
+    for values, said in (([1, np.nan, 2], r"\(nan at flat index 1\)"), ([1, 2.5, np.nan], r"\(2.5 at flat index 1\)"),
+                         ([1, 2, -np.inf], r"\(-inf at flat index 2\)")):
         _write(tmp_path / "t.f64", values, "<f8")
         with pytest.raises(ProgramError, match="Int tensor but the file holds non-integers " + said):
             vm.load_leaves(p, str(tmp_path), allow_nonfinite=("t",))

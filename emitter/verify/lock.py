@@ -60,7 +60,7 @@ def _as_manifest(result, weights_dir, sources, shas):
                           "files?): run it again")
 
 
-def _still_as_read(result, weights_dir, sources, shas, opened):
+def _still_as_read(result, weights_dir, sources, shas, opened, maybe=frozenset()):
     """_as_manifest at the end of a check: a file that changed while the bundle held it open to
     write (a loader mapping its files writable, a forward writing through it), or that the bundle
     opened to write (`opened`, real paths: resident.Watching), is the bundle's doing, a fail
@@ -71,7 +71,8 @@ def _still_as_read(result, weights_dir, sources, shas, opened):
         folder = os.path.realpath(weights_dir)   # (a file as it lies there, and where its link leads)
         moved = {**{os.path.join(folder, f): f for f in result["stale_weights"]},
                  **{os.path.realpath(os.path.join(weights_dir, f)): f for f in result["stale_weights"]}}
-        mine = sorted({moved[p] for p in held_for_writing(set(moved)) | (set(moved) & opened)})
+        mine = sorted({moved[p] for p in held_for_writing(set(moved)) | (set(moved) & (opened | maybe))}
+                      | (set(moved.values()) if folder in opened else set()))   # (the folder renamed, removed)
         if not mine:
             raise
         leaves = ", ".join(f"`{n}`" for n, f in sorted(sources.items()) if f == mine[0])
@@ -341,7 +342,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             load = result["load"] = judge.settled(load)
         opened = watch.stop()
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
-            _still_as_read(result, weights_dir, leaves.sources, weights_shas, opened)
+            _still_as_read(result, weights_dir, leaves.sources, weights_shas, opened, watch.maybe)
         if opened:   # (though what it wrote was what the file held)
             raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None},
                               f"the bundle opened {min(opened)} to write while it ran ({len(opened)} file(s) "

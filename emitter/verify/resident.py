@@ -86,55 +86,56 @@ def _audit(event, args):
         path, mode, flags = (tuple(args) + (None, None))[:3]
         if not (flags & _WRITE_FLAGS if isinstance(flags, int) else any(c in str(mode or "") for c in "wax+")):
             return
-        # (os.open's folder unsaid: guessed in the weights only for a file that is there to open)
-        creates = isinstance(flags, int) and flags & os.O_CREAT
-        named = [(path, None if mode is None and not creates else "cwd", True)]
+        creates = isinstance(flags, int) and bool(flags & os.O_CREAT)
+        named = [(path, None if mode is None else "cwd", True, creates)]
     elif event == "os.rename":   # (src, dst, src_dir_fd, dst_dir_fd): the links themselves
-        named = [(args[0], args[2], False), (args[1], args[3], False)]
+        named = [(args[0], args[2], False, False), (args[1], args[3], False, False)]
     elif event == "os.remove":   # (path, dir_fd)
-        named = [(args[0], args[1], False)]
+        named = [(args[0], args[1], False, False)]
     else:   # os.truncate (path or descriptor, length): what a link leads to
-        named = [(args[0], "cwd", True)]
+        named = [(args[0], "cwd", True, False)]
     with _WATCH_LOCK:
         watches = [w for ws in _WATCHED.values() for w in ws]
     roots = sorted({w.root for w in watches})
-    for real in (r for path, dir_fd, follow in named for r in _places(path, dir_fd, follow, roots)):
+    for real, sure in (r for path, dir_fd, follow, creates in named for r in _places(path, dir_fd, follow, creates, roots)):
         for w in watches:
             if (real == w.root or real.startswith(w.root + os.sep) or real in w.files) and \
                     not (w.own and real.startswith(w.own + os.sep)):
-                w.opened.add(real)   # (a set's add: atomic under the interpreter's lock)
+                (w.opened if sure else w.maybe).add(real)   # (a set's add: atomic under the GIL)
 
 
-def _places(path, dir_fd, follow, roots):
-    """The paths an audited call may name, their folders resolved (and, where the call `follow`s
-    a link, the file too): a relative one in the folder its descriptor names, else from the
-    current folder; where the folder is unsaid (os.open's dir_fd) and nothing of that name lies
-    there, in any watched folder that holds it. A descriptor (os.truncate's) names none, nor does
-    Python's bytecode of a module imported meanwhile."""
+def _places(path, dir_fd, follow, creates, roots):
+    """[(path, sure)] an audited call may name, their folders resolved (and, where the call
+    `follow`s a link, the file too): a relative one in the folder its descriptor names, else from
+    the current folder; where the folder is unsaid (os.open's dir_fd), the current folder's and
+    any watched folder's that holds the name: sure where the current folder has no such file to
+    open (so another folder's it was), else not (`maybe`: blamed only where that file changed)."""
     if path is None or isinstance(path, int):
         return ()
     p = os.fsdecode(path)
     if os.path.isabs(p):
-        out = [p]
+        out = [(p, True)]
     elif isinstance(dir_fd, int) and dir_fd >= 0:   # (none given: AT_FDCWD, below zero)
         try:
-            out = [os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), p)]
+            out = [(os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), p), True)]
         except OSError:
-            out = [os.path.join(root, p) for root in roots if os.path.lexists(os.path.join(root, p))]
-    elif dir_fd is None and not os.path.lexists(p):
-        out = [os.path.abspath(p)] + [os.path.join(root, p) for root in roots
-                                       if os.path.lexists(os.path.join(root, p))]
+            out = [(os.path.join(root, p), False) for root in roots if os.path.lexists(os.path.join(root, p))]
+    elif dir_fd is None:
+        elsewhere = not creates and not os.path.lexists(p)
+        out = [(os.path.abspath(p), True)] + [(os.path.join(root, p), elsewhere) for root in roots
+                                               if os.path.lexists(os.path.join(root, p))]
     else:
-        out = [os.path.abspath(p)]
-    out = [os.path.realpath(x) if follow else os.path.join(os.path.realpath(os.path.dirname(x)), os.path.basename(x))
-           for x in out]
-    return [r for r in out if f"{os.sep}__pycache__{os.sep}" not in r]
+        out = [(os.path.abspath(p), True)]
+    out = [(os.path.realpath(x) if follow else os.path.join(os.path.realpath(os.path.dirname(x)), os.path.basename(x)), sure)
+           for x, sure in out]
+    return [(r, sure) for r, sure in out if f"{os.sep}__pycache__{os.sep}" not in r]
 
 
 class Watching:
     """The files under a weights folder (and `files`, those the check read, wherever their links
     lead) that this process opens to write, truncates, removes or renames through Python from now
-    until `stop()` (`opened`; `own`: a folder of the lock's own writes, not counted): a bundle reads
+    until `stop()` (`opened`; `maybe`, where the call did not say which folder; `own`: a folder of
+    the lock's own writes, not counted): a bundle reads
     its weights only. Any thread's calls count (the lock's process runs one check at a time; the
     checks of a Dask worker's threads share the blame of one that writes into a folder they watch);
     a call that does not go through Python's own functions (torch.save's and torch.from_file's C++,
@@ -142,7 +143,7 @@ class Watching:
     _hooked = []
 
     def __init__(self, folder, own=None, files=()):
-        self.opened, self.root = set(), None
+        self.opened, self.maybe, self.root = set(), set(), None
         self.own = own and os.path.realpath(own)
         self.files = {os.path.realpath(f) for f in files}
         if folder is None:

@@ -76,8 +76,9 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
             raise ProgramError(f"{what} holds a non-finite value ({flat[bad]}) at flat index {bad}",
                                path=path)
         peak = max(peak, hi, lo, key=abs)
-        if not d.real and not np.array_equal(block, np.round(block)):
-            bad = start + int(np.flatnonzero(block != np.round(block))[0])
+        if not d.real and not (np.array_equal(block, np.round(block)) and np.isfinite(hi) and np.isfinite(lo)
+                               and finite.size == block.size):   # (Inf is no integer either)
+            bad = start + int(np.flatnonzero((block != np.round(block)) | ~np.isfinite(block))[0])
             raise ProgramError(f"{what} is an Int tensor but the file holds non-integers "
                                f"({flat[bad]} at flat index {bad})", path=path)
         release(value)
