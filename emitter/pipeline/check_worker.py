@@ -47,7 +47,7 @@ def lock_arguments(record, traces=None, trace_bytes=0, alone=False):
     if traces is not None:
         key = trace_key(record)
         trace = {"path": os.path.join(traces, key[:2], f"{key}.trace"), "key": key, "source": record["source"],
-                 "environment": record["environment"], "min_bytes": trace_bytes, **({"alone": True} if alone else {})}
+                 "environment": record["environment"], "min_bytes": trace_bytes, "alone": alone}
     return dict(dtype=record["dtype"], steps=record["steps"], atol=record["tolerance"]["abs"],
                 rtol=record["tolerance"]["rel"], allow_nonfinite=tuple(config["allow_nonfinite"]),
                 max_tensor_bytes=config["limits"]["tensor_bytes"] or memory_bytes() // 2,
@@ -64,8 +64,9 @@ def run_check(job, worker=None):
     "traces" and "trace_bytes" and "alone" (its VM's trace), "weights_shas" (what the weights
     files must hold), "golden" (tolerances, or None), "thread_env" (the driver's
     *_NUM_THREADS), "stamps" (the driver's host and its hash record of the weights files),
-    "code" (the lock code's digest the key names), "remote" (run by a worker, not the driver)}. Paths are relative to `root`, the driver's folder (a worker elsewhere sees it
-    through a shared filesystem). `worker`: the worker's address, as its executor knows it."""
+    "code" (the lock code's digest the key names), "remote" (run by a worker, not the driver)}.
+    Paths are relative to `root`, the driver's folder (a worker elsewhere sees it through a shared
+    filesystem). `worker`: the worker's address, as its executor knows it."""
     remote = job.get("remote", False)
     code = loaded_code()   # all of the lock code, before this check imports any of it
     from ..verify.lock import lock_bundle

@@ -44,9 +44,8 @@ PASSED_LIMIT = 1 << 14
 
 def _read_leaf(program, name, directory, place, nonfinite_ok=False):
     """(the leaf's values at `place` (emitter.sambaflow.weight_files: the reader model.py copies),
-    its finite value of the largest magnitude): a read-only map checked a
-    block at a time for non-finite values and, for an Int leaf,
-    non-integers, its pages released after: what the VM holds of a 1 GB checkpoint is the map,
+    its finite value of the largest magnitude): a read-only map checked a block at a time for
+    non-finite values and, for an Int leaf, non-integers, its pages released after: what the VM holds of a 1 GB checkpoint is the map,
     not the memory (`release`). Bytes this process checked the same way already are not read."""
     d = program.decls[name]
     path = os.path.join(directory, place[0])
@@ -76,8 +75,7 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
             raise ProgramError(f"{what} holds a non-finite value ({flat[bad]}) at flat index {bad}",
                                path=path)
         peak = max(peak, hi, lo, key=abs)
-        if not d.real and not (np.array_equal(block, np.round(block)) and np.isfinite(hi) and np.isfinite(lo)
-                               and finite.size == block.size):   # (Inf is no integer either)
+        if not d.real and (finite.size != block.size or not np.array_equal(block, np.round(block))):   # (nor Inf)
             bad = start + int(np.flatnonzero((block != np.round(block)) | ~np.isfinite(block))[0])
             raise ProgramError(f"{what} is an Int tensor but the file holds non-integers "
                                f"({flat[bad]} at flat index {bad})", path=path)
