@@ -58,6 +58,27 @@ def test_no_fork_while_other_threads_run():
     assert out.split() == ["True"], out
 
 
+def test_spreading_starts_no_worker_watch_and_a_started_watch_does_not_stop_it():
+    """The run's second spread (the report's rows and files, after the pre-check's) still forks:
+    its own forks start no watch of doit's workers, and that watch (a thread holding no lock)
+    does not count as a thread a child could wait on."""
+    out = _fresh("import os, threading\n"
+                 "from emitter.pipeline import guards\n"
+                 "from emitter.pipeline.spread import spread\n"
+                 "guards.bind_children()\n"
+                 "got = spread(lambda x: os.getpid(), range(500))\n"
+                 "print(len(set(got)), [t.name for t in threading.enumerate()])\n"
+                 "import multiprocessing\n"
+                 "p = multiprocessing.Process(target=int)\n"   # doit's `-n` worker: the watch starts
+                 "p.start(); p.join()\n"
+                 "print(sorted(t.name for t in threading.enumerate()))\n"
+                 "print(len(set(spread(lambda x: os.getpid(), range(500)))))\n")
+    first, watched, again = out.splitlines()
+    assert first == f"{2 if FORKS else 1} ['MainThread']", out
+    assert watched == "['MainThread', 'logos-workers']", out
+    assert again == str(2 if FORKS else 1), out
+
+
 def test_what_children_record_comes_back(tmp_path):
     import hashlib
     paths = []

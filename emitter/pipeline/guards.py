@@ -148,13 +148,31 @@ def bind_children():
 def _before_fork():
     global _FORKER
     main = threading.current_thread() is threading.main_thread()
-    if main and not _WATCHED:   # the run's first fork: doit's `-n` workers start
+    if main and not _WATCHED and not _OWN_FORK:   # doit's `-n` workers start
         _WATCHED.append(threading.Thread(target=_watch_workers, name="logos-workers", daemon=True))
         _WATCHED[0].start()
     _FORKER = (os.getpid(), main, _prctl())
 
 
 _WATCHED, WORKER_DIED = [], []
+_OWN_FORK = []   # set while `spread` forks: it waits for its own children
+
+
+@contextlib.contextmanager
+def own_fork():
+    """A fork whose child the caller waits for itself (`spread`): no worker watch starts for it."""
+    _OWN_FORK.append(True)
+    try:
+        yield
+    finally:
+        _OWN_FORK.pop()
+
+
+def fork_safe():
+    """Whether no thread but the main one and the worker watch runs: the watch holds no lock a
+    forked child could wait on (it sleeps and reads a set), any other thread might."""
+    return all(t is threading.main_thread() or (_WATCHED and t is _WATCHED[0])
+               for t in threading.enumerate())
 
 
 def _watch_workers(every=0.2):

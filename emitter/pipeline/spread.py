@@ -2,16 +2,16 @@
 preload over threads: the pre-check of a thousand-program zoo is a thousand independent key
 computations, each a few stats, two small reads and a few digests, and a report's rows and files
 are as independent; Python's interpreter holds one core. Each forked child computes a slice and
-hands back its results and the hashes it added to the fingerprint record. Where fork is not there, one core is, other threads run (a Dask client's: a
-lock one of them holds would never be let go in the child) or a child fails, the parent computes
-that slice itself, so the result is the same either way."""
+hands back its results and the hashes it added to the fingerprint record. Where fork is not
+there, one core is, other threads run (a Dask client's: a lock one of them holds would never be
+let go in the child; the run's watch of doit's workers holds none) or a child fails, the parent
+computes that slice itself, so the result is the same either way."""
 
 import os
 import pickle
 import signal
-import threading
-
 from .. import fingerprint
+from .guards import fork_safe, own_fork
 
 MIN_PER_CHILD = 200   # items: below this a fork costs about what it saves (a pre-check's programs)
 
@@ -28,7 +28,7 @@ def spread(fn, items, least=MIN_PER_CHILD):
     `least` items each."""
     items = list(items)
     n = min(cores(), len(items) // least) \
-        if hasattr(os, "fork") and threading.active_count() == 1 else 1
+        if hasattr(os, "fork") and fork_safe() else 1
     if n <= 1:
         return [fn(x) for x in items]
     size = -(-len(items) // n)
@@ -53,7 +53,8 @@ def _fork(fn, items):
     except OSError:
         return None
     try:
-        pid = os.fork()
+        with own_fork():
+            pid = os.fork()
     except OSError:
         os.close(r)
         os.close(w)
