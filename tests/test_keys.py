@@ -204,6 +204,17 @@ def test_a_limit_a_check_can_run_into_is_in_its_key(tmp_path):
     runs = json.loads(res.stdout)["runs"]
     assert res.returncode == 0 and len(runs) == 6 and {r["verdict"] for r in runs} == {"pass"}, res.stdout
     assert [r["id"] for r in runs] == sorted(r["id"] for r in runs) and runs[0]["name"] == "p"
+    newest = {r["dtype"]: r["id"] for r in runs}   # each check's newest run is its verdict now
+    assert [(r["latest"], r["current"]) for r in runs] == [(r["id"] in newest.values(),) * 2 for r in runs]
+    with open(z / "programs/p.logos", "a") as f:   # the program moves: no run of it is current
+        f.write("Let later be sigmoid of y.\n")
+    res = subprocess.run([sys.executable, "-m", "emitter", "results", "--history", "p", "--json"], cwd=z,
+                         capture_output=True, text=True)
+    assert [r["current"] for r in json.loads(res.stdout)["runs"]] == [False] * 6, res.stdout
+    res = subprocess.run([sys.executable, "-m", "emitter", "results", "--history", "p"], cwd=z,
+                         capture_output=True, text=True)
+    assert res.stdout.count("NOT CURRENT") == 2 * len(newest), res.stdout   # each newest run, and the tally
+    assert "6 runs of `p`; the latest of each check: float32 pass (NOT CURRENT)" in res.stdout, res.stdout
     res = subprocess.run([sys.executable, "-m", "emitter", "results", "--prune", "p"], cwd=z,
                          capture_output=True, text=True)
     assert res.returncode == 2 and "give no NAME" in res.stderr

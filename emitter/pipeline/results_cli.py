@@ -17,11 +17,29 @@ def _row_line(x, mark=""):
     first = f" first: stage {x['first_stage']} `{x['first_out']} = {x['first_op']}` line " \
             f"{x['first_line']}" if x["first_op"] else ""
     why = f" ({short(x['reason'], 160)})" if x["verdict"] == "error" and x["reason"] else ""
-    now = ("" if x.get("current", True) else "NOT CURRENT ") + (
+    now = ("NOT CURRENT " if x.get("current") is False and x.get("latest", True) else "") + (
         f"(computed in another environment, env {str(x['env_sha'])[:10]}) " if x.get("elsewhere") else "")
     return (f"{mark}#{x['id'] or '-':<5} {x['at']}  {x['name']:<24} {x['dtype']:<8} {x['verdict']:<5} {now}"
             f"max_abs {number(x['max_abs']):<9} worst {number(x.get('worst_ratio')):<8}x tol "
             f"src {str(x['source_sha'] or '-')[:10]} w {str(x['weights_sha'] or '-')[:10]}{first}{why}")
+
+
+def _history_currency(runs, args):
+    """Mark each of one program's `runs` `latest` (the newest of its check) and `current` (that
+    newest run is the check's verdict under the key of its inputs now; an older run never is),
+    or `current` None where no zoo is here to tell; whether it could be told."""
+    newest = {}
+    for x in runs:
+        newest[x["dtype"]] = x
+    known = os.path.isdir(args.programs)
+    now = {}
+    if known:
+        zoo, _ = currency([dict(x) for x in newest.values()], args.programs, args.threads)
+        now = {x["dtype"]: x.get("current", False) for x in zoo if x["name"] == args.history}
+    for x in runs:
+        x["latest"] = newest[x["dtype"]] is x
+        x["current"] = (x["latest"] and bool(now.get(x["dtype"]))) if known else None
+    return known
 
 
 def existing(programs_dir):
@@ -109,8 +127,10 @@ def _main(args):
         if not runs:
             print(f"{args.db}: no runs of `{args.history}`", file=sys.stderr)
             return 2
+        known = _history_currency(runs, args)
         if args.json:   # every run, oldest first, with what the text rows show
-            print(json.dumps({"name": args.history, "runs": [{k: x.get(k) for k in RUN_FIELDS} for x in runs]},
+            print(json.dumps({"name": args.history, "runs": [
+                {k: x.get(k) for k in (*RUN_FIELDS, "latest", "current")} for x in runs]},
                              indent=1, allow_nan=True))
             return 0
         last = {}
@@ -123,6 +143,12 @@ def _main(args):
                 mark = "+ "   # fixed
             last[x["dtype"]] = x["verdict"]
             print(_row_line(x, mark))
+        latest_runs = sorted((x for x in runs if x["latest"]), key=lambda x: x["dtype"])
+        print(f"{len(runs)} runs of `{args.history}`; the latest of each check: " + (", ".join(
+            f"{x['dtype']} {x['verdict']} ({'current' if x['current'] else 'NOT CURRENT'})" for x in latest_runs)
+            + f" (against the key of its inputs now, at threads={args.threads})" if known else
+            ", ".join(f"{x['dtype']} {x['verdict']}" for x in latest_runs)
+            + f"; whether each is current is not known: no {args.programs}/ here (run it in the zoo)"))
         return 0
     rows = ran = latest(args.db)
     known = os.path.isdir(args.programs)   # else no verdict's currency can be told (exit 1 all the same)
