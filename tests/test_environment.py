@@ -15,7 +15,7 @@ from conftest import ROOT
 from test_pipeline import PROG_B, make_zoo
 
 # every variable the fingerprint reads, unset for a test that sets its own
-WATCHED = environment.THREAD_VARS + environment.NUMERICS_VARS
+WATCHED = environment.THREAD_VARS + environment.NUMERICS_VARS + environment.LOADER_VARS
 
 
 def _clean(monkeypatch):
@@ -40,7 +40,8 @@ def test_the_cpu_capability_moves_the_digest(monkeypatch):
                                         ("MKL_DYNAMIC", "FALSE"), ("OMP_DYNAMIC", "true"),
                                         ("ONEDNN_MAX_CPU_ISA", "AVX2"),
                                         ("NPY_DISABLE_CPU_FEATURES", "AVX512F"),
-                                        ("OPENBLAS_BLOCK_FACTOR", "50"), ("GOTO_NUM_THREADS", "2")])
+                                        ("OPENBLAS_BLOCK_FACTOR", "50"), ("GOTO_NUM_THREADS", "2"),
+                                        ("LD_PRELOAD", "/opt/erf-shim.so"), ("LD_LIBRARY_PATH", "/opt/libm")])
 def test_each_numerics_setting_moves_the_digest(monkeypatch, var, value):
     _clean(monkeypatch)
     before = environment.digest(environment.fingerprint())
@@ -114,11 +115,15 @@ def test_a_numpy_or_torch_shadowed_in_the_zoo_moves_the_environment(tmp_path):
         p = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, check=True)
         return json.loads(p.stdout)
     clean = env_in(tmp_path)
-    assert clean[0] == {"numpy": "installed", "torch": "installed"}
+    assert clean[0] == {"numpy": "installed", "torch": "installed", "math": "stdlib"}
     (tmp_path / "numpy.py").write_text("raise ImportError('a shadow')\n")
     shadowed = env_in(tmp_path)
     assert shadowed[0]["numpy"].startswith("shadowed: ") and shadowed[1] != clean[1]
     os.unlink(tmp_path / "numpy.py")
+    (tmp_path / "math.py").write_text("from cmath import *\n")   # the VM's erf, exp, sin
+    shadowed = env_in(tmp_path)
+    assert shadowed[0]["math"].startswith("shadowed: ") and shadowed[1] != clean[1]
+    os.unlink(tmp_path / "math.py")
     (tmp_path / "numpy").mkdir()   # what the import passes over is no shadow: a folder without
     (tmp_path / "torch").write_text("")   # __init__.py, a file named like the module, another ABI's
     (tmp_path / "numpy.cpython-39-x86_64-linux-gnu.so").write_bytes(b"")
@@ -128,3 +133,31 @@ def test_a_numpy_or_torch_shadowed_in_the_zoo_moves_the_environment(tmp_path):
     (tmp_path / "torch" / "__init__.py").write_text("")
     assert env_in(tmp_path)[0]["torch"].startswith("shadowed: ")
 
+
+
+def test_an_empty_loader_setting_is_unset_and_start_up_code_moves_the_digest(tmp_path, monkeypatch):
+    """LD_PRELOAD="" preloads nothing: the digest of no setting. A sitecustomize that Python ran
+    at start-up (here one that scales math.erf, which the VM's exact gelu computes with) moves
+    the digest; one on disk that never ran does not."""
+    _clean(monkeypatch)
+    before = environment.digest(environment.fingerprint())
+    monkeypatch.setenv("LD_PRELOAD", "")
+    assert environment.digest(environment.fingerprint()) == before
+    code = ("import json, math, sys; sys.path.insert(0, %r)\n"
+            "from emitter.verify import environment as e\n"
+            "fp = e.fingerprint(); print(json.dumps([fp['startup'], e.digest(fp), math.erf(1.0)]))" % ROOT)
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text("import math\n_erf = math.erf\nmath.erf = lambda x: _erf(x) * 1.01\n")
+
+    def env_with(pythonpath):
+        env = {k: v for k, v in os.environ.items() if k not in WATCHED and k != "PYTHONPATH"}
+        p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                           check=True, env={**env, **({"PYTHONPATH": pythonpath} if pythonpath else {})})
+        return json.loads(p.stdout)
+    clean, unrun = env_with(None), env_with(None)
+    assert clean[0]["sitecustomize"] is None and clean == unrun
+    ran = env_with(str(shim))
+    import hashlib
+    assert ran[0]["sitecustomize"] == hashlib.sha256((shim / "sitecustomize.py").read_bytes()).hexdigest()
+    assert ran[2] != clean[2] and ran[1] != clean[1]   # its erf is another erf, and the digest says so

@@ -787,6 +787,10 @@ def test_golden_written_by_a_hand_lock_is_settled_again_by_the_next_run(tmp_path
     (golden / "output.1.f64").write_bytes(b"\0" * len(zoo_golden["output.1.f64"]))
     rc, ran, out = doit(z)
     assert rc == 0 and "lock:a" in ran and {p.name: p.read_bytes() for p in golden.iterdir()} == zoo_golden
+    (golden / "output.2.f64").write_bytes(b"hi\n")   # a file no lock made: removed, nothing recomputed
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:a" in ran and {p.name: p.read_bytes() for p in golden.iterdir()} == zoo_golden
+    assert "PASS" not in out and doit(z)[:2] == (0, set()), out
 
 
 def test_golden_follows_the_checks_a_program_has(tmp_path):

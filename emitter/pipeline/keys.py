@@ -337,8 +337,15 @@ def golden_record(bundle):
 
 
 def golden_as_recorded(bundle, rec):
-    """golden/'s files are those `golden_record` gave (a stat each, through the hash record)."""
-    return isinstance(rec, dict) and "golden.json" in rec and all(
+    """golden/'s files are those `golden_record` gave (a stat each, through the hash record), and
+    no others: one no lock made (a stray file dropped in) is removed by the lock task."""
+    if not (isinstance(rec, dict) and "golden.json" in rec):
+        return False
+    try:
+        names = os.listdir(os.path.join(bundle, "golden"))
+    except OSError:
+        names = ()
+    return all(n in rec for n in names) and all(
         sha256_or_none(os.path.join(bundle, "golden", n)) == sha for n, sha in rec.items())
 
 

@@ -46,6 +46,11 @@ NUMERICS_VARS = (
     "GLIBC_TUNABLES",               # glibc's libm variant (glibc.cpu.hwcaps=-AVX2,-FMA moves the
                                     # bits of float64 sin, cos, exp, power the VM computes)
 )
+# The dynamic loader's settings: another library's code in place of libm's, OpenBLAS's or torch's
+# own (an LD_PRELOAD shim of erf moves exact gelu's bits), whatever the versions say.
+LOADER_VARS = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_HWCAP_MASK")
+# the modules whose code computes a check's numbers: where each is imported from
+COMPUTING = ("numpy", "torch", "math")
 # instruction-set levels, best first: the first the CPU has names its level
 ISA = ("avx512f", "avx2", "avx", "sse4_2", "sve", "asimd", "neon")
 # the features beside the level that choose another kernel (torch's bf16 matmul on AVX512_BF16 or
@@ -102,21 +107,29 @@ def bundled_libraries(name):
 
 def origins(names):
     """{name: where `import name` finds it}: "installed" where it comes from a folder that holds
-    the metadata of a distribution of that name (a dist-info or egg-info: numpy's, torch's), else
-    what shadows it: "shadowed: " and the sha256 of the file it starts from (a numpy.py in the
-    zoo's folder, which `python -m doit` puts first on sys.path); None where it is nowhere. Found
-    as the import finds it (sys.path's finders: a namespace folder or another ABI's extension
-    module is passed over), nothing imported. The versions above are the distributions'; this
-    says whether they are what runs."""
+    the metadata of a distribution of that name (a dist-info or egg-info: numpy's, torch's),
+    "stdlib" or "builtin" for the interpreter's own (math), else what shadows it: "shadowed: "
+    and the sha256 of the file it starts from (a numpy.py or math.py in the zoo's folder, which
+    `python -m doit` puts first on sys.path); None where it is nowhere. Found as the import finds
+    it (sys.path's finders: a namespace folder or another ABI's extension module is passed over),
+    nothing imported. The versions above are the distributions'; this says whether they are what
+    runs."""
     from importlib.machinery import PathFinder
+    stdlib = os.path.dirname(os.__file__)
     out = {}
     for name in names:
+        if name in sys.builtin_module_names:
+            out[name] = "builtin"
+            continue
         spec = PathFinder.find_spec(name, sys.path)
         origin = getattr(spec, "origin", None)
         if spec is None or not origin or not os.path.isfile(origin):
             out[name] = None if spec is None else "shadowed"
             continue
         base = os.path.dirname(os.path.dirname(origin)) if spec.submodule_search_locations else os.path.dirname(origin)
+        if base in (stdlib, os.path.join(stdlib, "lib-dynload")):
+            out[name] = "stdlib"
+            continue
         try:
             meta = any(e.lower().startswith(f"{name}-") and e.endswith((".dist-info", ".egg-info"))
                        for e in os.listdir(base))
@@ -128,6 +141,50 @@ def origins(names):
             with open(origin, "rb") as f:
                 out[name] = "shadowed: " + hashlib.sha256(f.read(1 << 24)).hexdigest()
     return out
+
+
+def startup():
+    """The code Python runs at start-up beyond the standard library's, which may replace any
+    function a check computes with: sitecustomize's and usercustomize's sha256 (None where none
+    ran) and the sha256 of the executable lines of the .pth files in the site folders (an
+    editable install's own finder aside: it maps this package, whose code every key holds)."""
+    import site
+    out = {}
+    for name in ("sitecustomize", "usercustomize"):   # (as the start-up imported them)
+        module = sys.modules.get(name)
+        try:
+            with open(module.__file__, "rb") as f:
+                out[name] = hashlib.sha256(f.read(1 << 24)).hexdigest()
+        except (OSError, TypeError, AttributeError):
+            out[name] = None if module is None else "unreadable"
+    folders = list(getattr(site, "getsitepackages", list)())
+    if site.ENABLE_USER_SITE:
+        folders.append(site.getusersitepackages())
+    lines = []
+    for folder in folders:
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".pth"))
+        except OSError:
+            continue
+        for n in names:
+            try:
+                with open(os.path.join(folder, n), encoding="utf-8", errors="replace") as f:
+                    text = f.read(1 << 20)
+            except OSError:
+                continue
+            lines += [f"{n}: {ln.strip()}" for ln in text.splitlines()
+                      if ln.startswith(("import ", "import\t")) and not n.startswith("__editable__")]
+    out["pth"] = hashlib.sha256("\n".join(lines).encode()).hexdigest() if lines else None
+    return out
+
+
+def libc():
+    """The C library's name and version (its libm computes the VM's math.erf, exp, sin)."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError, AttributeError):
+        import platform
+        return " ".join(platform.libc_ver()) or None
 
 
 @functools.lru_cache(maxsize=4)
@@ -142,8 +199,10 @@ def _installed(path):
         **_cpu(),
         "cpu_count": os.cpu_count(),
         **versions(("numpy", "torch")),
-        "imports": origins(("numpy", "torch")),
+        "imports": origins(COMPUTING),
         "numpy_libs": bundled_libraries("numpy"),
+        "libc": libc(),
+        "startup": startup(),
     }
 
 
@@ -162,6 +221,7 @@ def fingerprint():
         **_installed(tuple(sys.path)),
         "thread_env": {k: os.environ[k] for k in THREAD_VARS if k in os.environ},
         "numerics_env": {k: os.environ[k] for k in NUMERICS_VARS if k in os.environ},
+        "loader_env": {k: os.environ[k] for k in LOADER_VARS if os.environ.get(k)},   # ("" is unset)
     }
 
 
