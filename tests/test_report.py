@@ -177,10 +177,13 @@ def test_the_header_names_the_commit_of_a_git_zoo_and_a_reproducible_time(tmp_pa
     c = context(str(tmp_path))
     assert c["commit"] == head and not c["dirty"]
     assert c["time"] == datetime.datetime.fromtimestamp(1700000000, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    assert f"commit <code>{head[:12]}</code> · 2023-11-14T22:13:20 UTC" in render([GATED], None, c)
+    page = render([GATED], None, c)
+    assert f"commit <code>{head[:12]}</code> · 2023-11-14T22:13:20 UTC" in page
+    # a page is about the run that made it: it never claims its verdicts are current now
+    assert "as they are now" not in page and "<code>logos results</code> says whether each still is" in page
     (tmp_path / "a.logos").write_text("changed\n")
     assert context(str(tmp_path))["dirty"]
-    junit = ET.fromstring(render_junit([GATED], c))
+    junit = ET.fromstring(render_junit([GATED], header=c))
     assert {p.get("name"): p.get("value") for p in junit.iter("property")}["commit"] == head
 
 
@@ -213,3 +216,22 @@ def test_a_failed_task_of_no_program_is_neither_a_program_nor_a_check():
     assert render_summary([ok, {**ok, "check": "float32"}, task]).splitlines()[0] == f"## ❌ LOGOS lock: {head}"
     assert f"<h1>LOGOS lock: {head}</h1>" in render_html([ok, {**ok, "check": "float32"}, task])
     assert "2 programs, 2 checks — 2 pass" in render_summary([ok, {**ok, "name": "b"}])
+
+
+def test_the_report_formats_come_from_one_registry(tmp_path):
+    """Each file of the registry is written by its renderer, set aside when a run starts and
+    brought back, and its renderer's module is in the report's code (an edit of it remakes the
+    report); nothing else names the files."""
+    from emitter.pipeline import report, report_aside
+    from emitter.pipeline.digests import REPORT_FORMATS, code_files
+    assert set(report.formats()) == set(REPORT_FORMATS)
+    assert {f"pipeline/{m}.py" for m, _ in REPORT_FORMATS.values()} <= set(code_files("report"))
+    out = tmp_path / "build"
+    report.write_reports([ROW], str(out))
+    written = {f: (out / f).read_bytes() for f in REPORT_FORMATS}
+    assert all(written.values())
+    report_aside.set_aside(str(out))
+    assert not any((out / f).exists() for f in REPORT_FORMATS)
+    assert {f: (out / "stale" / f).read_bytes() for f in REPORT_FORMATS} == written
+    report_aside.restore(str(out))
+    assert {f: (out / f).read_bytes() for f in REPORT_FORMATS} == written

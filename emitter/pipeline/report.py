@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 from ..files import json_lines, read_json, write_atomic, write_files
 from ..verify.verdict import decided, decisive, describe, number, one_minus_cos, short
 from ..fingerprint import sha256_or_none, sha256_text
+from .digests import REPORT_FORMATS
 from .keys import check_key, moved
 from .report_aside import JUDGED, changed_since, drop_aside
 from .report_facts import context, counts, headline, tally, warnings
@@ -227,7 +228,7 @@ def _keep_rows(path, key_row, rows):
         pass
 
 
-def render_json(rows, header=None):
+def render_json(rows, _plots=None, header=None):
     """(`header`: `threads`, the thread count each row's currency was judged at, where told.)"""
     programs, checks, tasks = tally(rows)
     body = {"schema": "logos.pipeline.report", "version": 2,
@@ -258,7 +259,11 @@ def junit_place(r):
     return source, int(m.group(1)) if m else None
 
 
-def render_junit(rows, header=None, locate=True):
+def render_jenkins(rows, _plots=None, header=None):
+    return render_junit(rows, header=header, locate=False)
+
+
+def render_junit(rows, _plots=None, header=None, locate=True):
     """junit.xml: `locate` puts each testcase's `file` (and, on a failure or an error, `line`) on
     it, as GitHub's JUnit actions and GitLab read them; without (junit-jenkins.xml) it passes the
     Jenkins xunit plugin's junit-10 schema, the place in each message. `header`: `context()`'s."""
@@ -314,7 +319,7 @@ def _code(text):
     return str(text).replace("|", "\\|").replace("\n", " ").replace("\r", " ").replace("`", "'")
 
 
-def render_summary(rows, header=None):
+def render_summary(rows, _plots=None, header=None):
     c = counts(rows)
     mark = "✅" if c["fail"] == c["error"] == 0 else "❌"
     out = [f"## {mark} LOGOS lock: {headline(rows)}", ""]
@@ -372,18 +377,14 @@ def _figures(r):
 
 
 def formats():
-    """The report's files, each with its renderer (rows, plots cache, header) -> text: a new format is
-    one entry here (its code is the report's: digests.CODE["report"])."""
-    from .report_html import render
-    return {"report.json": lambda rows, _, h=None: render_json(rows, h),
-            "junit.xml": lambda rows, _, h=None: render_junit(rows, h),
-            "junit-jenkins.xml": lambda rows, _, h=None: render_junit(rows, h, locate=False),
-            "summary.md": lambda rows, _, h=None: render_summary(rows, h),
-            "report.html": lambda rows, cache, h=None: render(rows, cache, h)}
+    """The report's files, each with its renderer (rows, plots cache, header) -> text, as the
+    registry (digests.REPORT_FORMATS) names them: a new format is one entry there."""
+    import importlib
+    return {f: getattr(importlib.import_module(f"{__package__}.{m}"), fn) for f, (m, fn) in REPORT_FORMATS.items()}
 
 
 def write_reports(rows, out_dir, plots_cache=None, key=None, threads=None):
-    """All the files (REPORT_FILES), each whole (staged, then renamed together), then the report's
+    """All the files (REPORT_FORMATS), each whole (staged, then renamed together), then the report's
     status: the key it was made under (None: never current), each file's sha256 and its rows'
     verdicts (name, check, verdict): what the run's last line counts without reading report.json.
     `threads`: the run's threads=, each row's currency judged at it; every file states it."""

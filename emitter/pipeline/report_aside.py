@@ -7,8 +7,8 @@ import os
 
 from ..files import read_json
 from ..fingerprint import sha256_or_none
+from .digests import REPORT_FORMATS
 
-REPORT_FILES = ("report.json", "junit.xml", "junit-jenkins.xml", "summary.md", "report.html")   # (formats' order)
 STALE = "stale"   # build/stale/: the last complete report while a run is under way
 
 
@@ -33,7 +33,7 @@ def set_aside(out_dir):
     """At the start of a run: the report of the last complete run moves to build/stale/ (a rename
     each), so a run that does not end (SIGKILL, a full disk, a crash) leaves no report that says
     pass; `restore` brings it back once the run finds it current, a new report replaces it."""
-    for f in REPORT_FILES:
+    for f in REPORT_FORMATS:
         try:
             os.makedirs(os.path.join(out_dir, STALE), exist_ok=True)
             os.replace(os.path.join(out_dir, f), os.path.join(out_dir, STALE, f))
@@ -42,7 +42,7 @@ def set_aside(out_dir):
 
 
 def restore(out_dir):
-    for f in REPORT_FILES:
+    for f in REPORT_FORMATS:
         try:
             os.replace(os.path.join(out_dir, STALE, f), os.path.join(out_dir, f))
         except OSError:
@@ -50,7 +50,7 @@ def restore(out_dir):
 
 
 def drop_aside(out_dir):
-    for f in REPORT_FILES:
+    for f in REPORT_FORMATS:
         try:
             os.unlink(os.path.join(out_dir, STALE, f))
         except OSError:

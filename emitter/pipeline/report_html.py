@@ -161,9 +161,10 @@ def _header(rows, header):
                "<th>from the cache</th><th>computed in another environment</th></tr>")
     out += [f"<tr><td>{html.escape(name)}</td><td>{k['pass']}</td><td>{k['fail']}</td><td>{k['error']}</td>"
             f"<td>{k['cached']}</td><td>{k['elsewhere']}</td></tr>" for name, k in sorted(kinds.items())]
-    out.append('</table></div><p class="meta">Every pass or fail on this page is current: recorded under '
-               "the key of its inputs as they are now. A verdict whose inputs moved since is shown as "
-               "an error that says what moved.</p>")
+    out.append('</table></div><p class="meta">Every pass or fail on this page was current when the page '
+               "was made (at the time above): recorded under the key of its inputs as they were "
+               "then; <code>logos results</code> says whether each still is. A verdict whose inputs had "
+               "moved is shown as an error that says what moved.</p>")
     gated = any(r.get("bf16") for r in rows)
     out.append(f'<p class="meta">{_NOTE}{" " + _NOTE_BF16 if gated else ""}</p></header>')
     return out

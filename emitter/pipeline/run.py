@@ -34,8 +34,8 @@ def cache_publish(*args):
 
 def clean_report(build):
     """`doit clean` of the report's files."""
-    from .report_aside import REPORT_FILES, STALE
-    files_io.remove_files([f"{build}/{d}{f}" for f in REPORT_FILES for d in ("", f"{STALE}/")])
+    from .report_aside import REPORT_FORMATS, STALE
+    files_io.remove_files([f"{build}/{d}{f}" for f in REPORT_FORMATS for d in ("", f"{STALE}/")])
 
 
 def report_aside(build):
