@@ -2,7 +2,8 @@
 derived weights' inputs, in their import key, so an edit of any of them re-derives the weights.
 Each of the zoo's derived programs is imported here as doit imports it, under an audit hook that
 records every file Python opens: a file of the checkpoint's folder (or of the package that ships
-it) that the importer opens but did not declare fails the test. Files read natively (safetensors'
+it), or any file outside the interpreter's own and the kernel's, that the importer opens but did
+not declare fails the test. Files read natively (safetensors'
 Rust reader opens its file itself) are covered the other way round: the repository checkpoint is
 imported again from a folder holding its declared files alone, and must give the same weights."""
 
@@ -80,6 +81,15 @@ def test_an_importer_opens_no_file_of_its_checkpoint_it_did_not_declare(name, tm
               and not p.endswith((".py", ".pyc")) and not p.startswith(str(tmp_path))}
     assert os.path.realpath(os.path.join(ROOT, pc.source)) in opened   # (the audit sees its reads)
     assert theirs <= declared, sorted(theirs - declared)
+    # nor any other file outside the interpreter's own, the kernel's and its output folder: a
+    # file beside the program, in the zoo, or in the home folder is an input like the checkpoint
+    own = {os.path.realpath(r) for r in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                         os.path.dirname(os.__file__), tmp_path)}
+    own |= {os.path.realpath(p) for p in sys.path if p and os.path.isdir(p) and p != ROOT}
+    own |= {os.path.realpath(os.path.join(ROOT, "emitter")), "/proc", "/sys", "/dev"}
+    elsewhere = {p for p in opened if not any(p == r or p.startswith(r + os.sep) for r in own)
+                 and p != os.path.realpath(os.path.join(ROOT, pc.source))}
+    assert elsewhere <= declared, sorted(elsewhere - declared)
     assert made
     # and the code it ran is the code its import key names: an edit of any of it derives again
     from emitter.pipeline.digests import code_files
