@@ -197,8 +197,10 @@ def test_failures_are_isolated_and_reported(tmp_path):
     assert one("good").returncode == 1
     hist = subprocess.run([sys.executable, "-m", "emitter", "results", "--history", "good"], cwd=z,
                           capture_output=True, text=True)
-    lines = [ln for ln in hist.stdout.splitlines() if "float32" in ln]
+    lines = [ln for ln in hist.stdout.splitlines() if "float32" in ln and ln[2:3] == "#"]   # (its runs)
     assert len(lines) == 2 and " pass " in lines[0] and lines[1].startswith("! ") and " fail " in lines[1]
+    assert hist.stdout.splitlines()[-1].startswith("3 runs of `good`; the latest of each check: float32 fail "
+                                                   "(current), float64 pass (current)"), hist.stdout
     # a program refused after an emit, then deleted: nothing of it is left in build/, not even
     # the bundle's folder its refusal emptied
     (z / "programs/good.logos").write_text("Let y be frobnicate of x.\n")
