@@ -243,6 +243,9 @@ def test_a_weights_file_its_size_refuses_is_never_read(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:   # sparse: no disk, but a hash would read every byte
             f.truncate(size)
+    import time
+    from emitter import fingerprint
+    time.sleep(fingerprint.RACY_S + 0.2)   # old enough to be recorded when hashed (a fast run: at once)
     for run in range(2):
         rc, ran, out = doit(z)
         rows = {(r["name"], r["check"]): r for r in json.loads((z / "build/report.json").read_text())["results"]}
