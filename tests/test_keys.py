@@ -413,6 +413,15 @@ def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_aga
     assert rc == 1 and "2 programs, 3 checks, 2 not passing" in out and d in out, out
     rc, out = results("c")
     assert rc == 2 and "the zoo locks it no more" in out and results("a")[0] == 0, out
+    import sqlite3   # the history's newest row of a current result edited by hand: said so, and how
+    with sqlite3.connect(z / "build/results.sqlite") as con:
+        con.execute("UPDATE runs SET verdict = 'fail' WHERE id = (SELECT MAX(id) FROM runs WHERE name = 'a')")
+    rc, out = results("a")
+    assert rc == 1 and "fail  NOT CURRENT" in out and "its result in build/results/ is current" in out, out
+    rc, out = results("a", "--json")
+    assert [(r["current"], r["history_differs"]) for r in json.loads(out)["runs"]] == [(False, True)], out
+    (z / "build/results.sqlite").unlink()
+    assert doit(z)[0] == 1 and results("a")[0] == 0
 
 
 def test_a_deleted_history_is_made_again_by_the_next_run_whatever_it_runs(tmp_path):

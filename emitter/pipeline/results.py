@@ -244,9 +244,12 @@ def currency(rows, programs_dir, threads):
                     x = runs.get((e.name, c.dtype)) or _none(e.name, c.dtype)
                     parts = made and check_parts(e, c, st, threads)
                     mine = written.get(c.dtype, {})
-                    x["current"] = bool(parts) and bool(x.get("key")) and x["key"] == check_key(parts) \
-                        and mine.get("key") == x["key"] and mine.get("verdict") == x["verdict"] \
+                    key = parts and check_key(parts)
+                    written_now = bool(key) and mine.get("key") == key \
                         and fingerprint.sha256_or_none(c.result) == mine.get("sha256")   # as the lock wrote it
+                    x["current"] = written_now and x.get("key") == key and mine.get("verdict") == x["verdict"]
+                    # the result on disk is current, the history's newest row of it is not that result
+                    x["history_differs"] = written_now and not x["current"] and x.get("id") is not None
                     # computed in another environment than the key names (a Dask worker elsewhere)
                     x["elsewhere"] = bool(x.get("env_sha")) and x["env_sha"] != env()
                     zoo.append(x)

@@ -17,6 +17,9 @@ def _row_line(x, mark=""):
     first = f" first: stage {x['first_stage']} `{x['first_out']} = {x['first_op']}` line " \
             f"{x['first_line']}" if x["first_op"] else ""
     why = f" ({short(x['reason'], 160)})" if x["verdict"] == "error" and x["reason"] else ""
+    if x.get("history_differs") and x.get("latest", True):
+        why += (" (its result in build/results/ is current; this history row is not that result: "
+                "remove the history and `doit` fills it again from the results)")
     now = ("NOT CURRENT " if x.get("current") is False and x.get("latest", True) else "") + (
         f"(computed in another environment, env {str(x['env_sha'])[:10]}) " if x.get("elsewhere") else "")
     return (f"{mark}#{x['id'] or '-':<5} {x['at']}  {x['name']:<24} {x['dtype']:<8} {x['verdict']:<5} {now}"
@@ -172,7 +175,8 @@ def _main(args):
         print(json.dumps({"programs": len({x["name"] for x in rows}), "checks": len(rows),
                           "not_passing": bad, "not_current": stale if known else None,
                           "runs": [{k: x.get(k) for k in ("id", "at", "name", "dtype", "steps", "verdict",
-                                                          "current", "elsewhere", *RUN_FIELDS[6:])}
+                                                          "current", "elsewhere", "history_differs",
+                                                          *RUN_FIELDS[6:])}
                                    for x in rows]},
                          indent=1, allow_nan=True))
         return 1 if bad or stale else 0
