@@ -1,5 +1,6 @@
-"""The doit pipeline's emit and report actions (the lock's is `lock_task.py`), as module-level
-functions taking the run's records (`checks.Entry`), so `doit -n N` can pickle them and a worker
+"""The doit pipeline's actions: the emit and the report's currency here, the others loaded when
+doit runs one (a no-op loads none: the import's, the lock's, the report's, the cache's), as
+module-level functions taking the run's records (`checks.Entry`), so `doit -n N` can pickle them and a worker
 never re-imports the dodo file. Every file they write is written whole and renamed into place, so
 an interrupted run leaves old files or new ones, never half of one; each records the key it ran
 under (`keys`), so what a task finds current is what it made from the inputs as they are now.
@@ -15,7 +16,7 @@ import sys
 
 from ..files import BUNDLE_FILES, json_lines, write_atomic
 from ..fingerprint import sha256_text
-from . import digests
+from . import digests, files_io
 from .guards import freeze_heap
 from .keys import emit_key
 
@@ -106,3 +107,41 @@ def report_current(entries, out_dir, threads, now=None, judge=False):
         return False
     restore(out_dir)
     return True
+
+
+def cache_lookup(*args):
+    from .cache import lookup_deps
+    return lookup_deps(*args)
+
+
+def cache_publish(*args):
+    from .cache import publish_all
+    return publish_all(*args)
+
+
+def import_weights(*args):
+    from .weights import import_weights
+    return import_weights(*args)
+
+
+def lock_program(*args):
+    from .lock_task import lock_program
+    return lock_program(*args)
+
+
+def make_report(*args):
+    from .report import make_report
+    return make_report(*args)
+
+
+def clean_report(build):
+    """`doit clean` of the report's files."""
+    from .report_aside import REPORT_FORMATS, STALE
+    files_io.remove_files([f"{build}/{d}{f}" for f in REPORT_FORMATS for d in ("", f"{STALE}/")])
+
+
+def report_aside(build):
+    """`doit clean` of what a report is about (a bundle, weights, results): the last report no
+    longer describes build/, so it goes to build/stale/ until a run finds it current again."""
+    from .report_aside import set_aside
+    set_aside(build)

@@ -13,6 +13,8 @@ import sys
 from .. import fingerprint
 from ..files import read_json
 from . import digests, executors, files_io, guards, handing, keys, log
+from .actions import (cache_lookup, cache_publish, clean_report, emit_bundle, import_weights, lock_program,
+                      make_report, report_aside, report_current)
 from .log import LOG
 from .checks import entries
 from .config import discover
@@ -20,29 +22,6 @@ from ..importers import declared_reads
 from ..verify.threads import DEFAULT_THREADS, thread_count
 
 _BEGUN = []
-
-
-def cache_lookup(*args):
-    from .cache import lookup_deps
-    return lookup_deps(*args)
-
-
-def cache_publish(*args):
-    from .cache import publish_all
-    return publish_all(*args)
-
-
-def clean_report(build):
-    """`doit clean` of the report's files."""
-    from .report_aside import REPORT_FORMATS, STALE
-    files_io.remove_files([f"{build}/{d}{f}" for f in REPORT_FORMATS for d in ("", f"{STALE}/")])
-
-
-def report_aside(build):
-    """`doit clean` of what a report is about (a bundle, weights, results): the last report no
-    longer describes build/, so it goes to build/stale/ until a run finds it current again."""
-    from .report_aside import set_aside
-    set_aside(build)
 
 
 class ZooChecker(files_io.FingerprintChecker):
@@ -70,11 +49,23 @@ def begin(build):
         set_aside(build)
 
 
+def _cache(url, ask):
+    """(the verdict cache cache= names, a warning): none without a URL (fsspec, hmac, sockets are
+    loaded only for a run that may use one); one that cannot be used is one line and exit 3."""
+    if not url:
+        return None, None
+    from . import cache as vcache
+    try:
+        return vcache.open_cache(url, reach=ask)
+    except vcache.CacheError as e:
+        sys.stderr.write(f"doit: refused: {e}\n")
+        raise guards.BuildBusy(3) from None
+
+
 def settings(get_var, ask=True):
     """executor=, workers=, threads=, cache= (doit's command-line variables), checked: a bad one,
     a scheduler nobody answers at or (`ask`: a command that runs tasks) a cache that cannot be
     used, is one line and exit 3."""
-    from . import cache as vcache   # (fsspec, hmac, sockets: only for a run that may use a cache)
     try:
         ex = executors.parse(get_var("executor"), get_var("workers"))
         threads = str(get_var("threads") or DEFAULT_THREADS)
@@ -83,8 +74,8 @@ def settings(get_var, ask=True):
         except ValueError as e:
             raise executors.ExecutorError(f"threads={threads[:20]}: {e}") from None
         executors.probe(ex)
-        store, warning = vcache.open_cache(get_var("cache"), reach=ask)
-    except (executors.ExecutorError, vcache.CacheError) as e:
+        store, warning = _cache(get_var("cache"), ask)
+    except executors.ExecutorError as e:
         sys.stderr.write(f"doit: refused: {e}\n")
         raise guards.BuildBusy(3) from None
     if warning:
@@ -257,7 +248,6 @@ class Run:
 
     # --- the tasks -----------------------------------------------------------------------------
     def weights_tasks(self):
-        from .weights import import_weights
         for e in self.entries:
             if e.pc.error or not e.pc.derive or not self._hands(f"weights:{e.name}"):
                 continue
@@ -272,7 +262,6 @@ class Run:
             }
 
     def emit_tasks(self):
-        from .actions import emit_bundle
         for e in self.entries:
             if not self._hands(f"emit:{e.name}"):
                 continue
@@ -286,7 +275,6 @@ class Run:
             }
 
     def lock_tasks(self):
-        from .lock_task import lock_program
         for e in self.entries:
             if not e.locked or not self._hands(f"lock:{e.name}"):
                 continue
@@ -347,8 +335,6 @@ class Run:
         """The report: after every task handed that it covers, except those `doit ignore` marks
         (a dependency doit ignores would have it ignore the report too: it covers every check
         all the same, each by its currency)."""
-        from .actions import report_current
-        from .report import make_report
         return {
             "doc": f"report {len(self.entries)} programs into {self.build}/report.json, junit.xml, "
                    "summary.md, report.html",
