@@ -420,6 +420,8 @@ def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_aga
     assert rc == 1 and "fail  NOT CURRENT" in out and "its result in build/results/ is current" in out, out
     rc, out = results("a", "--json")
     assert [(r["current"], r["history_differs"]) for r in json.loads(out)["runs"]] == [(False, True)], out
+    rc, out = results("--history", "a")
+    assert rc == 0 and "its result in build/results/ is current" in out and "float64 fail (NOT CURRENT)" in out, out
     (z / "build/results.sqlite").unlink()
     assert doit(z)[0] == 1 and results("a")[0] == 0
 
@@ -796,10 +798,18 @@ def test_golden_written_by_a_hand_lock_is_settled_again_by_the_next_run(tmp_path
     (golden / "output.1.f64").write_bytes(b"\0" * len(zoo_golden["output.1.f64"]))
     rc, ran, out = doit(z)
     assert rc == 0 and "lock:a" in ran and {p.name: p.read_bytes() for p in golden.iterdir()} == zoo_golden
-    (golden / "output.2.f64").write_bytes(b"hi\n")   # a file no lock made: removed, nothing recomputed
-    rc, ran, out = doit(z)
-    assert rc == 0 and "lock:a" in ran and {p.name: p.read_bytes() for p in golden.iterdir()} == zoo_golden
-    assert "PASS" not in out and doit(z)[:2] == (0, set()), out
+    for stray in ("file", "folder", "link"):   # what no lock made: removed, nothing recomputed
+        if stray == "file":
+            (golden / "output.2.f64").write_bytes(b"hi\n")
+        elif stray == "folder":
+            (golden / "sub").mkdir()
+            (golden / "sub" / "x").write_text("x")
+        else:
+            (golden / "output.3.f64").symlink_to(tmp_path / "nowhere")
+        rc, ran, out = doit(z)
+        assert rc == 0 and "lock:a" in ran and sorted(os.listdir(golden)) == sorted(zoo_golden), (stray, out)
+        assert {p.name: p.read_bytes() for p in golden.iterdir()} == zoo_golden
+        assert "PASS" not in out and doit(z)[:2] == (0, set()), out
 
 
 def test_golden_follows_the_checks_a_program_has(tmp_path):

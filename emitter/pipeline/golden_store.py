@@ -136,15 +136,21 @@ def _get(path, key):
 
 
 def _clear(folder, keep):
-    """Remove golden/'s files that are not in `keep` (and golden/ itself when it is left empty)."""
+    """Remove what golden/ holds that is not in `keep`, a folder or a link too (and golden/ itself
+    when it is left empty)."""
+    import shutil
     try:
         names = os.listdir(folder)
     except OSError:
         return
     for n in names:
+        path = os.path.join(folder, n)
         if n not in keep:
             try:
-                os.unlink(os.path.join(folder, n))
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
             except OSError:
                 pass
     if not keep:

@@ -151,7 +151,7 @@ def _before_fork():
     if main and not _WATCHED and not _OWN_FORK:   # doit's `-n` workers start
         _WATCHED.append(threading.Thread(target=_watch_workers, name="logos-workers", daemon=True))
         _WATCHED[0].start()
-    _FORKER = (os.getpid(), main, None if _OWN_FORK else _prctl())   # (spread's child ends by itself)
+    _FORKER = (os.getpid(), main, _prctl())
 
 
 _WATCHED, WORKER_DIED = [], []

@@ -338,15 +338,18 @@ def golden_record(bundle):
 
 def golden_as_recorded(bundle, rec):
     """golden/'s files are those `golden_record` gave (a stat each, through the hash record), and
-    no others: one no lock made (a stray file dropped in) is removed by the lock task."""
+    no others: what no lock made (a stray file, folder or link dropped in) is removed by the lock
+    task."""
     if not (isinstance(rec, dict) and "golden.json" in rec):
         return False
     try:
         names = os.listdir(os.path.join(bundle, "golden"))
     except OSError:
         names = ()
-    return all(n in rec for n in names) and all(
-        sha256_or_none(os.path.join(bundle, "golden", n)) == sha for n, sha in rec.items())
+    # (a name recorded without a hash, a folder or a link to nothing, is none the lock made)
+    return all(rec.get(n) is not None for n in names) and all(
+        sha is not None and sha256_or_none(os.path.join(bundle, "golden", n)) == sha
+        for n, sha in rec.items() if n != "golden.json" or sha is not None)
 
 
 def report_row(e, threads, st, lock, now=None, made=None, shas=None):

@@ -38,10 +38,12 @@ def _history_currency(runs, args):
     now = {}
     if known:
         zoo, _ = currency([dict(x) for x in newest.values()], args.programs, args.threads)
-        now = {x["dtype"]: x.get("current", False) for x in zoo if x["name"] == args.history}
+        now = {x["dtype"]: x for x in zoo if x["name"] == args.history}
     for x in runs:
         x["latest"] = newest[x["dtype"]] is x
-        x["current"] = (x["latest"] and bool(now.get(x["dtype"]))) if known else None
+        judged = now.get(x["dtype"], {}) if x["latest"] else {}
+        x["current"] = bool(judged.get("current")) if known else None
+        x["history_differs"] = bool(judged.get("history_differs"))
     return known
 
 
@@ -133,7 +135,7 @@ def _main(args):
         known = _history_currency(runs, args)
         if args.json:   # every run, oldest first, with what the text rows show
             print(json.dumps({"name": args.history, "runs": [
-                {k: x.get(k) for k in (*RUN_FIELDS, "latest", "current")} for x in runs]},
+                {k: x.get(k) for k in (*RUN_FIELDS, "latest", "current", "history_differs")} for x in runs]},
                              indent=1, allow_nan=True))
             return 0
         last = {}
