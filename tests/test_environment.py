@@ -158,6 +158,45 @@ def test_an_empty_loader_setting_is_unset_and_start_up_code_moves_the_digest(tmp
     clean, unrun = env_with(None), env_with(None)
     assert clean[0]["sitecustomize"] is None and clean == unrun
     ran = env_with(str(shim))
-    import hashlib
-    assert ran[0]["sitecustomize"] == hashlib.sha256((shim / "sitecustomize.py").read_bytes()).hexdigest()
+    assert set(ran[0]["sitecustomize"]) == {"sitecustomize", "math"} and len(ran[0]["sitecustomize"]["sitecustomize"]) == 64
     assert ran[2] != clean[2] and ran[1] != clean[1]   # its erf is another erf, and the digest says so
+
+
+def test_what_start_up_code_imports_and_the_libraries_the_loader_puts_first_are_read(tmp_path, monkeypatch):
+    """A sitecustomize that imports a module scaling math.erf: an edit of that module alone (the
+    sitecustomize unchanged) moves the digest. A library LD_PRELOAD or LD_LIBRARY_PATH names,
+    rebuilt at the same path, moves it too; both are named without their folder (clones share
+    them)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import erfpatch\n")
+    (site / "erfpatch.py").write_text("import math\n_e = math.erf\nmath.erf = lambda x: _e(x)\n")
+    code = ("import json, sys; sys.path.insert(0, %r)\n"
+            "from emitter.verify import environment as e\n"
+            "fp = e.fingerprint(); print(json.dumps([fp['startup'], e.digest(fp)]))" % ROOT)
+
+    def env_now():
+        env = {k: v for k, v in os.environ.items() if k not in WATCHED}
+        p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                           check=True, env={**env, "PYTHONPATH": str(site)})
+        return json.loads(p.stdout)
+    before = env_now()
+    assert set(before[0]["sitecustomize"]) == {"sitecustomize", "erfpatch", "math"}, before
+    assert before[0]["sitecustomize"]["math"] == "stdlib" and str(tmp_path) not in json.dumps(before[0])
+    (site / "erfpatch.py").write_text("import math\n_e = math.erf\nmath.erf = lambda x: _e(x) * 1.05\n")
+    after = env_now()
+    assert after[0]["sitecustomize"]["sitecustomize"] == before[0]["sitecustomize"]["sitecustomize"]
+    assert after[1] != before[1]
+
+    _clean(monkeypatch)
+    lib = tmp_path / "lib" / "liberf.so"
+    lib.parent.mkdir()
+    for var, value in (("LD_PRELOAD", str(lib)), ("LD_LIBRARY_PATH", str(lib.parent))):
+        monkeypatch.delenv("LD_PRELOAD", raising=False)
+        monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+        lib.write_bytes(b"\x7fELF one build")
+        monkeypatch.setenv(var, value)
+        first = environment.digest(environment.fingerprint())
+        assert list(environment.loader_libraries()) == ["0:liberf.so"]
+        lib.write_bytes(b"\x7fELF another build")   # the same path, another library
+        assert environment.digest(environment.fingerprint()) != first, var

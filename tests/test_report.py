@@ -1,5 +1,6 @@
 """The report's files hold any reason a program can produce: valid XML, one-line Markdown."""
 
+import json
 import xml.etree.ElementTree as ET
 
 from emitter.pipeline.report import render_junit, render_summary
@@ -223,9 +224,11 @@ def test_the_report_formats_come_from_one_registry(tmp_path):
     brought back, and its renderer's module is in the report's code (an edit of it remakes the
     report); nothing else names the files."""
     from emitter.pipeline import report, report_aside
-    from emitter.pipeline.digests import REPORT_FORMATS, code_files
+    from emitter.pipeline.digests import code_files
+    from emitter.pipeline.report_aside import REPORT_FORMATS
     assert set(report.formats()) == set(REPORT_FORMATS)
     assert {f"pipeline/{m}.py" for m, _ in REPORT_FORMATS.values()} <= set(code_files("report"))
+    assert "pipeline/report_aside.py" not in code_files("lock")   # a new format moves no lock's key
     out = tmp_path / "build"
     report.write_reports([ROW], str(out))
     written = {f: (out / f).read_bytes() for f in REPORT_FORMATS}
@@ -235,3 +238,16 @@ def test_the_report_formats_come_from_one_registry(tmp_path):
     assert {f: (out / "stale" / f).read_bytes() for f in REPORT_FORMATS} == written
     report_aside.restore(str(out))
     assert {f: (out / f).read_bytes() for f in REPORT_FORMATS} == written
+    # a format the last report wrote and the registry has dropped since: set aside and cleaned too
+    status = json.loads((out / "status" / "report.json").read_text())
+    status["files"]["old.md"] = "0" * 64
+    status["files"]["../escape.md"] = "0" * 64   # (never a path out of build/)
+    (out / "status" / "report.json").write_text(json.dumps(status))
+    (out / "old.md").write_text("all pass\n")
+    (tmp_path / "escape.md").write_text("mine\n")
+    report_aside.set_aside(str(out))
+    assert not (out / "old.md").exists() and (out / "stale" / "old.md").exists()
+    from emitter.pipeline.actions import clean_report
+    clean_report(str(out))
+    assert not (out / "stale" / "old.md").exists() and (tmp_path / "escape.md").exists()
+    assert not any((out / f).exists() or (out / "stale" / f).exists() for f in REPORT_FORMATS)

@@ -136,8 +136,8 @@ def make_report(*args):
 
 def clean_report(build):
     """`doit clean` of the report's files."""
-    from .report_aside import REPORT_FORMATS, STALE
-    files_io.remove_files([f"{build}/{d}{f}" for f in REPORT_FORMATS for d in ("", f"{STALE}/")])
+    from .report_aside import STALE, report_files
+    files_io.remove_files([f"{build}/{d}{f}" for f in report_files(build) for d in ("", f"{STALE}/")])
 
 
 def report_aside(build):

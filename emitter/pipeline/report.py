@@ -15,9 +15,8 @@ import xml.etree.ElementTree as ET
 from ..files import json_lines, read_json, write_atomic, write_files
 from ..verify.verdict import decided, decisive, describe, number, one_minus_cos, short
 from ..fingerprint import sha256_or_none, sha256_text
-from .digests import REPORT_FORMATS
 from .keys import check_key, moved
-from .report_aside import JUDGED, changed_since, drop_aside
+from .report_aside import JUDGED, REPORT_FORMATS, changed_since, drop_aside
 from .report_facts import context, counts, headline, tally, warnings
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
@@ -378,7 +377,7 @@ def _figures(r):
 
 def formats():
     """The report's files, each with its renderer (rows, plots cache, header) -> text, as the
-    registry (digests.REPORT_FORMATS) names them: a new format is one entry there."""
+    registry (report_aside.REPORT_FORMATS) names them: a new format is one entry there."""
     import importlib
     return {f: getattr(importlib.import_module(f"{__package__}.{m}"), fn) for f, (m, fn) in REPORT_FORMATS.items()}
 

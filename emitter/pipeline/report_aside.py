@@ -7,8 +7,14 @@ import os
 
 from ..files import read_json
 from ..fingerprint import sha256_or_none
-from .digests import REPORT_FORMATS
 
+# The report's formats, its one registry: file -> (module of emitter.pipeline, its renderer: (rows,
+# plots cache, header) -> text). The files the report writes, sets aside, brings back and cleans
+# come from it (with those the last report recorded: a format dropped since is set aside too);
+# the renderers are imported only to write (report.formats).
+REPORT_FORMATS = {"report.json": ("report", "render_json"), "junit.xml": ("report", "render_junit"),
+                  "junit-jenkins.xml": ("report", "render_jenkins"), "summary.md": ("report", "render_summary"),
+                  "report.html": ("report_html", "render")}
 STALE = "stale"   # build/stale/: the last complete report while a run is under way
 
 
@@ -29,11 +35,20 @@ def recorded_key(out_dir):
     return st.get("key") if intact else None
 
 
+def report_files(out_dir):
+    """The registry's files, and any other the last report recorded writing (a plain name)."""
+    st = read_json(os.path.join(out_dir, "status", "report.json"))
+    files = st.get("files") if isinstance(st, dict) else None
+    more = [f for f in files if isinstance(f, str) and f == os.path.basename(f) and f not in ("", ".", "..")
+            and f not in REPORT_FORMATS] if isinstance(files, dict) else []
+    return [*REPORT_FORMATS, *sorted(more)]
+
+
 def set_aside(out_dir):
     """At the start of a run: the report of the last complete run moves to build/stale/ (a rename
     each), so a run that does not end (SIGKILL, a full disk, a crash) leaves no report that says
     pass; `restore` brings it back once the run finds it current, a new report replaces it."""
-    for f in REPORT_FORMATS:
+    for f in report_files(out_dir):
         try:
             os.makedirs(os.path.join(out_dir, STALE), exist_ok=True)
             os.replace(os.path.join(out_dir, f), os.path.join(out_dir, STALE, f))
@@ -42,7 +57,7 @@ def set_aside(out_dir):
 
 
 def restore(out_dir):
-    for f in REPORT_FORMATS:
+    for f in report_files(out_dir):
         try:
             os.replace(os.path.join(out_dir, STALE, f), os.path.join(out_dir, f))
         except OSError:
@@ -50,7 +65,7 @@ def restore(out_dir):
 
 
 def drop_aside(out_dir):
-    for f in REPORT_FORMATS:
+    for f in report_files(out_dir):
         try:
             os.unlink(os.path.join(out_dir, STALE, f))
         except OSError:

@@ -145,18 +145,15 @@ def origins(names):
 
 def startup():
     """The code Python runs at start-up beyond the standard library's, which may replace any
-    function a check computes with: sitecustomize's and usercustomize's sha256 (None where none
-    ran) and the sha256 of the executable lines of the .pth files in the site folders (an
-    editable install's own finder aside: it maps this package, whose code every key holds)."""
+    function a check computes with: the sha256 of the sitecustomize and usercustomize that ran and
+    of every module they import (`_closure`), and of the .pth files' import lines with the modules
+    those import (an editable install's own finder aside: it maps this package, whose code every
+    key holds). Named by module, never by path: two clones share it."""
     import site
-    out = {}
+    out, roots = {}, []
     for name in ("sitecustomize", "usercustomize"):   # (as the start-up imported them)
         module = sys.modules.get(name)
-        try:
-            with open(module.__file__, "rb") as f:
-                out[name] = hashlib.sha256(f.read(1 << 24)).hexdigest()
-        except (OSError, TypeError, AttributeError):
-            out[name] = None if module is None else "unreadable"
+        out[name] = None if module is None else _closure([name], getattr(module, "__file__", None))
     folders = list(getattr(site, "getsitepackages", list)())
     if site.ENABLE_USER_SITE:
         folders.append(site.getusersitepackages())
@@ -172,10 +169,93 @@ def startup():
                     text = f.read(1 << 20)
             except OSError:
                 continue
-            lines += [f"{n}: {ln.strip()}" for ln in text.splitlines()
-                      if ln.startswith(("import ", "import\t")) and not n.startswith("__editable__")]
+            found = [ln.strip() for ln in text.splitlines()
+                     if ln.startswith(("import ", "import\t")) and not n.startswith("__editable__")]
+            lines += [f"{n}: {ln}" for ln in found]
+            roots += [m for ln in found for m in _imported(ln)]
     out["pth"] = hashlib.sha256("\n".join(lines).encode()).hexdigest() if lines else None
+    out["pth_modules"] = _closure(sorted(set(roots))) if roots else None
     return out
+
+
+def _imported(source):
+    """The top-level modules `source` imports by name (import x, from x import y), or []."""
+    import ast
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.append(node.module.split(".")[0])
+    return out
+
+
+def _closure(names, first=None, limit=256):
+    """{module: sha256 of its file(s)} of the modules `names` (the first at `first`, where it was
+    imported from) and what they import by name, to the end: the standard library's modules and
+    installed distributions' are named by where they come from, never read; this package's are
+    in the code digest. A package is all its .py files."""
+    from importlib.machinery import PathFinder
+    todo, out = list(names), {}
+    while todo and len(out) < limit:
+        name = todo.pop(0)
+        if name in out or name in sys.builtin_module_names or name == __name__.split(".")[0]:
+            continue
+        if first is not None and name == names[0]:
+            origin, pkg = first, False
+        else:
+            spec = PathFinder.find_spec(name, sys.path)
+            origin, pkg = getattr(spec, "origin", None), bool(getattr(spec, "submodule_search_locations", None))
+        where = origins([name]).get(name) if first is None or name != names[0] else None
+        if where in ("installed", "stdlib", None) and not (first is not None and name == names[0]):
+            out[name] = where
+            continue
+        files = [origin] if origin and not pkg else _package_files(os.path.dirname(origin or ""))
+        digest, source = hashlib.sha256(), []
+        for path in files:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(1 << 24)
+            except (OSError, TypeError):
+                data = b"unreadable"
+            digest.update(os.path.relpath(path, os.path.dirname(files[0])).encode() + b"\0" + data)
+            source.append(data)
+        out[name] = digest.hexdigest()
+        todo += [m for data in source for m in _imported(data)]
+    return out
+
+
+def _package_files(folder, limit=512):
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        found += [os.path.join(dirpath, n) for n in sorted(filenames) if n.endswith(".py")]
+        if len(found) > limit:
+            break
+    return found[:limit]
+
+
+def loader_libraries():
+    """{library file name: sha256} of what the dynamic loader puts before the system's (each file
+    LD_PRELOAD or /etc/ld.so.preload names, each shared object in LD_LIBRARY_PATH's folders), or
+    None: a library rebuilt at the same path is another environment. Through the hash record."""
+    from ..fingerprint import sha256_or_none
+    paths = os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
+    try:
+        with open("/etc/ld.so.preload", encoding="utf-8", errors="replace") as f:
+            paths += f.read(1 << 16).split()
+    except OSError:
+        pass
+    for folder in filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":")):
+        try:
+            paths += [os.path.join(folder, n) for n in sorted(os.listdir(folder))[:512] if ".so" in n]
+        except OSError:
+            continue
+    return {f"{i}:{os.path.basename(p)}": sha256_or_none(p) for i, p in enumerate(paths[:1024])} or None
 
 
 def libc():
@@ -184,7 +264,7 @@ def libc():
         return os.confstr("CS_GNU_LIBC_VERSION")
     except (ValueError, OSError, AttributeError):
         import platform
-        return " ".join(platform.libc_ver()) or None
+        return " ".join(platform.libc_ver()).strip() or None
 
 
 @functools.lru_cache(maxsize=4)
@@ -222,6 +302,7 @@ def fingerprint():
         "thread_env": {k: os.environ[k] for k in THREAD_VARS if k in os.environ},
         "numerics_env": {k: os.environ[k] for k in NUMERICS_VARS if k in os.environ},
         "loader_env": {k: os.environ[k] for k in LOADER_VARS if os.environ.get(k)},   # ("" is unset)
+        "loader_libraries": loader_libraries(),
     }
 
 
