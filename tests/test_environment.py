@@ -200,3 +200,42 @@ def test_what_start_up_code_imports_and_the_libraries_the_loader_puts_first_are_
         assert list(environment.loader_libraries()) == ["0:liberf.so"]
         lib.write_bytes(b"\x7fELF another build")   # the same path, another library
         assert environment.digest(environment.fingerprint()) != first, var
+
+
+def test_start_up_closure_reads_namespace_packages_stops_at_installed_ones_and_survives_bad_files(tmp_path):
+    """What a sitecustomize imports: a namespace package (no __init__.py) is its files, an edit of
+    one moves its hash; an installed distribution whose import name is not its own (yaml, of
+    PyYAML) is named, never read; a module that cannot be read or parsed is no crash."""
+    site = tmp_path / "site"
+    (site / "nsp").mkdir(parents=True)
+    (site / "sitecustomize.py").write_text("import nsp.inner, yaml\ntry:\n    import broken\nexcept Exception:\n"
+                                           "    pass\ntry:\n    import unread\nexcept Exception:\n    pass\n")
+    (site / "nsp" / "inner.py").write_text("x = 1\n")
+    (site / "broken.py").write_text("def (:\n")
+    (site / "unread").mkdir()   # (a folder where a module's file is looked for)
+    code = ("import json, sys; sys.path.insert(0, %r)\n"
+            "from emitter.verify import environment as e\n"
+            "print(json.dumps(e.startup()['sitecustomize']))" % ROOT)
+
+    def closure():
+        env = {k: v for k, v in os.environ.items() if k not in WATCHED}
+        p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                           env={**env, "PYTHONPATH": str(site)})
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+    before = closure()
+    assert before["yaml"] == "installed" and len(before["nsp"]) == 64 and len(before["broken"]) == 64, before
+    (site / "nsp" / "inner.py").write_text("x = 2\n")
+    after = closure()
+    assert after["nsp"] != before["nsp"] and after["sitecustomize"] == before["sitecustomize"]
+
+
+def test_the_loader_libraries_of_a_big_folder_are_all_read(tmp_path, monkeypatch):
+    """LD_LIBRARY_PATH naming a folder of many files: every shared object of it is read, however
+    many other files sort before it."""
+    _clean(monkeypatch)
+    for i in range(600):
+        (tmp_path / f"a{i:04d}.txt").write_text("")
+    (tmp_path / "libm.so.6").write_bytes(b"\x7fELF")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    assert list(environment.loader_libraries()) == ["0:libm.so.6"]

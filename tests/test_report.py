@@ -241,7 +241,11 @@ def test_the_report_formats_come_from_one_registry(tmp_path):
     # a format the last report wrote and the registry has dropped since: set aside and cleaned too
     status = json.loads((out / "status" / "report.json").read_text())
     status["files"]["old.md"] = "0" * 64
-    status["files"]["../escape.md"] = "0" * 64   # (never a path out of build/)
+    status["files"]["../escape.md"] = "0" * 64   # (never a path out of build/, a folder or the history)
+    for other in ("results.sqlite", "bundles", "bundles.json", ".fingerprints.json", "a\x00.md"):
+        status["files"][other] = "0" * 64
+    (out / "bundles.json").mkdir()
+    (out / "results.sqlite").write_text("history\n")
     (out / "status" / "report.json").write_text(json.dumps(status))
     (out / "old.md").write_text("all pass\n")
     (tmp_path / "escape.md").write_text("mine\n")
@@ -250,4 +254,5 @@ def test_the_report_formats_come_from_one_registry(tmp_path):
     from emitter.pipeline.actions import clean_report
     clean_report(str(out))
     assert not (out / "stale" / "old.md").exists() and (tmp_path / "escape.md").exists()
+    assert (out / "results.sqlite").read_text() == "history\n" and (out / "bundles.json").is_dir()
     assert not any((out / f).exists() or (out / "stale" / f).exists() for f in REPORT_FORMATS)

@@ -4,6 +4,7 @@ finds that report current, dropped when it writes a new one. Apart from the repo
 that a no-op run loads none of them."""
 
 import os
+import re
 
 from ..files import read_json
 from ..fingerprint import sha256_or_none
@@ -35,12 +36,16 @@ def recorded_key(out_dir):
     return st.get("key") if intact else None
 
 
+_REPORT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}\.(json|xml|md|html)")   # what a renderer names
+
+
 def report_files(out_dir):
-    """The registry's files, and any other the last report recorded writing (a plain name)."""
+    """The registry's files, and any other report file the last report recorded writing (a format
+    dropped since; a name of a report file's form only: never a folder, the history or a dot file)."""
     st = read_json(os.path.join(out_dir, "status", "report.json"))
     files = st.get("files") if isinstance(st, dict) else None
-    more = [f for f in files if isinstance(f, str) and f == os.path.basename(f) and f not in ("", ".", "..")
-            and f not in REPORT_FORMATS] if isinstance(files, dict) else []
+    more = [f for f in files if isinstance(f, str) and _REPORT_NAME.fullmatch(f) and f not in REPORT_FORMATS
+            and not os.path.isdir(os.path.join(out_dir, f))] if isinstance(files, dict) else []
     return [*REPORT_FORMATS, *sorted(more)]
 
 

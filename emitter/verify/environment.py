@@ -138,8 +138,11 @@ def origins(names):
         if meta:
             out[name] = "installed"
         else:
-            with open(origin, "rb") as f:
-                out[name] = "shadowed: " + hashlib.sha256(f.read(1 << 24)).hexdigest()
+            try:
+                with open(origin, "rb") as f:
+                    out[name] = "shadowed: " + hashlib.sha256(f.read(1 << 24)).hexdigest()
+            except OSError:
+                out[name] = "shadowed: unreadable"
     return out
 
 
@@ -195,37 +198,53 @@ def _imported(source):
 
 
 def _closure(names, first=None, limit=256):
-    """{module: sha256 of its file(s)} of the modules `names` (the first at `first`, where it was
-    imported from) and what they import by name, to the end: the standard library's modules and
-    installed distributions' are named by where they come from, never read; this package's are
-    in the code digest. A package is all its .py files."""
+    """{module: sha256 of its files} of the modules `names` (the first at `first`, where it was
+    imported from) and of the modules they import by name: a module's own file, or for a package
+    (a namespace one too) every .py file under it, hashed through the hash record; what a module's
+    file or a package's __init__ imports is followed, to the end. The standard library's modules
+    and what an installed folder (site-packages) holds are named by where they come from, never
+    read; this package's are in the code digest."""
+    import site
     from importlib.machinery import PathFinder
+    from ..fingerprint import sha256_or_none
+    stdlib = os.path.dirname(os.__file__)
+    installed = [os.path.realpath(d) for d in (*getattr(site, "getsitepackages", list)(), site.getusersitepackages())]
     todo, out = list(names), {}
     while todo and len(out) < limit:
         name = todo.pop(0)
-        if name in out or name in sys.builtin_module_names or name == __name__.split(".")[0]:
+        if name in out or name == __name__.split(".")[0]:
+            continue
+        if name in sys.builtin_module_names:
+            out[name] = "builtin"
             continue
         if first is not None and name == names[0]:
-            origin, pkg = first, False
+            origin, places = first, None
         else:
             spec = PathFinder.find_spec(name, sys.path)
-            origin, pkg = getattr(spec, "origin", None), bool(getattr(spec, "submodule_search_locations", None))
-        where = origins([name]).get(name) if first is None or name != names[0] else None
-        if where in ("installed", "stdlib", None) and not (first is not None and name == names[0]):
-            out[name] = where
+            if spec is None:
+                out[name] = None
+                continue
+            origin, places = spec.origin, list(spec.submodule_search_locations or ()) or None
+        where = os.path.realpath(places[0] if places else origin or "")
+        root = first is not None and name == names[0]   # (the start-up file itself: always read)
+        if not root and any(where.startswith(d + os.sep) for d in installed):
+            out[name] = "installed"
             continue
-        files = [origin] if origin and not pkg else _package_files(os.path.dirname(origin or ""))
-        digest, source = hashlib.sha256(), []
-        for path in files:
+        if not root and where.startswith(stdlib + os.sep):
+            out[name] = "stdlib"
+            continue
+        files = [origin] if not places else [f for d in places for f in _package_files(d)]
+        files = [f for f in files if f]
+        out[name] = hashlib.sha256("\n".join(
+            f"{os.path.relpath(f, where if places else os.path.dirname(where))}:{sha256_or_none(f)}"
+            for f in files).encode()).hexdigest()
+        entry = [f for f in files if not places or os.path.basename(f) == "__init__.py"][:1]
+        for path in entry:   # (a package's other modules are hashed, not followed)
             try:
                 with open(path, "rb") as f:
-                    data = f.read(1 << 24)
-            except (OSError, TypeError):
-                data = b"unreadable"
-            digest.update(os.path.relpath(path, os.path.dirname(files[0])).encode() + b"\0" + data)
-            source.append(data)
-        out[name] = digest.hexdigest()
-        todo += [m for data in source for m in _imported(data)]
+                    todo += _imported(f.read(1 << 22))
+            except OSError:
+                pass
     return out
 
 
@@ -252,10 +271,10 @@ def loader_libraries():
         pass
     for folder in filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(":")):
         try:
-            paths += [os.path.join(folder, n) for n in sorted(os.listdir(folder))[:512] if ".so" in n]
+            paths += [os.path.join(folder, n) for n in sorted(os.listdir(folder)) if ".so" in n][:2048]
         except OSError:
             continue
-    return {f"{i}:{os.path.basename(p)}": sha256_or_none(p) for i, p in enumerate(paths[:1024])} or None
+    return {f"{i}:{os.path.basename(p)}": sha256_or_none(p) for i, p in enumerate(paths[:4096])} or None
 
 
 def libc():
