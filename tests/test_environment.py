@@ -171,15 +171,8 @@ def test_what_start_up_code_imports_and_the_libraries_the_loader_puts_first_are_
     site.mkdir()
     (site / "sitecustomize.py").write_text("import erfpatch\n")
     (site / "erfpatch.py").write_text("import math\n_e = math.erf\nmath.erf = lambda x: _e(x)\n")
-    code = ("import json, sys; sys.path.insert(0, %r)\n"
-            "from emitter.verify import environment as e\n"
-            "fp = e.fingerprint(); print(json.dumps([fp['startup'], e.digest(fp)]))" % ROOT)
-
     def env_now():
-        env = {k: v for k, v in os.environ.items() if k not in WATCHED}
-        p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                           check=True, env={**env, "PYTHONPATH": str(site)})
-        return json.loads(p.stdout)
+        return _started_with(site, "[fp['startup'], e.digest(fp)]")
     before = env_now()
     assert set(before[0]["sitecustomize"]) == {"sitecustomize", "erfpatch", "math"}, before
     assert before[0]["sitecustomize"]["math"] == "stdlib" and str(tmp_path) not in json.dumps(before[0])
@@ -213,16 +206,8 @@ def test_start_up_closure_reads_namespace_packages_stops_at_installed_ones_and_s
     (site / "nsp" / "inner.py").write_text("x = 1\n")
     (site / "broken.py").write_text("def (:\n")
     (site / "unread").mkdir()   # (a folder where a module's file is looked for)
-    code = ("import json, sys; sys.path.insert(0, %r)\n"
-            "from emitter.verify import environment as e\n"
-            "print(json.dumps(e.startup()['sitecustomize']))" % ROOT)
-
     def closure():
-        env = {k: v for k, v in os.environ.items() if k not in WATCHED}
-        p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                           env={**env, "PYTHONPATH": str(site)})
-        assert p.returncode == 0, p.stderr
-        return json.loads(p.stdout)
+        return _started_with(site, "fp['startup']['sitecustomize']")
     before = closure()
     assert before["yaml"] == "installed" and len(before["nsp"]) == 64 and len(before["broken"]) == 64, before
     (site / "nsp" / "inner.py").write_text("x = 2\n")
@@ -239,3 +224,16 @@ def test_the_loader_libraries_of_a_big_folder_are_all_read(tmp_path, monkeypatch
     (tmp_path / "libm.so.6").write_bytes(b"\x7fELF")
     monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
     assert list(environment.loader_libraries()) == ["0:libm.so.6"]
+
+
+def _started_with(site, what):
+    """`what` (an expression of `fp`, the fingerprint, and `e`, the module) as JSON, from a fresh
+    interpreter started with `site` on PYTHONPATH (its sitecustomize runs) and no watched setting."""
+    code = ("import json, sys; sys.path.insert(0, %r)\n"
+            "from emitter.verify import environment as e\n"
+            "fp = e.fingerprint(); print(json.dumps(%s))" % (ROOT, what))
+    env = {k: v for k, v in os.environ.items() if k not in WATCHED}
+    p = subprocess.run([sys.executable, "-c", code], cwd=site, capture_output=True, text=True,
+                       env={**env, "PYTHONPATH": str(site)})
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
