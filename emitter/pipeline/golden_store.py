@@ -144,8 +144,8 @@ def _clear(folder, keep):
     except OSError:
         return
     for n in names:
-        path = os.path.join(folder, n)
         if n not in keep:
+            path = os.path.join(folder, n)
             try:
                 if os.path.isdir(path) and not os.path.islink(path):
                     shutil.rmtree(path)

@@ -58,8 +58,12 @@ def _cache(url, ask):
     try:
         return vcache.open_cache(url, reach=ask)
     except vcache.CacheError as e:
-        sys.stderr.write(f"doit: refused: {e}\n")
-        raise guards.BuildBusy(3) from None
+        _refuse(e)
+
+
+def _refuse(e):
+    sys.stderr.write(f"doit: refused: {e}\n")
+    raise guards.BuildBusy(3) from None
 
 
 def settings(get_var, ask=True):
@@ -76,8 +80,7 @@ def settings(get_var, ask=True):
         executors.probe(ex)
         store, warning = _cache(get_var("cache"), ask)
     except executors.ExecutorError as e:
-        sys.stderr.write(f"doit: refused: {e}\n")
-        raise guards.BuildBusy(3) from None
+        _refuse(e)
     if warning:
         LOG.warning(f"warning: {warning}")
     if get_var("workers") not in (None, "") and ex["workers"] is None:   # (an int where one is read)

@@ -10,6 +10,7 @@ computes that slice itself, so the result is the same either way."""
 import os
 import pickle
 import signal
+
 from .. import fingerprint
 from .guards import fork_safe, own_fork
 

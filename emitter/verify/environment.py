@@ -152,16 +152,12 @@ def startup():
     of every module they import (`_closure`), and of the .pth files' import lines with the modules
     those import (an editable install's own finder aside: it maps this package, whose code every
     key holds). Named by module, never by path: two clones share it."""
-    import site
     out, roots = {}, []
     for name in ("sitecustomize", "usercustomize"):   # (as the start-up imported them)
         module = sys.modules.get(name)
         out[name] = None if module is None else _closure([name], getattr(module, "__file__", None))
-    folders = list(getattr(site, "getsitepackages", list)())
-    if site.ENABLE_USER_SITE:
-        folders.append(site.getusersitepackages())
     lines = []
-    for folder in folders:
+    for folder in _site_folders():
         try:
             names = sorted(n for n in os.listdir(folder) if n.endswith(".pth"))
         except OSError:
@@ -179,6 +175,15 @@ def startup():
     out["pth"] = hashlib.sha256("\n".join(lines).encode()).hexdigest() if lines else None
     out["pth_modules"] = _closure(sorted(set(roots))) if roots else None
     return out
+
+
+def _site_folders():
+    """The folders installed distributions live in (site-packages, the user's where it is used)."""
+    import site
+    folders = list(getattr(site, "getsitepackages", list)())
+    if site.ENABLE_USER_SITE:
+        folders.append(site.getusersitepackages())
+    return folders
 
 
 def _imported(source):
@@ -204,11 +209,10 @@ def _closure(names, first=None, limit=256):
     file or a package's __init__ imports is followed, to the end. The standard library's modules
     and what an installed folder (site-packages) holds are named by where they come from, never
     read; this package's are in the code digest."""
-    import site
     from importlib.machinery import PathFinder
     from ..fingerprint import sha256_or_none
     stdlib = os.path.dirname(os.__file__)
-    installed = [os.path.realpath(d) for d in (*getattr(site, "getsitepackages", list)(), site.getusersitepackages())]
+    installed = [os.path.realpath(d) for d in _site_folders()]
     todo, out = list(names), {}
     while todo and len(out) < limit:
         name = todo.pop(0)
@@ -217,7 +221,8 @@ def _closure(names, first=None, limit=256):
         if name in sys.builtin_module_names:
             out[name] = "builtin"
             continue
-        if first is not None and name == names[0]:
+        root = first is not None and name == names[0]   # (the start-up file itself: always read)
+        if root:
             origin, places = first, None
         else:
             spec = PathFinder.find_spec(name, sys.path)
@@ -226,7 +231,6 @@ def _closure(names, first=None, limit=256):
                 continue
             origin, places = spec.origin, list(spec.submodule_search_locations or ()) or None
         where = os.path.realpath(places[0] if places else origin or "")
-        root = first is not None and name == names[0]   # (the start-up file itself: always read)
         if not root and any(where.startswith(d + os.sep) for d in installed):
             out[name] = "installed"
             continue
