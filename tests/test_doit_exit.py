@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import test_pipeline
+from conftest import ROOT, logos
 from test_pipeline import doit
 
 
@@ -122,3 +123,70 @@ def test_doits_verbosity_sets_what_the_pipeline_logs(zoo):
     assert rc == 0 and warn in out and debug not in out, out
     rc, _, out = doit(zoo)
     assert rc == 0 and "nothing moved since the last run" in out, out   # information, at -v 1
+
+
+def _file_size_limit(limit):
+    """A child's file size limit (RLIMIT_FSIZE, SIGXFSZ ignored): a write past `limit` bytes fails
+    with EFBIG, as a write to a full disk fails with ENOSPC."""
+    import resource
+    import signal
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return limited
+
+
+def test_a_run_that_cannot_write_says_so_in_lines_and_leaves_no_report_that_passes(zoo):
+    """Writes that fail mid-run (the bundle, the history, the report, doit's DB): one line each,
+    no traceback, a failing exit; the last complete report stays aside in build/stale/ (not
+    current) and the run's last line says there is no report of this run; `logos results` says
+    the edited program's verdicts are not current. The next run with room writes everything."""
+    assert doit(zoo)[0] == 0
+    with open(zoo / "programs/a.logos", "a") as f:
+        f.write("# edited\n")
+    p = subprocess.run([sys.executable, "-m", "doit"], cwd=zoo, capture_output=True, text=True,
+                       env={**os.environ, "LOGOS_PROGRESS": "names"}, timeout=300,
+                       preexec_fn=_file_size_limit(4096))
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and "Traceback" not in out, out
+    assert "FAILED emit:a: TaskError: OSError: [Errno 27] File too large" in out, out
+    assert "report: could not be written: [Errno 27] File too large" in out, out
+    assert p.stdout.rstrip().splitlines()[-1] == (
+        "no report of this run (it could not be written): build/stale/ keeps the last complete "
+        "run's, which is not current; `logos results` says each check's verdict and whether it is "
+        "current"), out
+    assert not (zoo / "build/report.json").exists() and (zoo / "build/stale/report.json").is_file()
+    r = logos("results", cwd=zoo)
+    assert r.returncode == 1 and "2 not current" in r.stdout, r.stdout + r.stderr
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and {"emit:a", "lock:a", "report"} <= ran and "Traceback" not in out, out
+    assert (zoo / "build/report.json").is_file() and not (zoo / "build/stale/report.json").exists()
+    assert logos("results", cwd=zoo).returncode == 0
+
+
+DB_WRITE = """
+import sys
+from doit.dependency import Dependency, SqliteDB
+from emitter.pipeline.doit_db import said_when_unwritable
+dep = Dependency(SqliteDB, sys.argv[1])
+said_when_unwritable(dep)
+for i in range(200):
+    dep._set(f"task{i}", "value", "x" * 1000)
+dep.remove("task0")
+dep.close()
+print("went on")
+"""
+
+
+def test_doits_db_that_cannot_be_written_is_one_line_said_once(tmp_path):
+    p = subprocess.run([sys.executable, "-c", DB_WRITE, str(tmp_path / "d.db")], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT, preexec_fn=_file_size_limit(64 * 1024))
+    assert p.returncode == 0 and p.stdout == "went on\n", p.stdout + p.stderr
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"doit: {tmp_path / 'd.db'} could not be written ("), p.stderr
+    assert lines[0].endswith("): doit's record of this run is lost; the next run finds what is "
+                             "current by its key"), p.stderr
+    p = subprocess.run([sys.executable, "-c", DB_WRITE, str(tmp_path / "e.db")], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)   # with room: nothing said
+    assert p.returncode == 0 and p.stderr == "", p.stderr

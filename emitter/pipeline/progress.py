@@ -100,6 +100,7 @@ class ProgressReporter(ConsoleReporter):
         self.tty = hasattr(outstream, "isatty") and outstream.isatty()
         self.tasks, self.reachable, self.failed_tasks, self.known = {}, [], {}, set()
         self.reported = False   # the report written here (`_report_failures`)
+        self.unwritten = False  # the report could not be written (its task raised, or here)
         self.verdicts_failed = set()   # lock tasks whose recorded checks did not all pass
         self.work, self.bar = Work([]), None
         self.settled = []   # tasks found up to date or run with success
@@ -188,7 +189,10 @@ class ProgressReporter(ConsoleReporter):
         """One line per failure (doit's block of captured output only where there is some): a
         lock whose checks did not pass has said why on its own lines already."""
         from .lock_task import ChecksFailed
+        from doit.exceptions import TaskError, UnmetDependency
         self._seen(task)
+        if task.name == "report" and isinstance(fail, TaskError) and not isinstance(fail, UnmetDependency):
+            self.unwritten = True   # (it raised; a TaskFailed is a report written that fails the run)
         if _counted(task):   # a group (`lock`) fails with its sub-tasks: they say why
             self.done += 1
             self.failed += 1
@@ -199,7 +203,6 @@ class ProgressReporter(ConsoleReporter):
                 self.failed_tasks[task.name] = _message(fail)
         if self.line and self.tty and self.bar is not None:
             self.bar.clear()
-        from doit.exceptions import UnmetDependency
         if _counted(task) and not isinstance(fail, (ChecksFailed, UnmetDependency)) and fail.report:
             self.write(f"FAILED {task.name}: {_message(fail)}\n")
             if any((a.out or "").strip() for a in task.actions):   # (doit's block shows it)
@@ -279,7 +282,12 @@ class ProgressReporter(ConsoleReporter):
         from .report import make_report
         action = self.tasks["report"].actions[0]
         entries, build_dir, threads = action.args[:3]
-        make_report(entries, build_dir, threads, failed)
+        try:
+            make_report(entries, build_dir, threads, failed)
+        except OSError as e:   # a full disk: one line; the last complete report stays aside
+            LOG.error(f"report: could not be written: {e}")
+            self.unwritten = True
+            return
         self.reported = True
         after = sum(1 for m in failed.values() if m.startswith("UnmetDependency"))
         why = [f"{len(failed) - after} failed task(s)" + (f" and {after} that could not run after "
@@ -302,6 +310,10 @@ class ProgressReporter(ConsoleReporter):
         if "report" in self.reachable:
             if not (self.reported or "report" in self.settled or "report" in self.failed_tasks):
                 return None   # (an interrupted run: no report of this run to sum up)
+            if self.unwritten:
+                return (f"no report of this run (it could not be written): {run.build}/stale/ keeps "
+                        "the last complete run's, which is not current; `logos results` says each "
+                        "check's verdict and whether it is current")
             rows = [tuple(v) for v in (read_json(f"{run.build}/status/report.json") or {}).get("verdicts") or ()
                     if isinstance(v, list) and len(v) == 3]
             bad = ((read_json(f"{run.build}/report.json") or {}).get("failures") or []) if github else []

@@ -117,9 +117,16 @@ def _not_a_file(db):
                         "`doit` makes the history again from build/results/")
 
 
+_SQLITE_IOERR, _SQLITE_FULL = 10, 13
+
+
 def _unreadable(db, e):
     """The error for sqlite3's `e` on `db`: a damaged file is flagged for the next run to set aside
     (`guards.history_lost`)."""
+    if (getattr(e, "sqlite_errorcode", 0) & 0xFF) in (_SQLITE_IOERR, _SQLITE_FULL):
+        return HistoryError(f"{db}: could not be written or read ({e}): is the disk full? The "
+                            "verdicts stand in build/results/; with the history removed, the next "
+                            "`doit` makes it again from there")
     if not corrupt(e):
         return HistoryError(f"{db}: not a history this project can read ({e}); if it stays so, move "
                             "it aside: the next `doit` makes it again from build/results/")
@@ -165,7 +172,7 @@ def record_all(db, rs, at=None):
     at = at or datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     con = connect(db)
     try:
-        with con, _readable(db):
+        with _readable(db), con:   # (the commit, at the end of `con`, may fail too: a full disk)
             return [con.execute(
                 "INSERT INTO runs (at, name, dtype, steps, verdict, reason, program, source_sha, "
                 "bundle_sha, weights_sha, config_sha, max_abs, max_rel, nmse, cosine, first_stage, "

@@ -17,6 +17,7 @@ from .actions import (cache_lookup, cache_publish, clean_report, emit_bundle, im
                       make_report, report_aside, report_current)
 from .log import LOG
 from .checks import entries
+from .doit_db import said_when_unwritable
 from .config import discover
 from ..importers import declared_reads
 from ..verify.threads import DEFAULT_THREADS, thread_count
@@ -102,6 +103,9 @@ def start(build, config, own_config, ours, default_tasks):
     """The process's Run, made on first use (see `Run`); a dodo's own tasks join `default_tasks`
     (doit selected that very list before it loaded the tasks), unless the dodo chose its own."""
     if not _CURRENT:
+        from doit import Globals
+        if Globals.dep_manager is not None:   # (opened by now, with its checker: `begin`)
+            said_when_unwritable(Globals.dep_manager)
         _CURRENT.append(Run(build, config, own_config, ours))
         cfg = getattr(handing.dodo(), "DOIT_CONFIG", None)
         if isinstance(cfg, dict) and cfg.get("default_tasks") is default_tasks:
