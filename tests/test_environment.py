@@ -226,6 +226,24 @@ def test_the_loader_libraries_of_a_big_folder_are_all_read(tmp_path, monkeypatch
     assert list(environment.loader_libraries()) == ["0:libm.so.6"]
 
 
+def test_a_module_start_up_code_imports_by_a_literal_name_in_a_call_is_read(tmp_path):
+    """importlib.import_module("erfpatch") and __import__("erfpatch") in a sitecustomize: the
+    module is in the closure and an edit of it alone moves the digest, as with `import erfpatch`."""
+    for n, line in enumerate(("import importlib\nimportlib.import_module('erfpatch')\n",
+                              "from importlib import import_module\nimport_module('erfpatch')\n",
+                              "__import__('erfpatch')\n")):
+        site = tmp_path / f"site{n}"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(line)
+        (site / "erfpatch.py").write_text("import math\n_e = math.erf\nmath.erf = lambda x: _e(x)\n")
+        before = _started_with(site, "[fp['startup'], e.digest(fp)]")
+        assert "erfpatch" in before[0]["sitecustomize"] and len(before[0]["sitecustomize"]["erfpatch"]) == 64, before
+        (site / "erfpatch.py").write_text("import math\n_e = math.erf\nmath.erf = lambda x: _e(x) * 1.05\n")
+        after = _started_with(site, "[fp['startup'], e.digest(fp)]")
+        assert after[0]["sitecustomize"]["sitecustomize"] == before[0]["sitecustomize"]["sitecustomize"]
+        assert after[1] != before[1], line
+
+
 def _started_with(site, what):
     """`what` (an expression of `fp`, the fingerprint, and `e`, the module) as JSON, from a fresh
     interpreter started with `site` on PYTHONPATH (its sitecustomize runs) and no watched setting."""

@@ -187,7 +187,9 @@ def _site_folders():
 
 
 def _imported(source):
-    """The top-level modules `source` imports by name (import x, from x import y), or []."""
+    """The top-level modules `source` imports by name (import x, from x import y, and a call of
+    import_module or __import__ with a literal name), or []. (A name computed at run time cannot
+    be read from the text; the file that computes it is hashed all the same.)"""
     import ast
     try:
         tree = ast.parse(source)
@@ -199,6 +201,10 @@ def _imported(source):
             out += [a.name.split(".")[0] for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             out.append(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) and node.args[0].value[:1] not in ("", ".") \
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__"):
+            out.append(node.args[0].value.split(".")[0])
     return out
 
 
