@@ -139,7 +139,7 @@ def _file_size_limit(limit):
 
 def test_a_run_that_cannot_write_says_so_in_lines_and_leaves_no_report_that_passes(zoo):
     """Writes that fail mid-run (the bundle, the history, the report, doit's DB): one line each,
-    no traceback, a failing exit; the last complete report stays aside in build/stale/ (not
+    no traceback, exit 3 (doit's DB); the last complete report stays aside in build/stale/ (not
     current) and the run's last line says there is no report of this run; `logos results` says
     the edited program's verdicts are not current. The next run with room writes everything."""
     assert doit(zoo)[0] == 0
@@ -149,7 +149,8 @@ def test_a_run_that_cannot_write_says_so_in_lines_and_leaves_no_report_that_pass
                        env={**os.environ, "LOGOS_PROGRESS": "names"}, timeout=300,
                        preexec_fn=_file_size_limit(4096))
     out = p.stdout + p.stderr
-    assert p.returncode != 0 and "Traceback" not in out, out
+    assert p.returncode == 3 and "Traceback" not in out, out   # (3: doit's DB was not written)
+    assert "doit: build/.doit.db could not be written (" in out, out
     assert "FAILED emit:a: TaskError: OSError: [Errno 27] File too large" in out, out
     assert "report: could not be written: [Errno 27] File too large" in out, out
     assert p.stdout.rstrip().splitlines()[-1] == (

@@ -249,6 +249,9 @@ class ProgressReporter(ConsoleReporter):
         summary = self._summary()
         if summary:
             self.write(summary + "\n")
+        from .doit_db import UNWRITTEN
+        if UNWRITTEN:   # doit's DB could not be written (said): a full disk fails the run
+            raise SystemExit(3)
 
     def _publish_named(self):
         """With cache=URL, a run that names its tasks (`doit lock:NAME cache=URL`) leaves out the
