@@ -166,6 +166,43 @@ def test_a_run_that_cannot_write_says_so_in_lines_and_leaves_no_report_that_pass
     assert logos("results", cwd=zoo).returncode == 0
 
 
+OWN_TASK = """
+
+def _gen():
+    import os
+    with open("out.txt", "w") as f:
+        if os.path.exists("fail"):
+            raise RuntimeError("gen fails")
+        f.write("good")
+
+
+def task_gen():
+    return {"actions": [_gen], "file_dep": ["src.txt"], "targets": ["out.txt"]}
+"""
+
+
+def test_a_dodos_own_task_that_failed_in_a_run_whose_db_was_not_written_runs_again(zoo):
+    """doit could not delete the failed task's earlier success from its DB (a full disk): the DB
+    is removed, so the next run runs the task again instead of finding it current."""
+    with open(zoo / "dodo.py", "a") as f:
+        f.write(OWN_TASK)
+    (zoo / "src.txt").write_text("x")
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and "gen" in ran and (zoo / "out.txt").read_text() == "good", out
+    (zoo / "fail").write_text("")
+    os.unlink(zoo / "out.txt")
+    p = subprocess.run([sys.executable, "-m", "doit"], cwd=zoo, capture_output=True, text=True,
+                       env={**os.environ, "LOGOS_PROGRESS": "names"}, timeout=300,
+                       preexec_fn=_file_size_limit(4096))
+    out = p.stdout + p.stderr
+    assert p.returncode == 3 and "FAILED gen" in out and "Traceback" not in out, out
+    assert "doit: build/.doit.db could not be written (" in out and not (zoo / "build/.doit.db").exists(), out
+    os.unlink(zoo / "fail")
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and "gen" in ran and (zoo / "out.txt").read_text() == "good", out
+    assert not {"lock:a", "lock:b"} & ran, out   # (the zoo's, current by their keys)
+
+
 DB_WRITE = """
 import sys
 from doit.dependency import Dependency, SqliteDB
@@ -186,8 +223,9 @@ def test_doits_db_that_cannot_be_written_is_one_line_said_once(tmp_path):
     assert p.returncode == 0 and p.stdout == "went on\n", p.stdout + p.stderr
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"doit: {tmp_path / 'd.db'} could not be written ("), p.stderr
-    assert lines[0].endswith("): doit's record of this run is lost; the next run finds what is "
-                             "current by its key"), p.stderr
+    assert lines[0].endswith("): removed, so the next run checks every task again (the zoo's "
+                             "find what is current by their keys)"), p.stderr
+    assert not os.path.exists(tmp_path / "d.db") and not os.path.exists(tmp_path / "d.db-journal")
     p = subprocess.run([sys.executable, "-c", DB_WRITE, str(tmp_path / "e.db")], capture_output=True,
                        text=True, timeout=120, cwd=ROOT)   # with room: nothing said
     assert p.returncode == 0 and p.stderr == "", p.stderr

@@ -245,11 +245,11 @@ def check_db(path, then=_DOIT_THEN, pages=True, keep=False):
         n += 1
         aside = f"{path}.damaged.{n}"
     try:
-        for suffix in _SQLITE_COMPANIONS:      # an older damaged DB's own journal goes with it
+        for suffix in SQLITE_COMPANIONS:      # an older damaged DB's own journal goes with it
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(aside + suffix)
         os.replace(path, aside)
-        for suffix in _SQLITE_COMPANIONS:      # a journal left beside it would be rolled back
+        for suffix in SQLITE_COMPANIONS:      # a journal left beside it would be rolled back
             with contextlib.suppress(FileNotFoundError):   # into the new DB
                 os.replace(path + suffix, aside + suffix)
     except OSError as e:
@@ -319,7 +319,7 @@ def _header_damage(path):
 
 
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
-_SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
+SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
 
 
 def sigterm_to_interrupt(signum, frame):
