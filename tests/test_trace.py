@@ -94,6 +94,32 @@ def test_a_damaged_trace_is_recomputed_with_the_same_verdict(ops, tmp_path, dama
         assert r["trace"]["written"] and _lock(ops, "float32", spec)["trace"]["hit"]
 
 
+def test_a_fifo_where_a_trace_or_its_lock_goes_is_a_damaged_trace_not_a_hang(ops, tmp_path):
+    """A FIFO planted at the trace's path and at its lock's: opening either would wait for a
+    writer for ever; the trace is said damaged, computed again and written in its place."""
+    import signal
+
+    class Hung(RuntimeError):   # (no OSError: the trace's reader takes those for damage)
+        pass
+
+    def hung(*_):
+        raise Hung("the lock waited on a FIFO")
+    hand = _lock(ops, "float32")
+    spec = _spec(tmp_path / "t.trace", hand)
+    os.mkfifo(spec["path"])
+    os.mkfifo(spec["path"] + ".lock")
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        r = _lock(ops, "float64", spec)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert r["trace"]["why"].startswith("damaged (") and "not a regular file" in r["trace"]["why"], r["trace"]
+    assert r["trace"]["written"] and os.path.isfile(spec["path"]) and r["verdict"] == "pass"
+    assert _lock(ops, "float32", spec)["trace"]["hit"]
+
+
 def test_a_view_of_a_leaf_is_stored_as_a_marker_and_rebuilt(tmp_path):
     """`transpose of E` (gemma3's tied table, here 3000×64) is not written out: it is rebuilt
     from the leaf on reading, exactly as the VM made it."""
@@ -212,3 +238,33 @@ def test_a_program_whose_vm_reads_few_weights_is_not_traced(tmp_path):
     assert all(x["timings"]["vm_s"] > 0 and not x["trace"]["written"] and "trace_bytes" in x["trace"]["why"]
                for x in r.values()), r
     assert not list((z / "build/store").glob("traces/*/*.trace"))
+
+
+KEY_NOW = """
+import sys
+sys.path.insert(0, ".")
+if sys.argv[1] == "loaded":
+    import emitter.pipeline.worker_code  # noqa: F401  (the lock code loaded: a worker, or a run's first check)
+    with open("emitter/verify/vm.py", "a") as f:   # the VM edited after it was loaded
+        f.write("# edited\\n")
+from emitter.pipeline.check_worker import trace_key
+print(trace_key({"source": "s" * 64, "weights": None, "steps": 2, "environment": "e" * 64, "threads": 1}))
+"""
+
+
+def test_a_trace_key_names_the_vm_code_that_was_loaded_not_an_edit_after(tmp_path):
+    """vm.py edited after the lock code was loaded (before the process's first check): the trace
+    that process computes is of the loaded VM, and its key says so; the edited code's key is
+    another (else a later run of the edited VM would read the old VM's numbers)."""
+    import subprocess
+    import sys
+    zoo = make_zoo(tmp_path / "zoo", {})
+
+    def key(mode):
+        p = subprocess.run([sys.executable, "-c", KEY_NOW, mode], cwd=zoo, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.strip()
+    before = key("fresh")
+    assert key("loaded") == before      # (the process loaded the code `before` names)
+    assert key("fresh") != before       # (the edit's own key)

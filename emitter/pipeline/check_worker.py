@@ -13,7 +13,7 @@ import time
 from .. import fingerprint
 from ..verify.environment import THREAD_VARS, memory_bytes
 from ..verify.threads import thread_limits
-from .digests import code as code_digest, digest
+from .digests import digest
 
 # the *_NUM_THREADS variables only size thread pools, which each check sets explicitly
 POOL_VARS = tuple(v for v in THREAD_VARS if v.endswith("_NUM_THREADS"))
@@ -26,13 +26,19 @@ def loaded_code():
     return LOADED
 
 
+def loaded_vm():
+    """The digest of the VM's code this process loaded, taken with `loaded_code`'s."""
+    from .worker_code import LOADED_VM
+    return LOADED_VM
+
+
 def trace_key(record):
     """The key of the VM's trace a check reads (emitter.verify.trace), of the parts of its key's
     record the VM reads: the program's text, the weights' files (not the folder's others, never
     read), the steps, the VM's code, the environment and the thread count (the BLAS's sums)."""
     weights = {k: v for k, v in (record["weights"] or {}).items() if k != "others"} or None
     return digest({"schema": "logos.vm-trace-key", "version": 1, "source": record["source"],
-                   "weights": weights, "steps": record["steps"], "code": code_digest("vm"),
+                   "weights": weights, "steps": record["steps"], "code": loaded_vm(),
                    "environment": record["environment"], "threads": record["threads"]})
 
 
