@@ -187,6 +187,10 @@ def load_yaml(path, shown=None, cache=None):
         raise
     except RecursionError:
         raise ConfigError(f"the config nests deeper than {MAX_DEPTH} levels", None, shown) from None
+    except yaml.reader.ReaderError as e:   # a control character: its line, not PyYAML's offset
+        at, c = e.position if isinstance(e.position, int) else 0, e.character
+        raise ConfigError(f"not valid YAML: the character {'U+%04X' % c if isinstance(c, int) else repr(c)} "
+                          f"({e.reason})", text.count("\n", 0, at) + 1, shown) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise ConfigError(f"not valid YAML: {getattr(e, 'problem', None) or e}",

@@ -99,6 +99,8 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
     ("limits: {seconds: 1000000000000}\n", "programs/p.yaml:1",
      "`limits.seconds`: must be a whole number from 1 to 31622400, got 1000000000000"),
     ("limits: {steps: 0}\n", "programs/p.yaml:1", "`limits.steps`: must be a whole number from 1 to"),
+    ("steps: 2\n\nlock: tr\x07ue\n", "programs/p.yaml:3: not valid YAML: the character U+0007 (", ""),
+    ("steps: 2\n\ufffe: 1\n", "programs/p.yaml:2: not valid YAML: the character U+FFFE (", ""),
 ])
 def test_bad_config_names_file_line_and_key(tmp_path, yaml_text, where, words):
     got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/p.yaml": yaml_text,
@@ -384,3 +386,44 @@ def test_bf16_bounds_in_a_config(tmp_path):
     b = bounds(got["p"].bf16)
     assert b["deviation"] == 0.3 and b["excess"]["matmul"] == 5 and b["excess"]["attention"] == 4.0
     assert got["q"].error.startswith("programs/q.yaml:1") and "deviation" in got["q"].error
+
+
+def test_a_root_that_holds_the_repository_or_lies_in_it_is_refused(tmp_path, monkeypatch):
+    """`roots:` (and LOGOS_ROOTS) name shared folders outside the repository: `/` or the
+    repository's parent would put build/ and every file of the machine in reach (a program linked
+    to /proc/self/environ, a weights folder in build/), one inside it is no root. Each is refused at
+    its line, failing every program; a root beside the repository is kept."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    monkeypatch.delenv("LOGOS_ROOTS", raising=False)
+    for root, why in (("/", "holds the repository"), ("..", "holds the repository"),
+                      (".", "holds the repository"), ("build", "is inside the repository"),
+                      (str(repo / "weights"), "is inside the repository")):
+        got = zoo(repo, {"programs/defaults.yaml": f"roots: [/srv, {json.dumps(root)}]\n",
+                         "programs/p.logos": SRC})
+        assert got["p"].error.startswith(f"programs/defaults.yaml:1: `roots`: `{root}` {why}"), got["p"].error
+    (tmp_path / "shared").mkdir()
+    got = zoo(repo, {"programs/defaults.yaml": "roots: [../shared]\n", "programs/p.logos": SRC})
+    assert got["p"].error is None
+    os.unlink(repo / "programs/defaults.yaml")
+    monkeypatch.setenv("LOGOS_ROOTS", str(tmp_path))
+    got = zoo(repo, {"programs/p.logos": SRC})
+    assert got["p"].error == f"LOGOS_ROOTS: names `{tmp_path}`, which holds the repository (a root is " \
+        "a shared folder outside it)", got["p"].error
+
+
+def test_an_absolute_path_inside_the_repository_is_held_as_its_relative_one(tmp_path):
+    """A config's absolute path that lands in the repository is the repository's path (keyed by
+    its relative name, under build/'s refusal), whatever the roots."""
+    (tmp_path / "shared").mkdir()
+    repo = tmp_path / "repo"
+    (repo / "weights" / "w").mkdir(parents=True)
+    (repo / "build" / "bundles" / "q").mkdir(parents=True)
+    assert inside(str(repo), str(repo / "weights" / "w")) == "weights/w"
+    assert inside(str(repo), str(repo)) == "."
+    got = zoo(repo, {"programs/defaults.yaml": "roots: [../shared]\n", "programs/p.logos": SRC,
+                     "programs/p.yaml": f"weights: {repo / 'weights' / 'w'}\n",
+                     "programs/q.logos": SRC, "programs/q.yaml": f"weights: {repo / 'build' / 'bundles' / 'q'}\n"})
+    assert got["p"].error is None and got["p"].weights == "weights/w"
+    assert got["q"].error.startswith(f"programs/q.yaml:1: `weights`: `{repo / 'build' / 'bundles' / 'q'}` "
+                                     "is the repository or under build/"), got["q"].error

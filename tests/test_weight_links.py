@@ -92,3 +92,14 @@ def test_a_defaults_yaml_refused_as_a_config_names_no_root(zoo, text):
     (zoo / "programs" / "defaults.yaml").write_text(text)
     done, y = _run(zoo)
     assert done.returncode == 1 and "links outside the weights directory" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("roots", ["roots: [/]\n", "roots: [..]\n", None])
+def test_a_root_that_holds_the_repository_lets_no_link_out(zoo, roots):
+    """`/` or the repository's parent as a root (defaults.yaml or LOGOS_ROOTS) would let a weights
+    file link anywhere: such a root counts as none, and the link is refused."""
+    _link(zoo, os.path.realpath(zoo.parent / "outside" / "W.f64"))
+    if roots:
+        (zoo / "programs" / "defaults.yaml").write_text(roots)
+    done, y = _run(zoo, env=None if roots else {"LOGOS_ROOTS": "/"})
+    assert done.returncode == 1 and y is None and "links outside the weights directory" in done.stderr, done.stderr

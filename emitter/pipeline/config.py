@@ -19,6 +19,7 @@ from ..verify.environment import memory_bytes
 from ..verify.tolerances import DEFAULT_TOLERANCES
 from .config_keys import (Problems, check_bf16, check_common, check_derive, check_precision,
                           check_weights, env_roots, leaves_message)
+from ..verify.links import ROOTS_ENV, root_problem
 from .paths import Tree, inside
 from ..yamlfile import ConfigError, ConfigErrors, ParseCache, load_yaml
 
@@ -100,6 +101,10 @@ def load_defaults(root, programs_dir="programs", cache=None):
     """The zoo-wide defaults: the built-in ones updated by `programs/defaults.yaml` if present;
     `roots` are the folders it and LOGOS_ROOTS name."""
     merged = load_defaults_builtin(root)
+    for r in merged["roots"]:   # (LOGOS_ROOTS: held to the rule `roots:` is)
+        why = root_problem(os.path.realpath(root), r)
+        if why:
+            raise ConfigError(f"names `{excerpt(r, 120)}`, which {why}", None, ROOTS_ENV)
     path = os.path.join(programs_dir, DEFAULTS_FILE)
     full = os.path.join(root, path)
     if not os.path.lexists(full):

@@ -12,7 +12,7 @@ import re
 from ..importers import IMPORTERS, chunked_spec, chunks, declared_reads, resolve_package_file
 from ..language.errors import excerpt
 from ..language.hints import did_you_mean, unknown
-from ..verify.links import ROOTS_ENV, env_roots  # noqa: F401  (config reads env_roots here)
+from ..verify.links import ROOTS_ENV, env_roots, root_problem  # noqa: F401  (config reads env_roots here)
 from ..verify.tolerances import DTYPES
 from .paths import inside
 from ..yamlfile import ConfigError
@@ -125,7 +125,12 @@ def check_roots(p, v, root):
         v = [v]
     if not isinstance(v, list) or not all(isinstance(x, str) and x and "\0" not in x for x in v):
         raise p.error("roots", "must be a list of folders (absolute, or relative to the repository)")
-    return tuple(os.path.realpath(os.path.join(root, x)) for x in v)
+    out = tuple(os.path.realpath(os.path.join(root, x)) for x in v)
+    for x, r in zip(v, out):
+        why = root_problem(os.path.realpath(root), r)
+        if why:
+            raise p.error("roots", f"`{excerpt(x, 120)}` {why}")
+    return out
 
 
 def leaves_message(path, roots):

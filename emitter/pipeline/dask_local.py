@@ -23,6 +23,9 @@ LOCAL_CONFIG = {"distributed.worker.profile.enabled": False,
                 # a second, a wait for a free core each time on a machine the workers fill: 2 s
                 # (the real models' 9 checks 4-5% faster, 5 of 6 alternated runs)
                 "distributed.admin.tick.interval": "2s"}
+# the workers' scratch space (Dask's lock files): in the run's build/tmp, which the next run
+# sweeps, never in the system's temporary folder, outside the repository
+SCRATCH = os.path.join("build", "tmp", "dask")
 _PKG = __name__.rsplit(".", 2)[0]   # the emitter package, as this process imports it
 # in this order: worker_code (all of the lock code, its digest taken) before the modules that
 # import parts of it; dask_executor holds `run_on_worker`, the function a worker runs
@@ -63,6 +66,7 @@ def start_cluster(workers, pool_vars):
     utils._forkserver_preload_set = True
     env = {k: os.environ[k] for k in pool_vars if k in os.environ}
     with dask.config.set({"distributed.scheduler.allowed-failures": 0,
-                          "distributed.nanny.pre-spawn-environ": env, **LOCAL_CONFIG}):
+                          "distributed.nanny.pre-spawn-environ": env,
+                          "temporary-directory": os.path.abspath(SCRATCH), **LOCAL_CONFIG}):
         return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                             dashboard_address=None, host="127.0.0.1", silence_logs=50)

@@ -53,19 +53,19 @@ class Tree:
 
 
 def inside(root, rel, tree=None, roots=()):
-    """The repo-relative normal form of `rel` (symlinks followed); else, where it lands inside one
-    of `roots` (resolved folders outside the repository), its absolute resolved path; else None.
+    """The repo-relative normal form of `rel` (symlinks followed; an absolute path too); else, where
+    it lands inside one of `roots` (resolved folders outside the repository), its absolute resolved
+    path; else None.
 
     `tree` (a Tree of `root`) caches what earlier calls of one discovery resolved."""
     if not isinstance(rel, str) or not rel or "\0" in rel:
         return None
-    if rel.startswith("/"):
-        full = os.path.realpath(rel)
-        return full if roots and under(full, roots) else None
     tree = tree or Tree(root)
     root_real = tree.real(root)
     parts = rel.split("/")
-    if ".." in parts:
+    if rel.startswith("/"):   # (one that lands inside the repository is held as a relative one)
+        full = os.path.realpath(rel)
+    elif ".." in parts:
         full = os.path.realpath(f"{root_real}/{rel}")   # `..` may follow a link: walk it all
     else:
         parent = "/".join(p for p in parts[:-1] if p not in ("", "."))

@@ -44,12 +44,25 @@ def _named_roots(zoo):
     return tuple(os.path.realpath(os.path.join(zoo, x)) for x in v)
 
 
+def root_problem(repo, r):
+    """Why the resolved folder `r` cannot be a root of the repository at (resolved) `repo`, or
+    None: a root is a shared folder outside the repository, which neither holds it (`/`: its
+    build/ and every file of the machine would be in reach) nor lies inside it."""
+    if r == repo or repo.startswith(r.rstrip("/") + "/"):
+        return "holds the repository (a root is a shared folder outside it)"
+    if r.startswith(repo.rstrip("/") + "/"):
+        return "is inside the repository (a path there needs no root)"
+    return None
+
+
 def allowed_roots(weights_dir):
     """The resolved folders a weight file of `weights_dir` may link into: the repository the
-    folder is in (and the one this process runs in), with its named roots."""
+    folder is in (and the one this process runs in), with its named roots (none that holds the
+    repository or lies in it: the config's check refuses those)."""
     out = []
     for zoo in dict.fromkeys(z for z in (find_zoo_root(weights_dir), find_zoo_root(os.getcwd())) if z):
-        out += [os.path.realpath(zoo), *_named_roots(zoo), *env_roots(zoo)]
+        repo = os.path.realpath(zoo)
+        out += [repo, *(r for r in (*_named_roots(zoo), *env_roots(zoo)) if root_problem(repo, r) is None)]
     return tuple(dict.fromkeys(out or env_roots()))
 
 
