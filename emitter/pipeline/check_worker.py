@@ -56,8 +56,16 @@ def lock_arguments(record, traces=None, trace_bytes=0, alone=False):
                  "environment": record["environment"], "min_bytes": trace_bytes, "alone": alone}
     return dict(dtype=record["dtype"], steps=record["steps"], atol=record["tolerance"]["abs"],
                 rtol=record["tolerance"]["rel"], allow_nonfinite=tuple(config["allow_nonfinite"]),
-                max_tensor_bytes=config["limits"]["tensor_bytes"] or memory_bytes() // 2,
+                max_tensor_bytes=_tensor_limit(config["limits"]["tensor_bytes"]),
                 bf16_bounds=config["bf16"], precision=record["precision"], trace=trace)
+
+
+def _tensor_limit(limit):
+    """The bytes a check's tensors may take: its config's limit (None: half the memory of the
+    machine it runs on), never past that machine's memory, whatever a config raised it to (the
+    VM and the module would not fit: an allocation that fails, or the kernel's OOM killer)."""
+    machine = memory_bytes()
+    return machine // 2 if limit is None else min(limit, machine)
 
 
 def run_check(job, worker=None):

@@ -23,8 +23,8 @@ LOCAL_CONFIG = {"distributed.worker.profile.enabled": False,
                 # a second, a wait for a free core each time on a machine the workers fill: 2 s
                 # (the real models' 9 checks 4-5% faster, 5 of 6 alternated runs)
                 "distributed.admin.tick.interval": "2s"}
-# the workers' scratch space (Dask's lock files): in the run's build/tmp, which the next run
-# sweeps, never in the system's temporary folder, outside the repository
+# the workers' scratch space (Dask's lock files): in build/tmp (inside the repository, swept
+# after a run that did not end), never in the system's temporary folder
 SCRATCH = os.path.join("build", "tmp", "dask")
 _PKG = __name__.rsplit(".", 2)[0]   # the emitter package, as this process imports it
 # in this order: worker_code (all of the lock code, its digest taken) before the modules that

@@ -287,7 +287,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         program = read_file(program_path)
         if max_tensor_bytes is not None and program.tensor_bytes > max_tensor_bytes:
             raise CouldNotRun(f"the program's tensors take {size_text(program.tensor_bytes)} in "
-                              f"float64, over the limit of {size_text(max_tensor_bytes)}")
+                              f"float64, over the limit of {size_text(max_tensor_bytes)} "
+                              "(limits.tensor_bytes, and never past the machine's memory)")
         result["program"] = program_name(program.source)
         result["hashes"]["source"] = hashlib.sha256(program.source.encode("utf-8")).hexdigest()
         model_py = _read_model(os.path.join(bundle_dir, "model.py"))   # read once: hashed, then run
