@@ -427,3 +427,8 @@ def test_an_absolute_path_inside_the_repository_is_held_as_its_relative_one(tmp_
     assert got["p"].error is None and got["p"].weights == "weights/w"
     assert got["q"].error.startswith(f"programs/q.yaml:1: `weights`: `{repo / 'build' / 'bundles' / 'q'}` "
                                      "is the repository or under build/"), got["q"].error
+    (repo / "ck").mkdir()   # a checkpoint too: named as the repository's (the import key's name)
+    (repo / "ck" / "m.gguf").write_bytes(b"GGUF")
+    got = zoo(repo, {"programs/d.logos": SRC,
+                     "programs/d.yaml": f"derive: {{importer: gguf, checkpoint: {repo / 'ck' / 'm.gguf'}}}\n"})
+    assert got["d"].error is None and got["d"].derive.checkpoint == "ck/m.gguf", got["d"]

@@ -261,6 +261,8 @@ def check_derive(p, d, keys, root, tree, roots):
         raise p.error("derive.checkpoint", leaves_message(ck, roots))
     if not os.path.isfile(os.path.join(root, resolved)) and not (tree and tree.to_be_made(resolved)):
         raise p.error("derive.checkpoint", f"`{excerpt(ck, 120)}` is not a file")
+    if os.path.isabs(ck) and not os.path.isabs(resolved):   # in the repository: named as it is
+        ck = resolved                                       # there (keys hold no absolute path)
     for _, path in declared_reads(imp, ck, os.path.join(root, resolved)):   # (the checkpoint,
         _read_beside(p, path, root, tree, roots)          # a folder's parts, the config.json)
     return imp, ck, resolved
