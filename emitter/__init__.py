@@ -7,15 +7,17 @@ weights directories from checkpoints. The public names below load on first use (
 importing a submodule such as `emitter.pipeline.config` does not pay for the op table and numpy.
 
 Before any submodule loads, the package's .pyc files are made checked-hash (`bytecode`): the code
-that runs is always the source that was hashed, even after an edit that kept size and mtime.
+that runs is always the source that was hashed, even after an edit that kept size and mtime; and
+each module's source is hashed as its import reads it, so a code digest names the code that runs.
 """
 
 import importlib
 import os
 
-from .bytecode import check_sources
+from .bytecode import check_sources, record_imports
 
 check_sources(os.path.dirname(os.path.abspath(__file__)))
+record_imports(__file__, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bytecode.py"))
 
 __version__ = "0.2.0"
 

@@ -5,6 +5,8 @@ while its source keeps its mtime and size, so an edit that puts both back (`cp -
 source's bytes on every import, and rewrites it in the same mode when they differ. Standard library
 only; a read-only install is left as it is (its sources cannot be edited either)."""
 
+import hashlib
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -42,3 +44,45 @@ def check_sources(package_dir):
             except (OSError, py_compile.PyCompileError):
                 pass
     return written
+
+
+IMPORTED = {}   # a module file's absolute path -> the sha256 of its source as its import read it
+
+
+class _Recording(importlib.machinery.SourceFileLoader):
+    """The loader of the package's own modules: the source bytes an import reads (to check the
+    .pyc's hash, or to compile) are the bytes that run, and their sha256 is kept (`IMPORTED`), so
+    a code digest can name the code this process runs, not the files as an edit since left them."""
+
+    def get_data(self, path):
+        data = super().get_data(path)
+        if path == self.path:
+            IMPORTED[os.path.abspath(path)] = hashlib.sha256(data).hexdigest()
+        return data
+
+
+class _Finder:
+    """The package's submodules found as the path finder finds them, loaded by `_Recording`."""
+    prefix = __name__.rsplit(".", 1)[0] + "."
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if not name.startswith(cls.prefix):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader:
+            spec.loader = _Recording(spec.loader.name, spec.loader.path)
+        return spec
+
+
+def record_imports(*loaded):
+    """From now on, keep the sha256 of each of the package's modules as it is imported; `loaded`:
+    the files of modules imported before (the package's __init__, this module), hashed now."""
+    for path in loaded:
+        try:
+            with open(path, "rb") as f:
+                IMPORTED.setdefault(os.path.abspath(path), hashlib.sha256(f.read()).hexdigest())
+        except OSError:
+            pass
+    if _Finder not in sys.meta_path:
+        sys.meta_path.insert(0, _Finder)

@@ -252,6 +252,37 @@ print(trace_key({"source": "s" * 64, "weights": None, "steps": 2, "environment":
 """
 
 
+LOADED_NOW = """
+import sys
+sys.path.insert(0, ".")
+if sys.argv[1] == "dodo":
+    import emitter.tasks, emitter.verify.links  # noqa: F401,E401  (as doit loads a dodo)
+    with open("emitter/verify/links.py", "a") as f:   # lock code edited after its import
+        f.write("# edited\\n")
+from emitter.pipeline.worker_code import LOADED
+print(LOADED)
+"""
+
+
+def test_the_loaded_code_digest_is_of_modules_as_imported_before_it_too(tmp_path):
+    """A lock module imported while doit loaded the dodo, then edited before the lock code's
+    digest was taken: the digest is of the code that runs (the module as it was imported), so
+    a key that names the edit never takes this process's verdicts."""
+    import subprocess
+    import sys
+    zoo = make_zoo(tmp_path / "zoo", {})
+
+    def loaded(mode):
+        p = subprocess.run([sys.executable, "-c", LOADED_NOW, mode], cwd=zoo, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.strip()
+    before = loaded("fresh")
+    assert not before.startswith("moved:")
+    assert loaded("dodo") == before     # (links.py ran as it was before the edit)
+    assert loaded("fresh") != before    # (the edit's own digest)
+
+
 def test_a_trace_key_names_the_vm_code_that_was_loaded_not_an_edit_after(tmp_path):
     """vm.py edited after the lock code was loaded (before the process's first check): the trace
     that process computes is of the loaded VM, and its key says so; the edited code's key is

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 
+from ..bytecode import IMPORTED
 from ..fingerprint import sha256
 from ..verify import environment
 
@@ -76,9 +77,12 @@ def code_files(kind):
     return sorted(out)
 
 
-def package_digest(kind):
-    """The digest of the `kind` code as the package holds it now (and of its libraries' versions)."""
-    shas = {rel: sha256(os.path.join(PACKAGE, rel)) for rel in code_files(kind)}
+def package_digest(kind, loaded=False):
+    """The digest of the `kind` code as the package holds it now (and of its libraries' versions);
+    `loaded`: each module this process imported as its import read it (bytecode.IMPORTED), the
+    others as they are now: the code that runs here."""
+    shas = {rel: loaded and IMPORTED.get(os.path.join(PACKAGE, rel)) or sha256(os.path.join(PACKAGE, rel))
+            for rel in code_files(kind)}
     if kind in PACKAGES:
         return digest([shas, environment.versions(PACKAGES[kind])])
     return digest(shas)
@@ -95,8 +99,9 @@ def unchanged(kind):
 
 @functools.lru_cache(maxsize=None)
 def code(kind):
-    """`package_digest(kind)` as this process first took it: what this run's keys name."""
-    return package_digest(kind)
+    """`package_digest(kind)` of the code this process loaded, as it first took it: what this
+    run's keys name."""
+    return package_digest(kind, loaded=True)
 
 
 @functools.lru_cache(maxsize=None)
