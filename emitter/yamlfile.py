@@ -4,6 +4,7 @@ thousand-config zoo never imports PyYAML."""
 
 import functools
 import os
+import re
 
 from .files import StampedCache
 from .language.errors import ProgramError
@@ -151,6 +152,9 @@ class ParseCache(StampedCache):
             super().put(rel, digest, data)
 
 
+_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")   # the line breaks PyYAML counts
+
+
 def load_yaml(path, shown=None, cache=None):
     """(mapping, key lines) of a YAML file; an empty file is an empty mapping. Errors name the
     file as `shown` (its repo-relative path); `cache` is a ParseCache or None."""
@@ -190,7 +194,7 @@ def load_yaml(path, shown=None, cache=None):
     except yaml.reader.ReaderError as e:   # a control character: its line, not PyYAML's offset
         at, c = e.position if isinstance(e.position, int) else 0, e.character
         raise ConfigError(f"not valid YAML: the character {'U+%04X' % c if isinstance(c, int) else repr(c)} "
-                          f"({e.reason})", text.count("\n", 0, at) + 1, shown) from None
+                          f"({e.reason})", len(_BREAKS.findall(text, 0, at)) + 1, shown) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise ConfigError(f"not valid YAML: {getattr(e, 'problem', None) or e}",

@@ -101,6 +101,8 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
     ("limits: {steps: 0}\n", "programs/p.yaml:1", "`limits.steps`: must be a whole number from 1 to"),
     ("steps: 2\n\nlock: tr\x07ue\n", "programs/p.yaml:3: not valid YAML: the character U+0007 (", ""),
     ("steps: 2\n\ufffe: 1\n", "programs/p.yaml:2: not valid YAML: the character U+FFFE (", ""),
+    ("steps: 2\r\rlock: \x00\r", "programs/p.yaml:3: not valid YAML: the character U+0000 (", ""),
+    ("\ufeffsteps: 2\r\nlock: \x1b\r\n", "programs/p.yaml:2: not valid YAML: the character U+001B (", ""),
 ])
 def test_bad_config_names_file_line_and_key(tmp_path, yaml_text, where, words):
     got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/p.yaml": yaml_text,

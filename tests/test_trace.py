@@ -252,6 +252,16 @@ print(trace_key({"source": "s" * 64, "weights": None, "steps": 2, "environment":
 """
 
 
+def _printed(cwd, code, mode):
+    """What a fresh interpreter running `code` with the argument `mode` in `cwd` prints."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", code, mode], cwd=cwd, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
 LOADED_NOW = """
 import sys
 sys.path.insert(0, ".")
@@ -268,15 +278,10 @@ def test_the_loaded_code_digest_is_of_modules_as_imported_before_it_too(tmp_path
     """A lock module imported while doit loaded the dodo, then edited before the lock code's
     digest was taken: the digest is of the code that runs (the module as it was imported), so
     a key that names the edit never takes this process's verdicts."""
-    import subprocess
-    import sys
     zoo = make_zoo(tmp_path / "zoo", {})
 
     def loaded(mode):
-        p = subprocess.run([sys.executable, "-c", LOADED_NOW, mode], cwd=zoo, capture_output=True,
-                           text=True, timeout=120)
-        assert p.returncode == 0, p.stderr
-        return p.stdout.strip()
+        return _printed(zoo, LOADED_NOW, mode)
     before = loaded("fresh")
     assert not before.startswith("moved:")
     assert loaded("dodo") == before     # (links.py ran as it was before the edit)
@@ -287,15 +292,10 @@ def test_a_trace_key_names_the_vm_code_that_was_loaded_not_an_edit_after(tmp_pat
     """vm.py edited after the lock code was loaded (before the process's first check): the trace
     that process computes is of the loaded VM, and its key says so; the edited code's key is
     another (else a later run of the edited VM would read the old VM's numbers)."""
-    import subprocess
-    import sys
     zoo = make_zoo(tmp_path / "zoo", {})
 
     def key(mode):
-        p = subprocess.run([sys.executable, "-c", KEY_NOW, mode], cwd=zoo, capture_output=True,
-                           text=True, timeout=120)
-        assert p.returncode == 0, p.stderr
-        return p.stdout.strip()
+        return _printed(zoo, KEY_NOW, mode)
     before = key("fresh")
     assert key("loaded") == before      # (the process loaded the code `before` names)
     assert key("fresh") != before       # (the edit's own key)

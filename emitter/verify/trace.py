@@ -142,7 +142,7 @@ def _remove(path):
 def _regular(path, flags, mode):
     """`path` opened as a file object without waiting (a FIFO planted there would block the open
     for good); an OSError where it is no regular file."""
-    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)   # (less the umask)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
