@@ -54,11 +54,23 @@ class _Recording(importlib.machinery.SourceFileLoader):
     .pyc's hash, or to compile) are the bytes that run, and their sha256 is kept (`IMPORTED`), so
     a code digest can name the code this process runs, not the files as an edit since left them."""
 
+    _read = None
+
     def get_data(self, path):
         data = super().get_data(path)
         if path == self.path:
-            IMPORTED[os.path.abspath(path)] = hashlib.sha256(data).hexdigest()
+            self._read = data
         return data
+
+    def get_code(self, fullname):
+        """The module's code (an import's, a reload's): the source read for it is what runs (a
+        read of the file for another purpose, `get_source`, records nothing)."""
+        self._read = None
+        code = super().get_code(fullname)
+        if self._read is not None:
+            IMPORTED[os.path.abspath(self.path)] = hashlib.sha256(self._read).hexdigest()
+            self._read = None
+        return code
 
 
 class _Finder:

@@ -1008,3 +1008,43 @@ def test_a_program_over_its_size_limit_is_never_hashed(tmp_path, monkeypatch):
     with open(big, "r+b") as f:
         f.truncate((4 << 30) + 1)
     assert keys.emit_key(e) != first
+
+
+IMPORTED_AS_READ = """
+import importlib, os, sys
+sys.path.insert(0, ".")
+import emitter.tasks  # noqa: F401  (as doit loads a dodo)
+from emitter.bytecode import IMPORTED
+from emitter.pipeline import digests
+if sys.argv[1] == "source":   # a read of a module's file for its text records nothing; a reload does
+    path = os.path.abspath(digests.__file__)
+    first = IMPORTED[path]
+    with open(path, "a") as f:
+        f.write("# edited\\n")
+    sys.modules["emitter.pipeline.digests"].__loader__.get_source("emitter.pipeline.digests")
+    kept = IMPORTED[path] == first
+    importlib.reload(digests)
+    print(kept, IMPORTED[path] != first)
+else:   # an emit module imported lazily as an edit left it, then put back: not the key's code
+    key = digests.code("emit")
+    lazy = "emitter.language.lines" not in sys.modules
+    path = "emitter/language/lines.py"
+    text = open(path).read()
+    with open(path, "a") as f:
+        f.write("# edited\\n")
+    import emitter.language.lines  # noqa: F401
+    with open(path, "w") as f:
+        f.write(text)
+    print(lazy, digests.package_digest("emit") == key, digests.unchanged("emit"))
+"""
+
+
+def test_a_module_is_hashed_as_its_import_read_it(tmp_path):
+    """bytecode.IMPORTED holds each module's source as its import (or a reload) read it, never a
+    later read of the file for its text; an emit whose lazily imported module was an edit, put
+    back since, is not the code its key names (`unchanged`)."""
+    from test_pipeline import make_zoo
+    from test_trace import _printed
+    zoo = make_zoo(tmp_path / "zoo", {})
+    assert _printed(zoo, IMPORTED_AS_READ, "source") == "True True"
+    assert _printed(zoo, IMPORTED_AS_READ, "emit") == "True True False"

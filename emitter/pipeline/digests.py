@@ -89,12 +89,12 @@ def package_digest(kind, loaded=False):
 
 
 def unchanged(kind):
-    """Whether the `kind` code on disk is still what this run's keys name: checked after an emit
-    (which loads its code lazily) and around an import's own process, so that what they made
-    under the key was made by that code (an edit in the run's middle, reverted after it, would
-    otherwise leave another code's work under this key; one made and reverted between two such
-    checks is not seen)."""
-    return package_digest(kind) == code(kind)
+    """Whether the `kind` code this process ran (its modules as imported, the others as on disk)
+    is still what this run's keys name: checked after an emit (which loads its code lazily) and
+    around an import's own process, so that what they made under the key was made by that code
+    (a module imported as an edit left it, reverted since, is seen; an edit made and reverted in
+    another process between two such checks is not)."""
+    return package_digest(kind, loaded=True) == code(kind)
 
 
 @functools.lru_cache(maxsize=None)
