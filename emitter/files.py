@@ -96,14 +96,30 @@ def json_lines(obj):
 MAX_JSON = 256 << 20   # no file the pipeline reads as JSON may make it hold more than this
 
 
+def open_regular(path, flags=os.O_RDONLY, mode="rb"):
+    """`path` opened as a file object without waiting (a FIFO planted there would block the open,
+    or its first read, for good); an OSError where it is no regular file."""
+    import stat
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)   # (less the umask)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            import errno
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_json(path, limit=MAX_JSON):
     """A JSON file's object, or None when it is missing, not JSON, not an object (every file the
     project reads this way is one: a status file holding `"x"` is as good as none) or over `limit`
     bytes. (os-level reads: a no-op run reads a status file per task, and file objects cost twice
     the read.)"""
     import json
-    try:
-        fd = os.open(path, os.O_RDONLY)
+    try:   # (O_NONBLOCK: a FIFO in a file's place reads as empty, never waits for a writer)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
     try:

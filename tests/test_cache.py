@@ -90,6 +90,57 @@ def test_bad_entries_are_misses_said_once(store):
     assert store.get("0" * 64)["verdict"] == "pass"
 
 
+def test_a_fifo_or_a_device_in_an_entrys_place_is_a_miss_not_a_hang(tmp_path):
+    """A folder cache's entry that is a FIFO (an open waits for a writer for ever) or a link to
+    /dev/zero (128 MiB read first): a miss said once, at once; a good entry then replaces it."""
+    import signal
+    import time
+
+    class Hung(RuntimeError):
+        pass
+
+    def hung(*_):
+        raise Hung("the cache waited on an entry")
+    said = []
+    store = vc.VerdictCache((tmp_path / "cache").as_uri(), "sekrit", said.append)
+    fifo, dev = "f" * 64, "9" * 64
+    for key in (fifo, dev):
+        os.makedirs(os.path.dirname(store.path(key)), exist_ok=True)
+    os.mkfifo(store.path(fifo))
+    os.symlink("/dev/zero", store.path(dev))
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, 10, 2)   # (again and again: each open that waits ends)
+    try:
+        start = time.monotonic()
+        assert store.get(fifo) is None and store.get(dev) is None and not store.has(fifo)
+        assert time.monotonic() - start < 10
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    for key in (fifo, dev):
+        assert len([s for s in said if key[:16] in s and "not a regular file" in s]) == 1, said
+    assert store.put(fifo, _result()) and store.get(fifo)["verdict"] == "pass"
+
+
+def test_a_fifo_in_a_status_or_result_files_place_reads_as_none_at_once(tmp_path):
+    """read_json (every status and result file of a run): a FIFO in a file's place is no JSON,
+    said at once, never a wait for a writer."""
+    import signal
+
+    from emitter.files import read_json
+
+    def hung(*_):
+        raise RuntimeError("read_json waited on a FIFO")
+    os.mkfifo(tmp_path / "float32.json")
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, 10)
+    try:
+        assert read_json(str(tmp_path / "float32.json")) is None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def test_another_keys_entries_are_neither_seen_nor_overwritten(store):
     """A run with a stale or mistyped LOGOS_CACHE_KEY misses (told once that the cache holds
     another key's entries) and what it publishes never replaces the right key's."""
@@ -217,7 +268,12 @@ def test_ci_fills_the_cache_and_a_fresh_clone_takes_its_verdicts(tmp_path):
     assert rc == 0 and ran <= {"cache"}, ran
     p = subprocess.run([sys.executable, "-m", "emitter", "results"], cwd=dev, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(dev)})
-    assert p.returncode == 0 and "0 not passing, 0 not current" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0 and "0 not passing, 6 taken from the verdict cache, 0 not current" in p.stdout, \
+        p.stdout + p.stderr
+    assert sum("pass  (from the cache) " in line for line in p.stdout.splitlines()) == 6, p.stdout
+    p = subprocess.run([sys.executable, "-m", "emitter", "results", "--json"], cwd=dev, capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": str(dev)})
+    assert all(x["from_cache"] is True and x["current"] for x in json.loads(p.stdout)["runs"]), p.stdout
 
     # a tampered entry: a miss said once, the check runs here and its entry is replaced
     entries = sorted((tmp_path / "cache").rglob("*.json"))
@@ -231,6 +287,9 @@ def test_ci_fills_the_cache_and_a_fresh_clone_takes_its_verdicts(tmp_path):
     assert rc == 0, out
     assert out.count("signature does not match") == 6 and "weights:d" in ran, out
     assert not any(r.get("from_cache") for r in _results(dev).values())
+    p = subprocess.run([sys.executable, "-m", "emitter", "results", "--json"], cwd=dev, capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": str(dev)})
+    assert not any(x["from_cache"] for x in json.loads(p.stdout)["runs"]), p.stdout   # computed here
     assert all(vc.VerdictCache(url, "ci-secret").verified(e.stem, e.read_bytes()) for e in entries)
 
     # a run with another key: every entry a miss said once, none overwritten

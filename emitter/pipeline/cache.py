@@ -26,7 +26,7 @@ import threading
 import uuid
 
 from ..extras import require
-from ..files import read_json, write_atomic
+from ..files import open_regular, read_json, write_atomic
 from ..fingerprint import sha256_or_none
 from .digests import canonical
 from .keys import check_key, check_parts, current_keys, lock_records
@@ -96,6 +96,7 @@ class VerdictCache:
         except (ImportError, ValueError, OSError) as e:
             raise CacheError(f"cache={url}: cannot be used ({type(e).__name__}: {e})") from None
         self.url, self.secret = url, secret.encode("utf-8")
+        self._local = type(self.fs).__name__ == "LocalFileSystem"   # (fsspec's, for file://)
         self.root = self.root.rstrip("/")
         self._said, self._lock = set(), threading.Lock()
         # what this run already checked: keys known to hold a valid entry, and the entries that
@@ -175,8 +176,8 @@ class VerdictCache:
     def _read(self, key):
         """The raw entry, or None when there is none (or it cannot be read)."""
         p = self.path(key)
-        try:
-            with self.fs.open(p, "rb") as f:
+        try:   # (a folder's entry opened without waiting: a FIFO in its place is no entry)
+            with (open_regular(p) if self._local else self.fs.open(p, "rb")) as f:
                 data = f.read(MAX_ENTRY + 1)
         except FileNotFoundError:
             self._other_keys()

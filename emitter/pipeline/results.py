@@ -259,6 +259,8 @@ def currency(rows, programs_dir, threads):
                     x["history_differs"] = written_now and not x["current"] and x.get("id") is not None
                     # computed in another environment than the key names (a Dask worker elsewhere)
                     x["elsewhere"] = bool(x.get("env_sha")) and x["env_sha"] != env()
+                    # taken from the shared verdict cache (signed, under this key), not computed here
+                    x["from_cache"] = x["current"] and bool((read_json(c.result) or {}).get("from_cache"))
                     zoo.append(x)
     finally:
         os.chdir(here)

@@ -21,7 +21,8 @@ def _row_line(x, mark=""):
         why += (" (its result in build/results/ is current; this history row is not that result: "
                 "remove the history and `doit` fills it again from the results)")
     now = ("NOT CURRENT " if x.get("current") is False and x.get("latest", True) else "") + (
-        f"(computed in another environment, env {str(x['env_sha'])[:10]}) " if x.get("elsewhere") else "")
+        f"(computed in another environment, env {str(x['env_sha'])[:10]}) " if x.get("elsewhere") else "") + (
+        "(from the cache) " if x.get("from_cache") else "")
     return (f"{mark}#{x['id'] or '-':<5} {x['at']}  {x['name']:<24} {x['dtype']:<8} {x['verdict']:<5} {now}"
             f"max_abs {number(x['max_abs']):<9} worst {number(x.get('worst_ratio')):<8}x tol "
             f"src {str(x['source_sha'] or '-')[:10]} w {str(x['weights_sha'] or '-')[:10]}{first}{why}")
@@ -177,7 +178,7 @@ def _main(args):
         print(json.dumps({"programs": len({x["name"] for x in rows}), "checks": len(rows),
                           "not_passing": bad, "not_current": stale if known else None,
                           "runs": [{k: x.get(k) for k in ("id", "at", "name", "dtype", "steps", "verdict",
-                                                          "current", "elsewhere", "history_differs",
+                                                          "current", "elsewhere", "from_cache", "history_differs",
                                                           *RUN_FIELDS[6:])}
                                    for x in rows]},
                          indent=1, allow_nan=True))
@@ -185,8 +186,10 @@ def _main(args):
     for x in rows:
         print(_row_line(x))
     elsewhere = sum(1 for x in rows if x.get("elsewhere"))
+    cached = sum(1 for x in rows if x.get("from_cache"))
     print(f"{len({x['name'] for x in rows})} programs, {len(rows)} checks, {bad} not passing, " + (
         f"{elsewhere} computed in another environment than this checkout's, " if elsewhere else "") + (
+        f"{cached} taken from the verdict cache, " if cached else "") + (
         f"{stale} not current (each verdict against the key of its inputs now, at threads="
         f"{args.threads})" if known else
         f"whether each is current is not known: no {args.programs}/ here (run it in the zoo)"))

@@ -15,17 +15,16 @@ and rebuilt from them on reading: gemma3's 262144×640 table is never written ou
 carries its own sha256, checked as it is read: a truncated or damaged file is a miss from that
 point (its file removed; the VM computes the rest from the states read so far), never a number."""
 
-import errno
 import hashlib
 import json
 import os
-import stat
 import struct
 import time
 import uuid
 
 import numpy as np
 
+from ..files import open_regular
 from . import vm
 
 MAGIC = b"LOGOSTR1"
@@ -139,25 +138,11 @@ def _remove(path):
         pass
 
 
-def _regular(path, flags, mode):
-    """`path` opened as a file object without waiting (a FIFO planted there would block the open
-    for good); an OSError where it is no regular file."""
-    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)   # (less the umask)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, mode)
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 class Reader:
     """A trace file checked as far as its index: `index["steps"]`, each array read on demand."""
 
     def __init__(self, path, key, steps):
-        self.f = _regular(path, os.O_RDONLY, "rb")
+        self.f = open_regular(path)
         try:
             size = os.fstat(self.f.fileno()).st_size
             if size < len(MAGIC) + _FOOTER.size or self.f.read(len(MAGIC)) != MAGIC:
@@ -224,7 +209,7 @@ class _Locked:
         try:
             import fcntl
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self.f = _regular(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, "a")
+            self.f = open_regular(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, "a")
             fcntl.flock(self.f, fcntl.LOCK_EX)
         except (ImportError, OSError):
             if self.f is not None:
