@@ -279,7 +279,16 @@ SUSPECT = ".suspect"
 
 def corrupt(e):
     """Whether sqlite3's error `e` says the file is damaged (not busy, unreadable or full)."""
-    return (getattr(e, "sqlite_errorcode", 0) & 0xFF) in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    return _primary(e) in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+
+
+def disk_failed(e):
+    """Whether sqlite3's error `e` says the disk failed it (full, or an I/O error), not the file."""
+    return _primary(e) in (_SQLITE_IOERR, _SQLITE_FULL)
+
+
+def _primary(e):
+    return getattr(e, "sqlite_errorcode", 0) & 0xFF
 
 
 def _damage(path):
@@ -318,7 +327,7 @@ def _header_damage(path):
     return None
 
 
-_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+_SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 10, 11, 13, 26
 SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
 
 

@@ -14,7 +14,7 @@ import time
 
 from .. import fingerprint
 from ..files import read_json
-from .guards import SUSPECT, corrupt
+from .guards import SUSPECT, corrupt, disk_failed
 
 DEFAULT_DB = "build/results.sqlite"
 
@@ -117,13 +117,10 @@ def _not_a_file(db):
                         "`doit` makes the history again from build/results/")
 
 
-_SQLITE_IOERR, _SQLITE_FULL = 10, 13
-
-
 def _unreadable(db, e):
     """The error for sqlite3's `e` on `db`: a damaged file is flagged for the next run to set aside
     (`guards.history_lost`)."""
-    if (getattr(e, "sqlite_errorcode", 0) & 0xFF) in (_SQLITE_IOERR, _SQLITE_FULL):
+    if disk_failed(e):
         return HistoryError(f"{db}: could not be written or read ({e}): is the disk full? The "
                             "verdicts stand in build/results/; with the history removed, the next "
                             "`doit` makes it again from there")
