@@ -194,6 +194,31 @@ def test_what_is_not_the_bundles_fault_stays_an_error(zoo, tmp_path):
     assert r["verdict"] == "error" and "can't allocate memory" in r["reason"] and "raised" not in r, r["reason"]
 
 
+def test_the_cyclic_collector_rests_while_a_check_runs_and_is_given_back(zoo, tmp_path):
+    """The process's objects (torch's, a driver's tasks) are not rescanned by a check's full
+    collections: the collector is off while the bundle runs, on again after, whether the check
+    passed or raised, and still off after where the caller had turned it off."""
+    import gc
+    log = tmp_path / "collector"
+    seen = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    with open("
+                    f"{str(log)!r}, 'a') as f:\n        f.write(str(int(__import__('gc').isenabled())))\n",
+                    name="seen")
+    assert gc.isenabled()
+    r = lock_bundle(seen, zoo["program"], zoo["weights"], "float32", 2)
+    assert r["verdict"] == "pass", r["reason"]
+    assert set(log.read_text()) == {"0"} and gc.isenabled()
+    raising = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    raise RuntimeError('no')\n",
+                       name="raising")
+    r = lock_bundle(raising, zoo["program"], zoo["weights"], "float32", 1)
+    assert r["verdict"] == "fail" and "RuntimeError: no" in r["reason"] and gc.isenabled()
+    gc.disable()
+    try:
+        lock_bundle(seen, zoo["program"], zoo["weights"], "float32", 1)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("huge", ["torch.empty(1 << 50)", "np.empty(1 << 50)"])
 def test_an_allocation_no_machine_holds_is_the_bundles_fault(zoo, tmp_path, huge):
     """One allocation of more than the machine holds and four times every tensor of the program

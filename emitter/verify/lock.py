@@ -24,7 +24,7 @@ from ..files import BUNDLE_FILES, size_text
 from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
-from . import environment, trace as trace_file, verdict, vm
+from . import environment, heap, trace as trace_file, verdict, vm
 from .compare import KEYS, compare, figures, worse  # noqa: F401
 from .leaf_check import exact_leaves, known_view_of, load_stage, unholdable
 from .bundle_module import load_bundle_module, read_model as _read_model
@@ -274,7 +274,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     for the caller to write (`write_golden`). `trace`: the VM's trace file this check shares with
     its program's others ({"path", "key", "source", "environment"}: emitter.verify.trace), used
     only where the program read and this process's environment are those its key names."""
-    start, watch = time.perf_counter(), None
+    start, watch, collecting = time.perf_counter(), None, heap.pause()
     result = unfinished(bundle_dir, program_path, weights_dir, dtype, steps, atol, rtol, None)
     tol = result["tolerance"]
     try:
@@ -381,6 +381,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     finally:
         if watch is not None:
             watch.stop()
+        heap.resume(collecting)
     t = result["timings"]
     t["total_s"] = time.perf_counter() - start
     # what the lock itself adds per run beyond setup (imports, reading, hashing) and the two sides
