@@ -425,6 +425,24 @@ def test_a_damaged_doit_db_is_set_aside_and_the_run_goes_on(tmp_path, damage):
     assert (z / "build/.doit.db.damaged").read_bytes() == again
 
 
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_doit_db_that_is_no_file_is_set_aside_and_the_run_goes_on(tmp_path, kind):
+    """A folder (or a FIFO) where doit's DB belongs: one line, set aside, the run goes on."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    rc, ran, out = doit(z)
+    assert rc == 0 and B <= ran, out
+    db = z / "build/.doit.db"
+    db.unlink()
+    db.mkdir() if kind == "folder" else os.mkfifo(db)
+    rc, ran, out = doit(z)
+    assert rc == 0 and "Traceback" not in out, out
+    assert "doit: build/.doit.db was damaged (it is not a regular file): set aside as " \
+           "build/.doit.db.damaged; doit makes a new one" in out, out
+    assert db.is_file() and (z / "build/.doit.db.damaged").exists()
+    rc, ran, out = doit(z)
+    assert (rc, ran) == (0, set()) and "damaged" not in out, out
+
+
 def _good_db(path):
     con = sqlite3.connect(path)
     con.execute("create table doit (task_id text not null primary key, task_data json)")

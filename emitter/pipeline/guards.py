@@ -226,17 +226,21 @@ def listable(folder):
 _DOIT_THEN = "doit makes a new one (what is current is decided by each task's key)"
 
 
-def check_db(path, then=_DOIT_THEN, pages=True, keep=False):
+def check_db(path, then=_DOIT_THEN, pages=True, keep=False, odd=True):
     """Set an SQLite DB aside as `path.damaged` when sqlite3 cannot read it (garbage, a truncated
     file, a broken page), with one line on stderr saying what comes `then`: doit makes a new one
     and checks every task again, instead of each run ending in doit's traceback. On a good DB:
     one open and `PRAGMA quick_check` (its b-tree pages walked, no index cross-check), nothing
     written; with `pages` false, its 100-byte header alone (a file that is no DB, or shorter than
     its header says with no write-ahead log beside it to finish it). `keep`: an earlier damaged
-    copy stays (`path.damaged.2`, … for this one)."""
-    if not os.path.isfile(path):
+    copy stays (`path.damaged.2`, … for this one). `odd`: what is there but no file (a folder, a
+    FIFO, a link to nothing) is set aside too; else left to the reader to name."""
+    if os.path.isfile(path):
+        reason = _damage(path) if pages else _header_damage(path)
+    elif odd and os.path.lexists(path):   # (sqlite's traceback, or a hang)
+        reason = "it is not a regular file"
+    else:
         return
-    reason = _damage(path) if pages else _header_damage(path)
     if reason is None:
         return
     reason = " ".join(str(reason).split())   # (sqlite's own text may hold a newline: one line)
@@ -264,7 +268,8 @@ def history_lost(db):
     deleted, empty, or found damaged and set aside now. Its header is read on every run; its
     pages are walked where a reader or writer of it met a damaged one (`db.suspect` beside it)."""
     flagged = os.path.exists(db + SUSPECT)
-    check_db(db, "it is made again from the results build/ holds", pages=flagged, keep=True)
+    check_db(db, "it is made again from the results build/ holds", pages=flagged, keep=True,
+             odd=False)   # (a link to nothing may be a volume not mounted: the reader names it)
     if flagged:
         with contextlib.suppress(OSError):
             os.unlink(db + SUSPECT)
