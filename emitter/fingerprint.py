@@ -6,7 +6,11 @@ hash and changes nothing. Nothing else in the project remembers a file's content
 A file whose ctime is under `RACY_S` old is hashed but not remembered (git's "racily clean" rule):
 a write in the same clock tick as the stat could otherwise keep the stamp and change the bytes.
 The cache lives in one JSON file (build/.fingerprints.json) when `bind` names it; standard library
-only, so doit's file checker, the keys and the lock share it without loading numpy."""
+only, so doit's file checker, the keys and the lock share it without loading numpy.
+
+Beside it (`.checked.json`), what a check found of bytes by their sha256 (`checked`, `remember`:
+the VM's scan of a weight's values for NaN and its extremes), so a check in a later process does
+not read a checkpoint again for it; loaded only by a process that asks, never by a no-op."""
 
 import atexit
 import contextlib
@@ -21,6 +25,7 @@ from .files import read_json, write_atomic
 
 VERSION = 3
 RACY_S = 2.0
+CHECKED_LIMIT = 1 << 16   # findings kept, the oldest dropped first
 
 
 def _stamp(st):
@@ -43,6 +48,27 @@ class Fingerprints:
         self.files = old["files"] if ok else {}
         self.dirty = False
         self._lock = threading.Lock()
+        self.findings, self.found = None, False   # (`checked`: read when first asked)
+
+    def _findings(self):
+        if self.findings is None:
+            old = read_json(self.path[:-len(".json")] + ".checked.json") if self.path else None
+            ok = isinstance(old, dict) and old.get("version") == VERSION and isinstance(old.get("found"), dict)
+            self.findings = old["found"] if ok else {}
+        return self.findings
+
+    def checked(self, key):
+        """What `remember` kept under `key` (a string naming the bytes by their sha256), or None."""
+        return self._findings().get(key)
+
+    def remember(self, key, value):
+        with self._lock:
+            found = self._findings()
+            found.pop(key, None)
+            found[key] = value
+            while len(found) > CHECKED_LIMIT:
+                found.pop(next(iter(found)))
+            self.found = True
 
     def recorded(self, path, stamp):
         hit = self.files.get(path)
@@ -104,15 +130,19 @@ class Fingerprints:
                 self.dirty = True
 
     def save(self):
-        if not (self.path and self.dirty):
+        if not self.path:
             return
         with self._lock:
-            body = json.dumps({"version": VERSION, "files": self.files}, separators=(",", ":"))
-            self.dirty = False
-        try:
-            write_atomic(self.path, body)
-        except OSError:
-            pass
+            bodies = {self.path: {"version": VERSION, "files": self.files}} if self.dirty else {}
+            if self.found:
+                bodies[self.path[:-len(".json")] + ".checked.json"] = {"version": VERSION, "found": self.findings}
+            bodies = {p: json.dumps(b, separators=(",", ":")) for p, b in bodies.items()}
+            self.dirty = self.found = False
+        for path, body in bodies.items():
+            try:
+                write_atomic(path, body)
+            except OSError:
+                pass
 
 
 _CURRENT = [Fingerprints()]
@@ -155,6 +185,14 @@ def recorded(path, before=None):
     except OSError:
         return None
     return _CURRENT[0].recorded(path, stamp) if before is None or _stamp(before) == stamp else None
+
+
+def checked(key):
+    return _CURRENT[0].checked(key)
+
+
+def remember(key, value):
+    _CURRENT[0].remember(key, value)
 
 
 def sha256_or_none(path, st=None):

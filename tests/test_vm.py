@@ -193,3 +193,46 @@ def test_an_int_leaf_allowed_nan_is_still_refused_as_no_integer(tmp_path):
         _write(tmp_path / "t.f64", values, "<f8")
         with pytest.raises(ProgramError, match="Int tensor but the file holds non-integers " + said):
             vm.load_leaves(p, str(tmp_path), allow_nonfinite=("t",))
+
+
+def test_a_weights_scan_is_kept_by_the_bytes_sha_and_never_outlives_them(tmp_path, monkeypatch):
+    """The VM's scan of a weights file (NaN, extremes) is kept beside the hash record by the bytes'
+    sha256: a later process does not read the file for it; bytes edited with their size and
+    mtime put back are scanned again (a NaN there is found)."""
+    from emitter import fingerprint
+    monkeypatch.setattr(fingerprint, "RACY_S", 0.0)   # (a file written just now may be remembered)
+    p = read_program(RING)
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    wc = weights / "wc.f64"
+    np.array([[1.0, -7.5, 2.0], [0.25, 3.0, -1.0]]).tofile(wc)
+    record = str(tmp_path / "build" / ".fingerprints.json")
+    os.makedirs(os.path.dirname(record))
+    kept = fingerprint._CURRENT[0]
+    scans = []
+    real_release = vm.release
+    monkeypatch.setattr(vm, "release", lambda v: scans.append(1) or real_release(v))
+
+    def fresh_process():
+        vm._PASSED.clear()
+        fingerprint._CURRENT[0] = fingerprint.Fingerprints(record)
+        scans.clear()
+    try:
+        fresh_process()
+        fingerprint.sha256(str(wc))
+        assert vm.load_leaves(p, str(weights)).peaks["wc"] == -7.5 and scans
+        fingerprint.save()
+        found = json.load(open(record[:-len(".json")] + ".checked.json"))["found"]
+        assert list(found.values()) == [-7.5] and fingerprint.sha256(str(wc)) in next(iter(found))
+        fresh_process()
+        assert vm.load_leaves(p, str(weights)).peaks["wc"] == -7.5 and not scans
+        st = os.stat(wc)
+        np.array([[1.0, -7.5, 2.0], [0.25, np.nan, -1.0]]).tofile(wc)
+        os.utime(wc, ns=(st.st_atime_ns, st.st_mtime_ns))
+        fresh_process()
+        fingerprint.sha256(str(wc))
+        with pytest.raises(ProgramError, match="non-finite value"):
+            vm.load_leaves(p, str(weights))
+    finally:
+        fingerprint._CURRENT[0] = kept
+        vm._PASSED.clear()

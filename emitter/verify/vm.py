@@ -37,7 +37,9 @@ def declared_value(program, name):
 
 # the leaf checks this process passed, by the checked bytes' sha256 as the hash record holds it
 # (emitter.fingerprint.recorded: never hashed for this) and what was checked of them: a program's
-# other checks in one process (a zoo run, a Dask worker) do not read a checkpoint again for it
+# other checks in one process (a zoo run, a Dask worker) do not read a checkpoint again for it;
+# nor does a later process where the record is bound (fingerprint.checked: a zoo's, a hand lock's
+# in a zoo)
 _PASSED, _PASSED_LOCK = OrderedDict(), threading.Lock()
 PASSED_LIMIT = 1 << 14
 
@@ -64,6 +66,10 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
             if peak is not None:
                 _PASSED[done] = peak   # (the most recently used)
                 return value, peak
+        peak = fingerprint.checked(f"leaf:{done!r}")
+        if type(peak) is float and math.isfinite(peak):
+            _passed(done, peak)
+            return value, peak
     what = f"`{name}` (tensor `{place[1]}`)" if place[1] else f"`{name}`"
     flat, peak = value.reshape(-1), 0.0
     for start in range(0, flat.size, BLOCK):
@@ -81,11 +87,16 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
                                f"({flat[bad]} at flat index {bad})", path=path)
         release(value)
     if done and fingerprint.recorded(path, before) == sha:   # (not written while it was checked)
-        with _PASSED_LOCK:
-            _PASSED[done] = peak
-            if len(_PASSED) > PASSED_LIMIT:
-                _PASSED.popitem(last=False)
+        _passed(done, peak)
+        fingerprint.remember(f"leaf:{done!r}", peak)
     return value, peak
+
+
+def _passed(done, peak):
+    with _PASSED_LOCK:
+        _PASSED[done] = peak
+        if len(_PASSED) > PASSED_LIMIT:
+            _PASSED.popitem(last=False)
 
 
 @dataclass
