@@ -38,11 +38,15 @@ class Fingerprints:
     a third of the time lists take).
 
     Entries are keyed by the path as the caller names it, without resolving it against the
-    working directory: the stamp holds the inode, so a relative path that names another file
-    after a chdir misses, as a moved file does."""
+    working directory (the stamp holds the inode, so a relative path that names another file
+    after a chdir misses, as a moved file does), except that an absolute path inside the folder
+    holding the record's build/ is keyed by its path from there, as the zoo names it (a hand
+    lock given its weights by an absolute path finds them on record)."""
 
     def __init__(self, path=None):
         self.path = path
+        build = path and os.path.dirname(os.path.abspath(path))
+        self.root = build and os.path.basename(build) == "build" and os.path.dirname(build) + os.sep
         old = read_json(path) if path else None
         ok = isinstance(old, dict) and old.get("version") == VERSION and isinstance(old.get("files"), dict)
         self.files = old["files"] if ok else {}
@@ -70,8 +74,11 @@ class Fingerprints:
                 found.pop(next(iter(found)))
             self.found = True
 
+    def _key(self, path):
+        return path[len(self.root):] if self.root and type(path) is str and path.startswith(self.root) else path
+
     def recorded(self, path, stamp):
-        hit = self.files.get(path)
+        hit = self.files.get(self._key(path))
         if type(hit) is str and hit.startswith(stamp) and len(hit) == len(stamp) + 64:
             return hit[len(stamp):]
         return None
@@ -85,7 +92,8 @@ class Fingerprints:
         if not stat.S_ISREG(st.st_mode):
             raise OSError(f"{path}: not a regular file")
         stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:"
-        hit = self.files.get(path)
+        key = path[len(self.root):] if self.root and type(path) is str and path.startswith(self.root) else path
+        hit = self.files.get(key)
         if type(hit) is str and len(hit) == len(stamp) + 64 and hit.startswith(stamp):
             return hit[-64:]
         with open(path, "rb") as f:
@@ -94,7 +102,7 @@ class Fingerprints:
         if _stamp(after) == stamp \
                 and time.time() - st.st_ctime_ns / 1e9 > RACY_S:
             with self._lock:
-                self.files[path] = stamp + sha
+                self.files[key] = stamp + sha
                 self.dirty = True
         return sha
 
@@ -102,14 +110,14 @@ class Fingerprints:
         """A file renamed from `old` to `new` keeps its hash on record (its stamp is unchanged; a
         lookup checks it all the same)."""
         with self._lock:
-            entry = self.files.pop(old, None)
+            entry = self.files.pop(self._key(old), None)
             if entry is not None:
-                self.files[new] = entry
+                self.files[self._key(new)] = entry
                 self.dirty = True
 
     def entry(self, path):
         """The entry on record for `path`, or None: what a driver hands its workers (`known`)."""
-        e = self.files.get(path)
+        e = self.files.get(self._key(path))
         return e if type(e) is str else None
 
     def known(self, entries):
@@ -118,6 +126,7 @@ class Fingerprints:
         own stat all the same, so a file that is not the same here is hashed."""
         with self._lock:
             for p, e in entries.items():
+                p = self._key(p)
                 if type(e) is str and p not in self.files:
                     self.files[p] = e
 

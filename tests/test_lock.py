@@ -324,6 +324,15 @@ def test_a_lock_by_hand_inside_a_zoo_takes_the_zoos_hashes(tmp_path, monkeypatch
         fingerprint.bind(None)
     want = hashlib.sha256("".join(f"{f}\0{'d' * 64}\n" for f in sorted(os.listdir("w"))).encode()).hexdigest()
     assert json.load(open("r.json"))["hashes"]["weights"] == want
+    read, digest = [], hashlib.file_digest   # the weights named by absolute paths: their entries, none read
+    monkeypatch.setattr(hashlib, "file_digest", lambda f, *a: read.append(f.name) or digest(f, *a))
+    try:
+        main(["lock", str(tmp_path / "b"), "--program", str(tmp_path / "p.logos"), "--weights",
+              str(tmp_path / "w"), "-o", str(tmp_path / "r2.json")])
+    finally:
+        fingerprint.bind(None)
+    assert json.load(open("r2.json"))["hashes"]["weights"] == want
+    assert read and not [f for f in read if f.startswith(str(tmp_path / "w"))], read   # (the bundle's: fresh)
 
 
 def test_weights_changed_after_their_manifest_are_an_error(zoo):
