@@ -259,8 +259,9 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
 
 
 def _set_states(torch, model, program, values):
-    for s in program.states:
-        getattr(model, "leaf_" + s).copy_(torch.from_numpy(np.array(values[s], np.float64)))
+    for s in program.states:   # (one copy: into the buffer; a read-only map is copied to hand it on)
+        v = np.asarray(values[s], np.float64)
+        getattr(model, "leaf_" + s).copy_(torch.from_numpy(v if v.flags.writeable else v.copy()))
 
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
