@@ -197,8 +197,8 @@ def test_an_int_leaf_allowed_nan_is_still_refused_as_no_integer(tmp_path):
 
 def test_a_weights_scan_is_kept_by_the_bytes_sha_and_never_outlives_them(tmp_path, monkeypatch):
     """The VM's scan of a weights file (NaN, extremes) is kept beside the hash record by the bytes'
-    sha256: a later process does not read the file for it; bytes edited with their size and
-    mtime put back are scanned again (a NaN there is found)."""
+    sha256 and the code that scanned: a later process does not read the file for it; other code,
+    or bytes edited with their size and mtime put back, scan again (a NaN there is found)."""
     from emitter import fingerprint
     monkeypatch.setattr(fingerprint, "RACY_S", 0.0)   # (a file written just now may be remembered)
     p = read_program(RING)
@@ -226,6 +226,11 @@ def test_a_weights_scan_is_kept_by_the_bytes_sha_and_never_outlives_them(tmp_pat
         assert list(found.values()) == [-7.5] and fingerprint.sha256(str(wc)) in next(iter(found))
         fresh_process()
         assert vm.load_leaves(p, str(weights)).peaks["wc"] == -7.5 and not scans
+        code = vm._SCAN_CODE
+        monkeypatch.setattr(vm, "_SCAN_CODE", "other code")     # found by other code: scanned
+        fresh_process()
+        assert code and vm.load_leaves(p, str(weights)).peaks["wc"] == -7.5 and scans
+        monkeypatch.setattr(vm, "_SCAN_CODE", code)
         st = os.stat(wc)
         np.array([[1.0, -7.5, 2.0], [0.25, np.nan, -1.0]]).tofile(wc)
         os.utime(wc, ns=(st.st_atime_ns, st.st_mtime_ns))

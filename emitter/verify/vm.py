@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import fingerprint
+from ..bytecode import IMPORTED
 from ..language.errors import ProgramError
 from ..ops import ShapeError, release
+from ..sambaflow import weight_files
 from ..sambaflow.weight_files import WeightsError, weight_array, weight_places
 
 BLOCK = 1 << 22   # values checked at a time
@@ -42,6 +44,10 @@ def declared_value(program, name):
 # in a zoo)
 _PASSED, _PASSED_LOCK = OrderedDict(), threading.Lock()
 PASSED_LIMIT = 1 << 14
+# what a kept finding was found by: this module and the reader of weight files, as this process
+# imported them (bytecode.IMPORTED; None, where they were not recorded: nothing is kept past it)
+_SCAN_CODE = "".join(str(IMPORTED.get(f))[:16] for f in (__file__, weight_files.__file__))
+_SCAN_CODE = None if "None" in _SCAN_CODE else _SCAN_CODE
 
 
 def _read_leaf(program, name, directory, place, nonfinite_ok=False):
@@ -66,7 +72,7 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
             if peak is not None:
                 _PASSED[done] = peak   # (the most recently used)
                 return value, peak
-        peak = fingerprint.checked(f"leaf:{done!r}")
+        peak = _SCAN_CODE and fingerprint.checked(f"leaf:{_SCAN_CODE}:{done!r}")
         if type(peak) is float and math.isfinite(peak):
             _passed(done, peak)
             return value, peak
@@ -88,7 +94,8 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
         release(value)
     if done and fingerprint.recorded(path, before) == sha:   # (not written while it was checked)
         _passed(done, peak)
-        fingerprint.remember(f"leaf:{done!r}", peak)
+        if _SCAN_CODE:
+            fingerprint.remember(f"leaf:{_SCAN_CODE}:{done!r}", peak)
     return value, peak
 
 
