@@ -196,6 +196,12 @@ def recorded(path, before=None):
     return _CURRENT[0].recorded(path, stamp) if before is None or _stamp(before) == stamp else None
 
 
+def folder():
+    """The folder of the record bound in this process (a zoo's build/), or None."""
+    path = _CURRENT[0].path
+    return os.path.dirname(path) or "." if path else None
+
+
 def checked(key):
     return _CURRENT[0].checked(key)
 

@@ -271,6 +271,45 @@ def test_an_edit_that_keeps_size_and_mtime_runs_the_new_code(zoo, tmp_path):
     assert r["hashes"]["bundle"]["model.py"] == hashlib.sha256(new).hexdigest()
 
 
+def test_compiled_code_is_kept_by_its_bytes_and_an_edit_compiles_anew(zoo, tmp_path, monkeypatch):
+    """At a zoo's root, model.py's compiled code is kept in build/.compiled/ by the sha256 of its
+    path and bytes: a later process runs it without compiling; an edit that keeps size and mtime
+    compiles anew and runs; a kept file that is damaged is compiled over."""
+    from emitter import fingerprint
+    from emitter.verify import bundle_module
+    bundle = tmp_path / "bundle"
+    shutil.copytree(zoo["bundle"], bundle)
+    model, kept = bundle / "model.py", tmp_path / "build" / ".compiled"
+    (tmp_path / "build").mkdir()
+    compiled, real = [], compile
+    monkeypatch.setattr(bundle_module, "compile", lambda *a, **k: compiled.append(a[1]) or real(*a, **k),
+                        raising=False)
+    monkeypatch.setattr(bundle_module, "FILES_KEPT", 1)
+
+    def lock():   # (as a fresh process would: nothing compiled in memory)
+        bundle_module._CODE.clear()
+        compiled.clear()
+        return lock_bundle(str(bundle), zoo["program"], zoo["weights"])
+    fingerprint.bind(str(tmp_path / "build" / ".fingerprints.json"))
+    try:
+        assert lock()["verdict"] == "pass" and compiled == [str(model)] and len(os.listdir(kept)) == 1
+        assert lock()["verdict"] == "pass" and compiled == []
+        st = os.stat(model)
+        model.write_bytes(model.read_bytes().replace(b"    return F.silu(g) * u\n", b"    return F.silu(g) * g\n"))
+        os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
+        r = lock()
+        assert r["verdict"] == "fail" and r["first_divergence"]["op"] == "swiglu" and compiled == [str(model)]
+        assert len(os.listdir(kept)) == 1                                    # (the newest kept)
+        for f in os.listdir(kept):
+            (kept / f).write_bytes(b"\xe3 not marshal")
+        r = lock()
+        assert r["verdict"] == "fail" and r["first_divergence"]["op"] == "swiglu" and compiled == [str(model)]
+        assert lock()["verdict"] == "fail" and compiled == []
+    finally:
+        fingerprint.bind(None)
+        bundle_module._CODE.clear()
+
+
 # 4. the lock is a library: golden/ comes back as data, its callers write it
 
 def test_lock_bundle_hands_golden_back_and_writes_nothing(zoo, tmp_path):
