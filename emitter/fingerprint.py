@@ -10,7 +10,12 @@ only, so doit's file checker, the keys and the lock share it without loading num
 
 Beside it (`.checked.json`), what a check found of bytes by their sha256 (`checked`, `remember`:
 the VM's scan of a weight's values for NaN and its extremes), so a check in a later process does
-not read a checkpoint again for it; loaded only by a process that asks, never by a no-op."""
+not read a checkpoint again for it; loaded only by a process that asks, never by a no-op.
+
+What no stat rule sees (git's blind spot too): a write through a shared writable map into a page
+already dirty since the last stamp moves neither mtime nor ctime (the kernel updates them when a
+clean page is first written). Such bytes keep their recorded sha256 until the page is written
+back and written again; a key, and a kept scan, are then about the bytes the record holds."""
 
 import atexit
 import contextlib
@@ -25,7 +30,7 @@ from .files import read_json, write_atomic
 
 VERSION = 3
 RACY_S = 2.0
-CHECKED_LIMIT = 1 << 16   # findings kept, the oldest dropped first
+CHECKED_LIMIT = 1 << 14   # findings kept (3 MB at most), the oldest dropped first
 
 
 def _stamp(st):
@@ -70,8 +75,8 @@ class Fingerprints:
             found = self._findings()
             found.pop(key, None)
             found[key] = value
-            while len(found) > CHECKED_LIMIT:
-                found.pop(next(iter(found)))
+            if len(found) > CHECKED_LIMIT:   # (in one go: popping the oldest one by one is quadratic)
+                self.findings = found = dict(list(found.items())[-CHECKED_LIMIT:])
             self.found = True
 
     def _key(self, path):

@@ -211,10 +211,47 @@ def test_the_cyclic_collector_rests_while_a_check_runs_and_is_given_back(zoo, tm
                        name="raising")
     r = lock_bundle(raising, zoo["program"], zoo["weights"], "float32", 1)
     assert r["verdict"] == "fail" and "RuntimeError: no" in r["reason"] and gc.isenabled()
+    with pytest.raises(ValueError):   # (refused before the check starts: the collector as it was)
+        lock_bundle(seen, zoo["program"], zoo["weights"], "float32", 1, atol="1e-3x")
+    assert gc.isenabled()
     gc.disable()
     try:
         lock_bundle(seen, zoo["program"], zoo["weights"], "float32", 1)
         assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_checks_at_once_on_threads_give_the_collector_back_when_the_last_ends():
+    """Two checks on threads, the second starting while the first runs and ending after it: the
+    collector stays off until the last ends, then is on again (each check looking at the
+    collector for itself, the first turned it on under the second, and the second, having found
+    it off, left it off for good)."""
+    import gc
+    from emitter.verify import heap
+    a_paused, b_paused, a_done, seen = threading.Event(), threading.Event(), threading.Event(), []
+
+    def first():
+        heap.pause()
+        a_paused.set()
+        b_paused.wait(30)
+        heap.resume()
+        a_done.set()
+
+    def second():
+        a_paused.wait(30)
+        heap.pause()
+        b_paused.set()
+        a_done.wait(30)
+        seen.append(gc.isenabled())
+        heap.resume()
+    try:
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert seen == [False] and gc.isenabled()
     finally:
         gc.enable()
 

@@ -275,10 +275,11 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     for the caller to write (`write_golden`). `trace`: the VM's trace file this check shares with
     its program's others ({"path", "key", "source", "environment"}: emitter.verify.trace), used
     only where the program read and this process's environment are those its key names."""
-    start, watch, collecting = time.perf_counter(), None, heap.pause()
+    start, watch, paused = time.perf_counter(), None, False
     result = unfinished(bundle_dir, program_path, weights_dir, dtype, steps, atol, rtol, None)
     tol = result["tolerance"]
     try:
+        paused = heap.pause()
         if dtype not in TOLERANCES:
             raise CouldNotRun(f"dtype must be one of {', '.join(TOLERANCES)}, not {dtype!r}")
         if not all(math.isfinite(v) and v >= 0 for v in tol.values()):
@@ -382,7 +383,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     finally:
         if watch is not None:
             watch.stop()
-        heap.resume(collecting)
+        if paused:
+            heap.resume()
     t = result["timings"]
     t["total_s"] = time.perf_counter() - start
     # what the lock itself adds per run beyond setup (imports, reading, hashing) and the two sides
