@@ -310,10 +310,11 @@ def test_an_edit_that_keeps_size_and_mtime_runs_the_new_code(zoo, tmp_path):
 
 def test_compiled_code_is_kept_by_its_bytes_and_an_edit_compiles_anew(zoo, tmp_path, monkeypatch):
     """At a zoo's root, model.py's compiled code is kept in build/.compiled/ by the sha256 of its
-    path and bytes: a later process runs it without compiling; an edit that keeps size and mtime
-    compiles anew and runs; a kept file that is damaged is compiled over."""
+    path and bytes (and -O): a later process runs it without compiling; an edit that keeps size
+    and mtime compiles anew and runs; a kept entry whose code is not what its digest names (a
+    byte changed, garbage) is compiled over, never run; a path that is no UTF-8 is kept too."""
     from emitter import fingerprint
-    from emitter.verify import bundle_module
+    from emitter.verify import bundle_module, compiled_store
     bundle = tmp_path / "bundle"
     shutil.copytree(zoo["bundle"], bundle)
     model, kept = bundle / "model.py", tmp_path / "build" / ".compiled"
@@ -321,27 +322,35 @@ def test_compiled_code_is_kept_by_its_bytes_and_an_edit_compiles_anew(zoo, tmp_p
     compiled, real = [], compile
     monkeypatch.setattr(bundle_module, "compile", lambda *a, **k: compiled.append(a[1]) or real(*a, **k),
                         raising=False)
-    monkeypatch.setattr(bundle_module, "FILES_KEPT", 1)
+    monkeypatch.setattr(compiled_store, "FILES_KEPT", 1)
 
-    def lock():   # (as a fresh process would: nothing compiled in memory)
+    def lock(at=bundle):   # (as a fresh process would: nothing compiled in memory)
         bundle_module._CODE.clear()
         compiled.clear()
-        return lock_bundle(str(bundle), zoo["program"], zoo["weights"])
+        return lock_bundle(str(at), zoo["program"], zoo["weights"])
     fingerprint.bind(str(tmp_path / "build" / ".fingerprints.json"))
     try:
         assert lock()["verdict"] == "pass" and compiled == [str(model)] and len(os.listdir(kept)) == 1
+        assert os.listdir(kept)[0].endswith(f"-o{sys.flags.optimize}")
         assert lock()["verdict"] == "pass" and compiled == []
         st = os.stat(model)
         model.write_bytes(model.read_bytes().replace(b"    return F.silu(g) * u\n", b"    return F.silu(g) * g\n"))
         os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
         r = lock()
         assert r["verdict"] == "fail" and r["first_divergence"]["op"] == "swiglu" and compiled == [str(model)]
-        assert len(os.listdir(kept)) == 1                                    # (the newest kept)
-        for f in os.listdir(kept):
-            (kept / f).write_bytes(b"\xe3 not marshal")
+        assert len(os.listdir(kept)) == 1                                    # (the most recently used kept)
+        (entry,) = [kept / f for f in os.listdir(kept)]
+        data = entry.read_bytes()
+        assert b"silu" in data[32:]
+        entry.write_bytes(data[:32] + data[32:].replace(b"silu", b"relu"))   # still marshal: not run
         r = lock()
         assert r["verdict"] == "fail" and r["first_divergence"]["op"] == "swiglu" and compiled == [str(model)]
         assert lock()["verdict"] == "fail" and compiled == []
+        entry.write_bytes(b"\xe3 not marshal")
+        assert lock()["verdict"] == "fail" and compiled == [str(model)]
+        odd = tmp_path / os.fsdecode(b"m\xffx")
+        shutil.copytree(zoo["bundle"], odd)
+        assert lock(odd)["verdict"] == "pass" and lock(odd)["verdict"] == "pass" and compiled == []
     finally:
         fingerprint.bind(None)
         bundle_module._CODE.clear()

@@ -1,65 +1,38 @@
 """The bundle's model.py as the lock runs it: a fresh module from the bytes the lock hashed."""
 
 import hashlib
-import importlib.util
-import marshal
 import os
+import sys
 import threading
 import types
 import uuid
 
-from .. import fingerprint
-from ..files import open_regular, write_atomic
+from . import compiled_store
 from .probe import BundleFault, CouldNotRun, bundles_fault
 
-_CODE, _KEPT = {}, 8   # (path, sha256 of the bytes): their code object, the last few compiled
+_CODE, _KEPT = {}, 8   # (path, sha256 of the bytes, -O): their code object, the last few compiled
 _LOCK = threading.Lock()   # (a worker may run checks on several threads)
-FILES_KEPT, FILE_BYTES = 64, 64 << 20   # build/.compiled/: the newest, each at most this big
 
 
 def _compiled(source, path):
     """`source` compiled, once per content: a program's checks at other dtypes (one lock task, one
     Dask worker) run the same bytes, and a 3,000-line model.py takes 50 ms to compile. Keyed by
-    the bytes' digest, never by the file's stat. Where a zoo's record is bound (a zoo run, a hand
-    lock at its root), the code is kept in its build/.compiled/ for later processes too: a file
-    named by the sha256 of the path and the bytes, and the interpreter's bytecode version."""
-    key = (path, hashlib.sha256(source).hexdigest())
+    the bytes' digest, never by the file's stat; kept for later processes where a zoo is bound
+    (compiled_store)."""
+    key = (path, hashlib.sha256(source).hexdigest(), sys.flags.optimize)
     code = _CODE.get(key)
     if code is None:
-        folder = fingerprint.folder()
-        kept = folder and os.path.join(folder, ".compiled", hashlib.sha256(f"{path}\0{key[1]}".encode()).hexdigest()
-                                       + "-" + importlib.util.MAGIC_NUMBER.hex())
-        code = kept and _read_kept(kept, path)
+        kept = compiled_store.entry(path, key[1])
+        code = kept and compiled_store.read(kept, path)
         if code is None:
             code = compile(source, path, "exec", dont_inherit=True)
             if kept:
-                _keep(kept, code)
+                compiled_store.keep(kept, code)
         with _LOCK:
             while len(_CODE) >= _KEPT:
                 _CODE.pop(next(iter(_CODE)))
             _CODE[key] = code
     return code
-
-
-def _read_kept(kept, path):
-    try:
-        with open_regular(kept) as f:
-            code = marshal.loads(f.read(FILE_BYTES))
-    except (OSError, ValueError, EOFError, TypeError):
-        return None
-    return code if isinstance(code, types.CodeType) and code.co_filename == path else None
-
-
-def _keep(kept, code):
-    """`code` into its file (best effort), and the folder held to its newest FILES_KEPT."""
-    try:
-        write_atomic(kept, marshal.dumps(code))
-        folder = os.path.dirname(kept)
-        files = sorted(os.scandir(folder), key=lambda e: e.stat().st_mtime_ns)
-        for old in files[:-FILES_KEPT]:
-            os.unlink(old.path)
-    except (OSError, ValueError):
-        pass
 
 
 def load_bundle_module(bundle_dir, source=None, limit=None):

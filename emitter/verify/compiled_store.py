@@ -1,0 +1,77 @@
+"""A bundle's compiled model.py kept for later processes, in a zoo's build/.compiled/ (where its
+record is bound: a zoo run's driver, a hand lock at the zoo's root; a Dask worker binds none and
+keeps its code in memory only). An entry is named by the sha256 of the file's path, its bytes'
+sha256, the interpreter's bytecode version and its optimisation level (-O strips asserts), and
+holds the sha256 of its marshalled code before the code: an entry whose code is not the one its
+digest names (damaged, or written by anything else) is compiled over, never run. No .pyc: one is
+trusted while its source keeps its size and mtime. Best effort throughout: a folder that cannot
+be read or written costs a compile, never a check."""
+
+import hashlib
+import importlib.util
+import marshal
+import os
+import sys
+import types
+
+from .. import fingerprint
+from ..files import open_regular, write_atomic
+
+FILES_KEPT, FILE_BYTES = 1024, 64 << 20   # the most recently used entries kept; each at most this big
+_DIGEST = 32
+
+
+def entry(path, sha):
+    """The entry's path for model.py at `path` with bytes of sha256 `sha`, or None (no zoo bound,
+    or a path that cannot be named)."""
+    folder = fingerprint.folder()
+    if folder is None:
+        return None
+    try:
+        name = hashlib.sha256(os.fsencode(path) + b"\0" + sha.encode()).hexdigest()
+    except (TypeError, ValueError):
+        return None
+    return os.path.join(folder, ".compiled", f"{name}-{importlib.util.MAGIC_NUMBER.hex()}-o{sys.flags.optimize}")
+
+
+def read(kept, path):
+    """The code kept at `kept` for model.py at `path`, or None; a hit is marked used (its mtime)."""
+    try:
+        with open_regular(kept) as f:
+            data = f.read(FILE_BYTES + 1)
+        if len(data) > FILE_BYTES or hashlib.sha256(data[_DIGEST:]).digest() != data[:_DIGEST]:
+            return None
+        code = marshal.loads(data[_DIGEST:])
+    except (OSError, ValueError, EOFError, TypeError):
+        return None
+    if not (isinstance(code, types.CodeType) and code.co_filename == path):
+        return None
+    try:
+        os.utime(kept)
+    except OSError:
+        pass
+    return code
+
+
+def keep(kept, code):
+    """`code` into its entry, and the folder held near its FILES_KEPT most recently used."""
+    try:
+        data = marshal.dumps(code)
+        write_atomic(kept, hashlib.sha256(data).digest() + data)
+        folder = os.path.dirname(kept)
+        names = os.listdir(folder)
+    except (OSError, ValueError):
+        return
+    if len(names) <= FILES_KEPT + FILES_KEPT // 4:   # (pruned now and then: a stat of each)
+        return
+    used = []
+    for name in names:
+        try:
+            used.append((os.lstat(os.path.join(folder, name)).st_mtime_ns, name))
+        except OSError:
+            pass
+    for _, name in sorted(used)[:-FILES_KEPT]:
+        try:
+            os.unlink(os.path.join(folder, name))
+        except OSError:
+            pass
