@@ -44,14 +44,16 @@ class Fingerprints:
 
     Entries are keyed by the path as the caller names it, without resolving it against the
     working directory (the stamp holds the inode, so a relative path that names another file
-    after a chdir misses, as a moved file does), except that an absolute path inside the folder
-    holding the record's build/ is keyed by its path from there, as the zoo names it (a hand
-    lock given its weights by an absolute path finds them on record)."""
+    after a chdir misses, as a moved file does), except that a path inside the folder holding
+    the record's build/ is keyed by its path from there, as the zoo names it: an absolute one,
+    and a relative one where the record was bound from another folder (a hand lock given its
+    weights by an absolute path, or run in a folder of the zoo, finds them on record)."""
 
     def __init__(self, path=None):
         self.path = path
         build = path and os.path.dirname(os.path.abspath(path))
         self.root = build and os.path.basename(build) == "build" and os.path.dirname(build) + os.sep
+        self.away = bool(self.root) and os.path.join(os.getcwd(), "") != self.root   # (bound from elsewhere)
         old = read_json(path) if path else None
         ok = isinstance(old, dict) and old.get("version") == VERSION and isinstance(old.get("files"), dict)
         self.files = old["files"] if ok else {}
@@ -80,6 +82,8 @@ class Fingerprints:
             self.found = True
 
     def _key(self, path):
+        if self.away and type(path) is str and not os.path.isabs(path):
+            path = os.path.abspath(path)
         return path[len(self.root):] if self.root and type(path) is str and path.startswith(self.root) else path
 
     def recorded(self, path, stamp):
@@ -97,7 +101,8 @@ class Fingerprints:
         if not stat.S_ISREG(st.st_mode):
             raise OSError(f"{path}: not a regular file")
         stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:"
-        key = path[len(self.root):] if self.root and type(path) is str and path.startswith(self.root) else path
+        key = self._key(path) if self.away else \
+            path[len(self.root):] if self.root and type(path) is str and path.startswith(self.root) else path
         hit = self.files.get(key)
         if type(hit) is str and len(hit) == len(stamp) + 64 and hit.startswith(stamp):
             return hit[-64:]

@@ -301,8 +301,9 @@ def test_a_renamed_folders_hashes_stay_on_record(tmp_path):
 
 
 def test_a_lock_by_hand_inside_a_zoo_takes_the_zoos_hashes(tmp_path, monkeypatch):
-    """`logos lock` run at a zoo's root reads build/.fingerprints.json: a weights file the zoo
-    hashed (its stamp on record) is not read again; its recorded hash is the one the result names."""
+    """`logos lock` run in a zoo reads its build/.fingerprints.json: a weights file the zoo hashed
+    (its stamp on record) is not read again, whether named from the zoo's root, by an absolute
+    path, or from a folder inside the zoo; its recorded hash is the one the result names."""
     import hashlib
     from emitter import fingerprint
     from emitter.cli import main
@@ -333,6 +334,14 @@ def test_a_lock_by_hand_inside_a_zoo_takes_the_zoos_hashes(tmp_path, monkeypatch
         fingerprint.bind(None)
     assert json.load(open("r2.json"))["hashes"]["weights"] == want
     assert read and not [f for f in read if f.startswith(str(tmp_path / "w"))], read   # (the bundle's: fresh)
+    read.clear()   # run in a folder of the zoo, its paths relative to there: the zoo's record all the same
+    monkeypatch.chdir(tmp_path / "b")
+    try:
+        main(["lock", ".", "--program", "../p.logos", "--weights", "../w", "-o", "../r3.json"])
+    finally:
+        fingerprint.bind(None)
+    assert json.load(open("../r3.json"))["hashes"]["weights"] == want
+    assert not [f for f in read if "/w/" in os.path.abspath(f)], read
 
 
 def test_weights_changed_after_their_manifest_are_an_error(zoo):

@@ -1,5 +1,5 @@
 """A bundle's compiled model.py kept for later processes, in a zoo's build/.compiled/ (where its
-record is bound: a zoo run's driver, a hand lock at the zoo's root; a Dask worker binds none and
+record is bound: a zoo run's driver, a hand lock in the zoo; a Dask worker binds none and
 keeps its code in memory only). An entry is named by the sha256 of the file's path, its bytes'
 sha256, the interpreter's bytecode version and its optimisation level (-O strips asserts), and
 holds the sha256 of its marshalled code before the code: an entry whose code is not the one its

@@ -49,6 +49,19 @@ TESTED = ("float32", "float64")
 ZOO_RECORD = os.path.join("build", ".fingerprints.json")   # a zoo's hash record, from its root
 
 
+def zoo_record():
+    """The hash record of the zoo this folder lies in (build/.fingerprints.json here or in a
+    folder above), or None."""
+    here = os.getcwd()
+    while True:
+        if os.path.isfile(os.path.join(here, ZOO_RECORD)):
+            return os.path.join(here, ZOO_RECORD)
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
+
+
 def main(args):
     if not 1 <= args.threads <= MAX_THREADS:
         print(f"--threads must be from 1 to {MAX_THREADS}, got {args.threads}", file=sys.stderr)
@@ -68,8 +81,9 @@ def main(args):
     except (OSError, ValueError, KeyError) as e:
         print(f"-o {args.out}: not written: {e}", file=sys.stderr)
         return 2
-    if os.path.isfile(ZOO_RECORD):   # run inside a zoo: a weights file it hashed is not read again
-        fingerprint.bind(ZOO_RECORD)
+    record = zoo_record()
+    if record:   # run inside a zoo: a weights file it hashed is not read again
+        fingerprint.bind(record)
     golden = {}
     with thread_limits(args.threads) as threads:
         r = lock_bundle(args.bundle, args.program, args.weights, args.dtype, args.steps, args.atol,
