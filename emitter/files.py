@@ -112,6 +112,16 @@ def open_regular(path, flags=os.O_RDONLY, mode="rb"):
         raise
 
 
+def private(path, st=None):
+    """Whether `path` (or its os.stat `st`) is this user's and writable by no one else: what code
+    is run from (a kept compiled model.py) must be, with every folder it lies in up to the zoo's."""
+    try:
+        st = st or os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
 def read_json(path, limit=MAX_JSON):
     """A JSON file's object, or None when it is missing, not JSON, not an object (every file the
     project reads this way is one: a status file holding `"x"` is as good as none) or over `limit`

@@ -26,7 +26,7 @@ import stat
 import threading
 import time
 
-from .files import read_json, write_atomic
+from .files import private, read_json, write_atomic
 
 VERSION = 3
 RACY_S = 2.0
@@ -62,8 +62,9 @@ class Fingerprints:
         self.findings, self.found = None, False   # (`checked`: read when first asked)
 
     def _findings(self):
-        if self.findings is None:
-            old = read_json(self.path[:-len(".json")] + ".checked.json") if self.path else None
+        if self.findings is None:   # (only from a build/ no one else can write)
+            old = read_json(self.path[:-len(".json")] + ".checked.json") \
+                if self.path and private(os.path.dirname(os.path.abspath(self.path))) else None
             ok = isinstance(old, dict) and old.get("version") == VERSION and isinstance(old.get("found"), dict)
             self.findings = old["found"] if ok else {}
         return self.findings

@@ -342,6 +342,13 @@ def test_a_lock_by_hand_inside_a_zoo_takes_the_zoos_hashes(tmp_path, monkeypatch
         fingerprint.bind(None)
     assert json.load(open("../r3.json"))["hashes"]["weights"] == want
     assert not [f for f in read if "/w/" in os.path.abspath(f)], read
+    os.chmod(tmp_path / "build", 0o777)   # a build/ others may write names no hashes, keeps nothing
+    try:
+        main(["lock", ".", "--program", "../p.logos", "--weights", "../w", "-o", "../r4.json"])
+    finally:
+        fingerprint.bind(None)
+        os.chmod(tmp_path / "build", 0o755)
+    assert json.load(open("../r4.json"))["hashes"]["weights"] != want
 
 
 def test_weights_changed_after_their_manifest_are_an_error(zoo):

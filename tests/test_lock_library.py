@@ -312,7 +312,8 @@ def test_compiled_code_is_kept_by_its_bytes_and_an_edit_compiles_anew(zoo, tmp_p
     """At a zoo's root, model.py's compiled code is kept in build/.compiled/ by the sha256 of its
     path and bytes (and -O): a later process runs it without compiling; an edit that keeps size
     and mtime compiles anew and runs; a kept entry whose code is not what its digest names (a
-    byte changed, garbage) is compiled over, never run; a path that is no UTF-8 is kept too."""
+    byte changed, garbage) is compiled over, never run, as is one in a folder others may write;
+    a path that is no UTF-8 is kept too."""
     from emitter import fingerprint
     from emitter.verify import bundle_module, compiled_store
     bundle = tmp_path / "bundle"
@@ -348,6 +349,10 @@ def test_compiled_code_is_kept_by_its_bytes_and_an_edit_compiles_anew(zoo, tmp_p
         assert lock()["verdict"] == "fail" and compiled == []
         entry.write_bytes(b"\xe3 not marshal")
         assert lock()["verdict"] == "fail" and compiled == [str(model)]
+        os.chmod(kept, 0o777)                       # a folder others may write: nothing run from it
+        assert lock()["verdict"] == "fail" and compiled == [str(model)]
+        os.chmod(kept, 0o755)
+        assert lock()["verdict"] == "fail" and compiled == []
         odd = tmp_path / os.fsdecode(b"m\xffx")
         shutil.copytree(zoo["bundle"], odd)
         assert lock(odd)["verdict"] == "pass" and lock(odd)["verdict"] == "pass" and compiled == []

@@ -3,7 +3,9 @@ record is bound: a zoo run's driver, a hand lock in the zoo; a Dask worker binds
 keeps its code in memory only). An entry is named by the sha256 of the file's path, its bytes'
 sha256, the interpreter's bytecode version and its optimisation level (-O strips asserts), and
 holds the sha256 of its marshalled code before the code: an entry whose code is not the one its
-digest names (damaged, or written by anything else) is compiled over, never run. No .pyc: one is
+digest names (damaged) is compiled over, never run. That digest is no signature: an entry is run
+only where it, .compiled/ and build/ are this user's and writable by no one else (files.private;
+a build/ another user could write, in a shared folder, is never run from). No .pyc: one is
 trusted while its source keeps its size and mtime. Best effort throughout: a folder that cannot
 be read or written costs a compile, never a check."""
 
@@ -15,7 +17,7 @@ import sys
 import types
 
 from .. import fingerprint
-from ..files import open_regular, write_atomic
+from ..files import open_regular, private, write_atomic
 
 FILES_KEPT, FILE_BYTES = 1024, 64 << 20   # the most recently used entries kept; each at most this big
 _DIGEST = 32
@@ -36,8 +38,13 @@ def entry(path, sha):
 
 def read(kept, path):
     """The code kept at `kept` for model.py at `path`, or None; a hit is marked used (its mtime)."""
+    folder = os.path.dirname(kept)
+    if not (private(folder) and private(os.path.dirname(folder))):
+        return None
     try:
         with open_regular(kept) as f:
+            if not private(None, os.fstat(f.fileno())):
+                return None
             data = f.read(FILE_BYTES + 1)
         if len(data) > FILE_BYTES or hashlib.sha256(data[_DIGEST:]).digest() != data[:_DIGEST]:
             return None

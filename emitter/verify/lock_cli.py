@@ -6,7 +6,7 @@ import os
 import sys
 
 from .. import fingerprint
-from ..files import unwritable, write_files
+from ..files import private, unwritable, write_files
 from ..ops.precision import parse_policy
 from . import verdict
 from .lock import lock_bundle
@@ -51,11 +51,12 @@ ZOO_RECORD = os.path.join("build", ".fingerprints.json")   # a zoo's hash record
 
 def zoo_record():
     """The hash record of the zoo this folder lies in (build/.fingerprints.json here or in a
-    folder above), or None."""
+    folder above), or None; only a build/ that is this user's and no one else's to write (one in
+    a shared folder could name other hashes, and keeps compiled code)."""
     here = os.getcwd()
     while True:
         if os.path.isfile(os.path.join(here, ZOO_RECORD)):
-            return os.path.join(here, ZOO_RECORD)
+            return os.path.join(here, ZOO_RECORD) if private(os.path.join(here, "build")) else None
         up = os.path.dirname(here)
         if up == here:
             return None
