@@ -59,12 +59,12 @@ class Fingerprints:
         self.files = old["files"] if ok else {}
         self.dirty = False
         self._lock = threading.Lock()
-        self.findings, self.found = None, False   # (`checked`: read when first asked)
+        self.findings, self.found, self.private = None, False, False   # (`checked`: read when first asked)
 
     def _findings(self):
         if self.findings is None:   # (only from a build/ no one else can write)
-            old = read_json(self.path[:-len(".json")] + ".checked.json") \
-                if self.path and private(os.path.dirname(os.path.abspath(self.path))) else None
+            self.private = bool(self.path) and private(os.path.dirname(os.path.abspath(self.path)))
+            old = read_json(self.path[:-len(".json")] + ".checked.json") if self.private else None
             ok = isinstance(old, dict) and old.get("version") == VERSION and isinstance(old.get("found"), dict)
             self.findings = old["found"] if ok else {}
         return self.findings
@@ -83,8 +83,8 @@ class Fingerprints:
             self.found = True
 
     def _key(self, path):
-        if self.away and type(path) is str and not os.path.isabs(path):
-            path = os.path.abspath(path)
+        if self.away and type(path) is str and not os.path.isabs(path):   # (`..` after a link: where it leads)
+            path = os.path.realpath(path) if ".." in path else os.path.abspath(path)
         return path[len(self.root):] if self.root and type(path) is str and path.startswith(self.root) else path
 
     def recorded(self, path, stamp):
@@ -154,7 +154,7 @@ class Fingerprints:
             return
         with self._lock:
             bodies = {self.path: {"version": VERSION, "files": self.files}} if self.dirty else {}
-            if self.found:
+            if self.found and self.private:   # (one never read is never written over)
                 bodies[self.path[:-len(".json")] + ".checked.json"] = {"version": VERSION, "found": self.findings}
             bodies = {p: json.dumps(b, separators=(",", ":")) for p, b in bodies.items()}
             self.dirty = self.found = False

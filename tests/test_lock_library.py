@@ -312,8 +312,8 @@ def test_compiled_code_is_kept_by_its_bytes_and_an_edit_compiles_anew(zoo, tmp_p
     """At a zoo's root, model.py's compiled code is kept in build/.compiled/ by the sha256 of its
     path and bytes (and -O): a later process runs it without compiling; an edit that keeps size
     and mtime compiles anew and runs; a kept entry whose code is not what its digest names (a
-    byte changed, garbage) is compiled over, never run, as is one in a folder others may write;
-    a path that is no UTF-8 is kept too."""
+    byte changed, garbage, another entry's code in its place) is compiled over, never run, as is
+    one in a folder others may write; a path that is no UTF-8 is kept too."""
     from emitter import fingerprint
     from emitter.verify import bundle_module, compiled_store
     bundle = tmp_path / "bundle"
@@ -334,8 +334,8 @@ def test_compiled_code_is_kept_by_its_bytes_and_an_edit_compiles_anew(zoo, tmp_p
         assert lock()["verdict"] == "pass" and compiled == [str(model)] and len(os.listdir(kept)) == 1
         assert os.listdir(kept)[0].endswith(f"-o{sys.flags.optimize}")
         assert lock()["verdict"] == "pass" and compiled == []
-        st = os.stat(model)
-        model.write_bytes(model.read_bytes().replace(b"    return F.silu(g) * u\n", b"    return F.silu(g) * g\n"))
+        st, original = os.stat(model), model.read_bytes()
+        model.write_bytes(original.replace(b"    return F.silu(g) * u\n", b"    return F.silu(g) * g\n"))
         os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
         r = lock()
         assert r["verdict"] == "fail" and r["first_divergence"]["op"] == "swiglu" and compiled == [str(model)]
@@ -353,6 +353,11 @@ def test_compiled_code_is_kept_by_its_bytes_and_an_edit_compiles_anew(zoo, tmp_p
         assert lock()["verdict"] == "fail" and compiled == [str(model)]
         os.chmod(kept, 0o755)
         assert lock()["verdict"] == "fail" and compiled == []
+        edited = entry.read_bytes()          # the edit's entry put where the original's goes: not run
+        model.write_bytes(original)
+        with open(compiled_store.entry(str(model), hashlib.sha256(original).hexdigest()), "wb") as f:
+            f.write(edited)
+        assert lock()["verdict"] == "pass" and compiled == [str(model)]
         odd = tmp_path / os.fsdecode(b"m\xffx")
         shutil.copytree(zoo["bundle"], odd)
         assert lock(odd)["verdict"] == "pass" and lock(odd)["verdict"] == "pass" and compiled == []

@@ -23,11 +23,11 @@ def _compiled(source, path):
     code = _CODE.get(key)
     if code is None:
         kept = compiled_store.entry(path, key[1])
-        code = kept and compiled_store.read(kept, path)
+        code = kept and compiled_store.read(kept, path, key[1])
         if code is None:
             code = compile(source, path, "exec", dont_inherit=True)
             if kept:
-                compiled_store.keep(kept, code)
+                compiled_store.keep(kept, key[1], code)
         with _LOCK:
             while len(_CODE) >= _KEPT:
                 _CODE.pop(next(iter(_CODE)))

@@ -2,12 +2,13 @@
 record is bound: a zoo run's driver, a hand lock in the zoo; a Dask worker binds none and
 keeps its code in memory only). An entry is named by the sha256 of the file's path, its bytes'
 sha256, the interpreter's bytecode version and its optimisation level (-O strips asserts), and
-holds the sha256 of its marshalled code before the code: an entry whose code is not the one its
-digest names (damaged) is compiled over, never run. That digest is no signature: an entry is run
-only where it, .compiled/ and build/ are this user's and writable by no one else (files.private;
-a build/ another user could write, in a shared folder, is never run from). No .pyc: one is
-trusted while its source keeps its size and mtime. Best effort throughout: a folder that cannot
-be read or written costs a compile, never a check."""
+holds a sha256 of the bytes' sha256 and the marshalled code before them: an entry that is not
+what its digest names (damaged), or names other bytes (another entry linked in its place), is
+compiled over, never run. That digest is no signature: entries are kept and run only where
+they, .compiled/ and build/ are this user's and writable by no one else (files.private: under a
+umask of 002, or in a shared folder, nothing is kept). No .pyc: one is trusted while its source
+keeps its size and mtime. Best effort throughout: a folder that cannot be read or written costs
+a compile, never a check."""
 
 import hashlib
 import importlib.util
@@ -25,9 +26,9 @@ _DIGEST = 32
 
 def entry(path, sha):
     """The entry's path for model.py at `path` with bytes of sha256 `sha`, or None (no zoo bound,
-    or a path that cannot be named)."""
+    a build/ others may write, or a path that cannot be named)."""
     folder = fingerprint.folder()
-    if folder is None:
+    if folder is None or not private(folder):
         return None
     try:
         name = hashlib.sha256(os.fsencode(path) + b"\0" + sha.encode()).hexdigest()
@@ -36,19 +37,20 @@ def entry(path, sha):
     return os.path.join(folder, ".compiled", f"{name}-{importlib.util.MAGIC_NUMBER.hex()}-o{sys.flags.optimize}")
 
 
-def read(kept, path):
-    """The code kept at `kept` for model.py at `path`, or None; a hit is marked used (its mtime)."""
-    folder = os.path.dirname(kept)
-    if not (private(folder) and private(os.path.dirname(folder))):
+def read(kept, path, sha):
+    """The code kept at `kept` for model.py at `path` with bytes of sha256 `sha`, or None; a hit
+    is marked used (its mtime)."""
+    if not private(os.path.dirname(kept)):
         return None
     try:
         with open_regular(kept) as f:
             if not private(None, os.fstat(f.fileno())):
                 return None
             data = f.read(FILE_BYTES + 1)
-        if len(data) > FILE_BYTES or hashlib.sha256(data[_DIGEST:]).digest() != data[:_DIGEST]:
+        if len(data) > FILE_BYTES or hashlib.sha256(data[_DIGEST:]).digest() != data[:_DIGEST] \
+                or data[_DIGEST:_DIGEST + 64] != sha.encode():   # (another entry's, linked here)
             return None
-        code = marshal.loads(data[_DIGEST:])
+        code = marshal.loads(data[_DIGEST + 64:])
     except (OSError, ValueError, EOFError, TypeError):
         return None
     if not (isinstance(code, types.CodeType) and code.co_filename == path):
@@ -60,10 +62,11 @@ def read(kept, path):
     return code
 
 
-def keep(kept, code):
-    """`code` into its entry, and the folder held near its FILES_KEPT most recently used."""
+def keep(kept, sha, code):
+    """`code` (of bytes of sha256 `sha`) into its entry, and the folder held near its FILES_KEPT
+    most recently used."""
     try:
-        data = marshal.dumps(code)
+        data = sha.encode() + marshal.dumps(code)
         write_atomic(kept, hashlib.sha256(data).digest() + data)
         folder = os.path.dirname(kept)
         names = os.listdir(folder)

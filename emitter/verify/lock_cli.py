@@ -51,8 +51,9 @@ ZOO_RECORD = os.path.join("build", ".fingerprints.json")   # a zoo's hash record
 
 def zoo_record():
     """The hash record of the zoo this folder lies in (build/.fingerprints.json here or in a
-    folder above), or None; only a build/ that is this user's and no one else's to write (one in
-    a shared folder could name other hashes, and keeps compiled code)."""
+    folder above), or None; only a build/ that is this user's and no one else's to write: one
+    found above the cwd may lie in a shared folder, where anyone could have put hashes of other
+    bytes. (A zoo's own run trusts its build/ whatever its mode, as it trusts its results.)"""
     here = os.getcwd()
     while True:
         if os.path.isfile(os.path.join(here, ZOO_RECORD)):
