@@ -351,6 +351,24 @@ def test_a_lock_by_hand_inside_a_zoo_takes_the_zoos_hashes(tmp_path, monkeypatch
     assert json.load(open("../r4.json"))["hashes"]["weights"] != want
 
 
+def test_a_record_bound_in_a_folder_of_the_zoo_keys_paths_where_they_lead(tmp_path, monkeypatch):
+    """Bound from a folder inside the zoo, a relative path is keyed from the zoo's root; one whose
+    `..` follows a link out of the zoo is keyed where it leads, never as the zoo's file of that
+    name (`x/../w/f` with x a link elsewhere names elsewhere's w/f)."""
+    from emitter import fingerprint
+    zoo, other = tmp_path / "zoo", tmp_path / "other"
+    for d in (zoo / "build", zoo / "sub", zoo / "w", other / "deep", other / "w"):
+        d.mkdir(parents=True)
+    (zoo / "x").symlink_to(other / "deep")
+    monkeypatch.chdir(zoo / "sub")
+    try:
+        record = fingerprint.bind(str(zoo / "build" / ".fingerprints.json"))
+        assert record._key("../w/f") == "w/f" and record._key(str(zoo / "w" / "f")) == "w/f"
+        assert record._key("../x/../w/f") == str(other / "w" / "f")
+    finally:
+        fingerprint.bind(None)
+
+
 def test_weights_changed_after_their_manifest_are_an_error(zoo):
     """A lock told the weights' hashes (doit's locks are: those its key names) checks the files it read
     against them: weights edited after the manifest was taken (say while the run waited for a
