@@ -114,7 +114,7 @@ def open_regular(path, flags=os.O_RDONLY, mode="rb"):
 
 def private(path, st=None):
     """Whether `path` (or its os.stat `st`) is this user's and writable by no one else: what code
-    is run from (a kept compiled model.py) must be, with every folder it lies in up to the zoo's."""
+    is run from (a kept compiled model.py) must be, and so must its folder and the zoo's build/."""
     try:
         st = st or os.stat(path)
     except OSError:

@@ -51,7 +51,7 @@ class Fingerprints:
 
     def __init__(self, path=None):
         self.path = path
-        build = path and os.path.dirname(os.path.abspath(path))
+        self.build = build = path and os.path.dirname(os.path.abspath(path))
         self.root = build and os.path.basename(build) == "build" and os.path.dirname(build) + os.sep
         self.away = bool(self.root) and os.path.join(os.getcwd(), "") != self.root   # (bound from elsewhere)
         old = read_json(path) if path else None
@@ -63,7 +63,7 @@ class Fingerprints:
 
     def _findings(self):
         if self.findings is None:   # (only from a build/ no one else can write)
-            self.private = bool(self.path) and private(os.path.dirname(os.path.abspath(self.path)))
+            self.private = bool(self.build) and private(self.build)
             old = read_json(self.path[:-len(".json")] + ".checked.json") if self.private else None
             ok = isinstance(old, dict) and old.get("version") == VERSION and isinstance(old.get("found"), dict)
             self.findings = old["found"] if ok else {}

@@ -46,8 +46,8 @@ _PASSED, _PASSED_LOCK = OrderedDict(), threading.Lock()
 PASSED_LIMIT = 1 << 14
 # what a kept finding was found by: this module and the reader of weight files, as this process
 # imported them (bytecode.IMPORTED; None, where they were not recorded: nothing is kept past it)
-_SCAN_CODE = "".join(str(IMPORTED.get(f))[:16] for f in (__file__, weight_files.__file__))
-_SCAN_CODE = None if "None" in _SCAN_CODE else _SCAN_CODE
+_SCANNED_BY = [IMPORTED.get(os.path.abspath(f)) for f in (__file__, weight_files.__file__)]
+_SCAN_CODE = None if None in _SCANNED_BY else "".join(sha[:16] for sha in _SCANNED_BY)
 
 
 def _read_leaf(program, name, directory, place, nonfinite_ok=False):
