@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sqlite3
+import sys
 import time
 
 import numpy as np
@@ -591,7 +592,8 @@ def test_a_history_whose_checkpoint_is_under_way_is_not_damaged(tmp_path):
 def test_results_are_not_current_where_a_bundle_or_derived_weights_were_edited_by_hand(tmp_path):
     """`logos results` takes a check's bundle and derived weights from the records its key names
     (the emit status, .derived.json): a hand edit of either on disk, even one that keeps size and
-    mtime, makes its verdicts not current (exit 1), as the next run treats them."""
+    mtime, makes its verdicts not current (exit 1), as the next run treats them; so does an edit
+    of the golden/ the lock settled (the next run locks again to settle it)."""
     import subprocess
     import sys
     z = _derived_zoo(tmp_path)
@@ -603,7 +605,8 @@ def test_results_are_not_current_where_a_bundle_or_derived_weights_were_edited_b
         return p.returncode, p.stdout + p.stderr
     assert results("d")[0] == 0
     for path, edit in ((z / "build/bundles/d/model.py", lambda b: b.replace(b"eps", b"epz", 1)),
-                       (z / "build/weights/d/w.f64", lambda b: b[:-1] + bytes([b[-1] ^ 0x80]))):
+                       (z / "build/weights/d/w.f64", lambda b: b[:-1] + bytes([b[-1] ^ 0x80])),
+                       (z / "build/bundles/d/golden/golden.json", lambda b: b.replace(b"0", b"9", 1))):
         before = path.read_bytes()
         _same_stat_edit(path, edit)
         rc, out = results("d")
@@ -616,6 +619,70 @@ def test_results_are_not_current_where_a_bundle_or_derived_weights_were_edited_b
     rc, ran, out = doit(z)
     assert rc == 0 and "weights:d" in ran, out    # made again: current again
     assert results("d")[0] == 0
+
+
+SHADOWED_IMPORTER = '''"""A test importer computing with a library of the import's: w scaled by safetensors.SCALE
+(the installed safetensors has none: 1)."""
+import os
+import numpy as np
+import safetensors
+
+
+def add_arguments(p):
+    p.add_argument("checkpoint")
+    p.add_argument("--program", required=True)
+    p.add_argument("-o", "--out", required=True)
+
+
+def main(args):
+    os.makedirs(args.out, exist_ok=True)
+    w = np.fromfile(args.checkpoint) * getattr(safetensors, "SCALE", 1.0)
+    w.tofile(os.path.join(args.out, "w.f64"))
+    return 0
+'''
+
+
+def test_a_library_of_the_import_shadowed_on_the_path_is_in_the_import_key(tmp_path):
+    """A `safetensors/` folder in the zoo, which the run's path finds before the installed library,
+    makes other derived weights from the same checkpoint: the import key moves (weights derived
+    and locked again, never the old verdicts standing on the new weights), and moves back with the
+    folder gone. The import's child finds its libraries where the run does, the folder included."""
+    z = _derived_zoo(tmp_path)
+    (z / "emitter/importers/fake.py").write_text(SHADOWED_IMPORTER)
+    ckpt = np.fromfile(z / "ckpt/w.bin")
+    rc, ran, out = doit(z)
+    assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
+    first = {n: r["key"] for n, r in _results(z).items()}
+    (z / "safetensors").mkdir()
+    (z / "safetensors/__init__.py").write_text("SCALE = 2.0\n")
+    rc, ran, out = doit(z)
+    assert {"weights:d", "lock:d"} <= ran, out
+    assert np.array_equal(np.fromfile(z / "build/weights/d/w.f64"), 2 * ckpt)
+    shadowed = _results(z)
+    assert all(r["key"] != first[n] or r["verdict"] != "pass" for n, r in shadowed.items()), shadowed
+    shutil.rmtree(z / "safetensors")
+    rc, ran, out = doit(z)
+    assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
+    assert np.array_equal(np.fromfile(z / "build/weights/d/w.f64"), ckpt)
+    assert {n: r["key"] for n, r in _results(z).items()} == first
+
+
+def test_the_import_runs_with_the_path_of_the_run(tmp_path, monkeypatch):
+    """The import's command finds modules where the process that keyed it does, not first in its
+    working folder (where `python -m` would look)."""
+    import subprocess
+    from emitter.importers.entry import same_path
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib/probe_where.py").write_text("import json, sys, safetensors\n"
+                                                  "print(json.dumps([sys.argv[1:], sys.path, safetensors.__file__]))\n")
+    (tmp_path / "cwd/safetensors").mkdir(parents=True)
+    (tmp_path / "cwd/safetensors/__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    p = subprocess.run(same_path("probe_where", ["a", "--b", "c d"]), cwd=tmp_path / "cwd",
+                       capture_output=True, text=True, timeout=120)
+    args, path, found = json.loads(p.stdout)
+    assert args == ["a", "--b", "c d"] and path[:len(sys.path)] == [x or os.getcwd() for x in sys.path]
+    assert not found.startswith(str(tmp_path / "cwd"))
 
 
 def test_a_run_that_does_not_end_leaves_no_report_that_says_pass(tmp_path):

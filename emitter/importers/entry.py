@@ -5,6 +5,7 @@ weights again; nothing else of the package runs in it."""
 
 import argparse
 import importlib
+import json
 import os
 import sys
 
@@ -44,11 +45,25 @@ def run(name, args):
         return 1
 
 
+# a child that finds its modules where this process does: `python -m` would put its working folder
+# first on its path, where a `safetensors/` folder there would run in place of the library the
+# import key names (emitter.pipeline.digests: the key holds where this process finds it)
+_SAME_PATH = "import json, runpy, sys; sys.path[:] = json.loads(sys.argv.pop(1)); " \
+             "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+
+
+def same_path(module, args):
+    """`python -m module args…` in a child whose sys.path is this process's, in its order."""
+    path = json.dumps([p or os.getcwd() for p in sys.path])
+    return [sys.executable, "-c", _SAME_PATH, path, module, *args]
+
+
 def command(name, checkpoint, program, out):
     """The command the pipeline's weights task runs to derive a program's weights: here, in the
     code an import key names, so how an import is asked for moves that key (and the verdicts
-    computed on what it made) as any edit of an importer does."""
-    return [sys.executable, "-m", "emitter.importers", name, checkpoint, "--program", program, "-o", out]
+    computed on what it made) as any edit of an importer does; its libraries found where this
+    process finds them, which the key names."""
+    return same_path("emitter.importers", [name, checkpoint, "--program", program, "-o", out])
 
 
 def main(argv=None):

@@ -42,7 +42,8 @@ CODE = {
                        "pipeline/report_html.py"),
 }
 # the libraries whose code makes an import's numbers as much as the importers' own: a gguf upgrade
-# that dequantises differently must re-derive the weights and change the verdict cache's keys
+# that dequantises differently, or a `safetensors/` folder on the path in place of the library,
+# must re-derive the weights and change the verdict cache's keys
 PACKAGES = {"import": ("gguf", "safetensors", "ml_dtypes", "numpy", "torch")}
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the emitter package
@@ -83,8 +84,8 @@ def package_digest(kind, loaded=False):
     others as they are now: the code that runs here."""
     shas = {rel: loaded and IMPORTED.get(os.path.join(PACKAGE, rel)) or sha256(os.path.join(PACKAGE, rel))
             for rel in code_files(kind)}
-    if kind in PACKAGES:
-        return digest([shas, environment.versions(PACKAGES[kind])])
+    if kind in PACKAGES:   # their versions, and whether they are what runs (not shadowed)
+        return digest([shas, environment.versions(PACKAGES[kind]), environment.origins(PACKAGES[kind])])
     return digest(shas)
 
 

@@ -3,8 +3,8 @@ the one rule of currency built on it.
 
 A check's record holds the program's text, the bundle's files, the weights (each file a leaf reads
 by its sha256, the folder's other files by name and size, never read; for derived weights their
-import key instead: every file the importer reads, its code and the versions of the libraries it
-computes with), the lock code, the environment, the merged config, the dtype, the precision policy,
+import key instead: every file the importer reads, its code, the versions and origins of the
+libraries it computes with and the environment), the lock code, the environment, the merged config, the dtype, the precision policy,
 the tolerance, the steps and the thread count: contents and repository-relative names only, so
 clones and CI share keys. An emit and an import are keyed the same way.
 
@@ -76,8 +76,9 @@ def import_inputs(pc):
     """What a program's derived weights are made from: the importer, the checkpoint as the config
     names it, the sha256 of every file the importer declares it reads, the program's sentences
     (the importer reads its leaves and ops; its comments and line numbers make nothing) and the
-    importer's code with its libraries' versions. None when one cannot be read (the import then
-    says why)."""
+    importer's code with its libraries' versions and origins, and the environment it runs in (the
+    same inputs in another make other bits, and a verdict on those is not about these). None when
+    one cannot be read (the import then says why)."""
     from ..importers import declared_reads
     from ..language.lines import sentences_only
     derive = pc.derive
@@ -92,7 +93,7 @@ def import_inputs(pc):
     if any(v is None for v in reads.values()) or len(text) > pc.limits["program_bytes"]:
         return None
     return {"importer": derive.importer, "checkpoint": derive.checkpoint, "reads": reads,
-            "program": sha256_text(program), "code": digests.code("import")}
+            "program": sha256_text(program), "code": digests.code("import"), "environment": digests.env()}
 
 
 def _read_sha(name, path):

@@ -227,14 +227,15 @@ def currency(rows, programs_dir, threads):
     are now, at `threads` (a run's `threads=`: what a `doit` with it would find), what the key
     takes from records is what is on disk (the program the emit read, its bundle, derived
     weights) and the check's result file is the one its lock wrote, under that key and verdict
-    (an edited one, refilled into a deleted history, is not): the one rule the pipeline uses; a
+    (an edited one, refilled into a deleted history, is not), with golden/ as that lock settled
+    it: the one rule the pipeline uses; a
     check with no run is a row of
     verdict `none`. Then the runs of programs the zoo no longer has (not current). A run of a
     check its program no longer has (a dtype dropped, `lock: false`) is in neither."""
     from .checks import entries
     from .config import discover
     from .digests import env
-    from .keys import check_key, check_parts, lock_records, made_current
+    from .keys import check_key, check_parts, golden_as_recorded, lock_records, made_current
     here, runs, zoo, names = os.getcwd(), {(x["name"], x["dtype"]): x for x in rows}, [], set()
     try:
         os.chdir(os.path.dirname(os.path.abspath(programs_dir)))
@@ -243,7 +244,14 @@ def currency(rows, programs_dir, threads):
                 names.add(e.name)
                 st = read_json(e.status) if e.checks else None
                 made = bool(e.checks) and made_current(e, st)
-                written = lock_records(read_json(e.lock_status)) if e.checks else {}
+                lock = read_json(e.lock_status) if e.checks else None
+                written = lock_records(lock if isinstance(lock, dict) else None)
+                # golden/ as the lock settled it, where it settled one (a plain doit locks again
+                # to settle it where it was edited; a run that took every verdict from a cache
+                # settles none)
+                settled = lock.get("golden") if isinstance(lock, dict) else None
+                golden = not (isinstance(settled, dict) and settled.get("golden.json")) or \
+                    golden_as_recorded(e.bundle, settled)
                 for c in e.checks:
                     x = runs.get((e.name, c.dtype)) or _none(e.name, c.dtype)
                     parts = made and check_parts(e, c, st, threads)
@@ -251,9 +259,10 @@ def currency(rows, programs_dir, threads):
                     key = parts and check_key(parts)
                     written_now = bool(key) and mine.get("key") == key \
                         and fingerprint.sha256_or_none(c.result) == mine.get("sha256")   # as the lock wrote it
-                    x["current"] = written_now and x.get("key") == key and mine.get("verdict") == x["verdict"]
+                    same = x.get("key") == key and mine.get("verdict") == x["verdict"]
+                    x["current"] = written_now and same and golden
                     # the result on disk is current, the history's newest row of it is not that result
-                    x["history_differs"] = written_now and not x["current"] and x.get("id") is not None
+                    x["history_differs"] = written_now and not same and x.get("id") is not None
                     # computed in another environment than the key names (a Dask worker elsewhere)
                     x["elsewhere"] = bool(x.get("env_sha")) and x["env_sha"] != env()
                     # taken from the shared verdict cache (signed, under this key), not computed here
