@@ -621,25 +621,12 @@ def test_results_are_not_current_where_a_bundle_or_derived_weights_were_edited_b
     assert results("d")[0] == 0
 
 
-SHADOWED_IMPORTER = '''"""A test importer computing with a library of the import's: w scaled by safetensors.SCALE
-(the installed safetensors has none: 1)."""
-import os
-import numpy as np
-import safetensors
-
-
-def add_arguments(p):
-    p.add_argument("checkpoint")
-    p.add_argument("--program", required=True)
-    p.add_argument("-o", "--out", required=True)
-
-
-def main(args):
-    os.makedirs(args.out, exist_ok=True)
-    w = np.fromfile(args.checkpoint) * getattr(safetensors, "SCALE", 1.0)
-    w.tofile(os.path.join(args.out, "w.f64"))
-    return 0
-'''
+# the test importer computing with a library of the import's: w scaled by safetensors.SCALE (the
+# installed safetensors has none: 1)
+SHADOWED_IMPORTER = FAKE_IMPORTER.replace("import os, shutil", "import os\nimport numpy as np\nimport safetensors").replace(
+    '    shutil.copy(args.checkpoint, os.path.join(args.out, "w.f64"))',
+    '    (np.fromfile(args.checkpoint) * getattr(safetensors, "SCALE", 1.0)).tofile(os.path.join(args.out, "w.f64"))')
+assert "SCALE" in SHADOWED_IMPORTER and "shutil" not in SHADOWED_IMPORTER
 
 
 def test_a_library_of_the_import_shadowed_on_the_path_is_in_the_import_key(tmp_path):
