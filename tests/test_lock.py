@@ -244,7 +244,7 @@ def test_weights_digest_sees_an_edit_that_keeps_size_and_mtime(tmp_path):
     """The lock remembers file hashes per process (three dtypes hash a checkpoint once), keyed by
     the file's stat with its ctime, which no write keeps: a same-size edit with its mtime put back
     is hashed again."""
-    from emitter.verify.lock import weights_digest
+    from emitter.verify.weights_read import weights_digest
     (tmp_path / "W.f32").write_bytes(np.arange(64, dtype="<f4").tobytes())
     first = weights_digest(str(tmp_path), {"W": "W.f32"})
     st = os.stat(tmp_path / "W.f32")
@@ -262,7 +262,7 @@ def test_a_lock_hashes_weights_through_the_one_stat_cache(tmp_path):
     not hashed again; a file edited since, its mtime put back, is hashed."""
     import hashlib
     from emitter import fingerprint
-    from emitter.verify.lock import weights_digest
+    from emitter.verify.weights_read import weights_digest
     w = tmp_path / "w"
     w.mkdir()
     (w / "W.f32").write_bytes(np.arange(64, dtype="<f4").tobytes())

@@ -157,6 +157,66 @@ def test_a_stage_that_hands_on_no_tensor_fails_at_that_stage(zoo, tmp_path):
     assert r["raised"]["error"] == f"stage {sig.index} returned a float, not a tensor"
 
 
+@pytest.mark.parametrize("value, what", [
+    ("torch.sigmoid(att).to_sparse()", "a sparse_coo float64 tensor on cpu"),
+    ("torch.sigmoid(att).to(torch.complex128)", "a strided complex128 tensor on cpu"),
+    ("torch.sigmoid(att).to('meta')", "a strided float64 tensor on meta"),
+])
+def test_a_value_that_is_no_dense_real_tensor_fails_at_its_stage(zoo, tmp_path, value, what):
+    """A stage or an output that is a sparse, complex or meta tensor (a complex RoPE left without
+    view_as_real) is the bundle's: a fail naming the stage or the output, never an error of the
+    lock's own code meeting it."""
+    sig = _stage(zoo, "sigmoid")
+    bundle = _mutated(zoo, tmp_path, f"self.tap({sig.index}, torch.sigmoid(att))", f"self.tap({sig.index}, {value})")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == sig.index, r["reason"]
+    assert r["raised"]["error"] == f"stage {sig.index} returned {what}, not a dense real one on the CPU"
+    out = _mutated(zoo, tmp_path, "        return y\n", f"        return {value.replace('torch.sigmoid(att)', 'y')}\n",
+                   name="out")
+    r = lock_bundle(out, zoo["program"], zoo["weights"], "float64", 1)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f["out"]) == ("output", "y"), r["reason"]
+    assert r["reason"] == f"in the probe pass of step 1 the module's forward returned {what}, not a dense real one on the CPU"
+
+
+@pytest.mark.parametrize("then", [
+    ("def gelu_tanh(x):\n", "def gelu_tanh(x):\n    raise MemoryError('no room')\n"),   # an error by itself
+    ("        return y\n", "        return y.to(torch.complex128)\n"),                 # a fail by itself
+])
+def test_a_wrong_leaf_wins_over_whatever_stops_the_check_after_it(zoo, tmp_path, then):
+    """The load stage found `tok` wrong (a fill of 7 for 2): that is the verdict, a fail naming it
+    (exit 1), whether the module then runs out of memory or returns what no program's value is."""
+    bundle = _mutated(zoo, tmp_path, '"tok": ((0, 2),),', '"tok": ((0, 7),),')
+    text = open(os.path.join(bundle, "model.py")).read()
+    open(os.path.join(bundle, "model.py"), "w").write(text.replace("row_of(emb, tok, \"tok\")", "row_of(emb, tok % 5, \"tok\")", 1)
+                                                      .replace(*then, 1))
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f["out"], f["op"], f["step"]) == ("load", "tok", "load", 0), r["reason"]
+    assert r["worst"]["stage"] == "load" and r["worst"]["out"] == "tok"
+    p = run_cli("lock", bundle, "--program", zoo["program"], "--weights", zoo["weights"], "-o", str(tmp_path / "r.json"))
+    assert p.returncode == 1 and "first diverging op: load `tok = load`" in p.stderr, p.stderr
+
+
+def test_a_loader_that_looks_for_a_file_that_is_not_there_fails_at_load(zoo, tmp_path):
+    """A loader after another suffix (X.f32 where the VM read X.f64), or a constructor opening a
+    file of its own that is not there, is the bundle's doing: a fail at load, exit 1. A weights
+    file the VM read and the loader then cannot open stays an error (not the bundle's doing)."""
+    bundle = _mutated(zoo, tmp_path, "    places, _ = weight_places(directory, LEAVES)\n",
+                      "    places, _ = weight_places(directory, LEAVES)\n"
+                      "    places = {k: (v[0].replace('.f64', '.f32'),) + v[1:] for k, v in places.items()}\n")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f["op"]) == ("load", "load_weights"), r["reason"]
+    assert "FileNotFoundError" in r["reason"] and ".f32" in r["reason"]
+    gone = _mutated(zoo, tmp_path, "    places, _ = weight_places(directory, LEAVES)\n",
+                    "    places, _ = weight_places(directory, LEAVES)\n"
+                    "    raise FileNotFoundError(2, 'No such file or directory', os.path.join(directory, 'emb.f64'))\n",
+                    name="gone")
+    r = lock_bundle(gone, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "error" and "emb.f64" in r["reason"], r["reason"]
+
+
 def test_what_is_not_the_bundles_fault_stays_an_error(zoo, tmp_path):
     """Out of time (the pipeline's deadline, raised by its signal handler while the module runs)
     or out of memory is the run's, not the bundle's: an error, exit 2."""

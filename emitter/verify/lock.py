@@ -19,66 +19,22 @@ import time
 
 import numpy as np
 
-from ..fingerprint import sha256 as _sha256, sha256_or_none   # one stat cache: weights the keys hashed are not read again
+from ..fingerprint import sha256 as _sha256   # one stat cache: weights the keys hashed are not read again
 from ..files import BUNDLE_FILES, size_text
 from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
 from . import environment, heap, trace as trace_file, verdict, vm
-from .compare import KEYS, compare, figures, worse  # noqa: F401
+from .compare import KEYS, compare, figures, worse, worst_of  # noqa: F401
 from .leaf_check import exact_leaves, known_view_of, load_stage, unholdable
 from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, as_arguments, bundles_fault,
                     changed_after_tap, run_module, watched)
-from .resident import Releasing, Resident, Watching, held_for_writing, reads, worth_releasing
+from .resident import Releasing, Resident, Watching, reads, worth_releasing
 from .result import unfinished
 from .tolerances import DEFAULT_TOLERANCES as TOLERANCES
-
-def weights_digest(weights_dir, sources):
-    """One sha256 over the leaf files the run read (name and content), or None for none."""
-    files = sorted({f for f in sources.values() if f != "declared"})   # a .safetensors: once
-    if not files:
-        return None
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f"{f}\0{_sha256(os.path.join(weights_dir, f))}\n".encode())
-    return h.hexdigest()
-
-
-def _as_manifest(result, weights_dir, sources, shas):
-    """The weights files read are those the weights manifest (and a cache key) name, or by hand
-    those the VM read, else an error: one changed after they were taken, before or during the
-    check (a loader that writes into its files too; a file's memo holds while its stat does, so
-    a file unchanged costs a stat)."""
-    moved = [f for f in sorted(set(sources.values()) - {"declared"})
-             if shas is not None and sha256_or_none(os.path.join(weights_dir, f)) != shas.get(f)]   # (gone: moved)
-    if moved:
-        result["stale_weights"] = moved
-        raise CouldNotRun(f"{weights_dir}: {', '.join(moved[:3])}{' and more' if moved[3:] else ''} "
-                          "changed after the check's key was taken, or while it ran (a loader that writes into its "
-                          "files?): run it again")
-
-
-def _still_as_read(result, weights_dir, sources, shas, opened, maybe=frozenset()):
-    """_as_manifest at the end of a check: a file that changed while the bundle held it open to
-    write (a loader mapping its files writable, a forward writing through it), or that the bundle
-    opened to write (`opened`, real paths: resident.Watching), is the bundle's doing, a fail
-    naming the file and its leaves; another change is an error (run it again)."""
-    try:
-        _as_manifest(result, weights_dir, sources, shas)
-    except CouldNotRun:
-        folder = os.path.realpath(weights_dir)   # (a file as it lies there, and where its link leads)
-        moved = {**{os.path.join(folder, f): f for f in result["stale_weights"]},
-                 **{os.path.realpath(os.path.join(weights_dir, f)): f for f in result["stale_weights"]}}
-        mine = sorted({moved[p] for p in held_for_writing(set(moved)) | (set(moved) & (opened | maybe))}
-                      | (set(moved.values()) if folder in opened else set()))   # (the folder renamed, removed)
-        if not mine:
-            raise
-        leaves = ", ".join(f"`{n}`" for n, f in sorted(sources.items()) if f == mine[0])
-        raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None},
-                          f"the bundle wrote into the weights file {mine[0]} ({leaves}) while it ran: it "
-                          "holds it open to write, and its content is not what the check read") from None
+from .weights_read import as_manifest as _as_manifest, still_as_read as _still_as_read, weights_digest
 
 
 def _load_divergence(f):
@@ -86,6 +42,16 @@ def _load_divergence(f):
     the module was found to have written it)."""
     return {"step": f.get("written") or 0, "stage": "load", "out": f["leaf"], "line": f["line"],
             "op": "written while it ran" if f.get("written") else "load", **{k: f[k] for k in figures(f)}}
+
+
+def _load_wins(result):
+    """A leaf the load stage found wrong is the verdict (a fail, the leaf named) whatever stopped
+    the check after it, unless the weights moved under the check (what it compared is not what
+    its key names: stale_weights)."""
+    f = ((result.get("load") or {}).get("failed") or [None])[0]
+    if f is not None and not result.get("stale_weights"):
+        result.update(verdict="fail", first_divergence=_load_divergence(f),
+                      worst=worst_of([], result["load"]))
 
 
 def _label(program, index):
@@ -99,8 +65,10 @@ def _writer(program, state):
     return {"stage": "write-back", "out": state, "op": st.op.name, "line": st.line}
 
 
-def _build(torch, module, program, weights_dir, dtype, allow_nonfinite):
-    """The module as a user builds it: the bundle's loader, then its LogosModule."""
+def _build(torch, module, program, weights_dir, dtype, allow_nonfinite, read=()):
+    """The module as a user builds it: the bundle's loader, then its LogosModule. `read`: the
+    weights files the VM read (real paths): a file the bundle looks for that is not there and is
+    none of them is the bundle's own doing (a loader after another suffix)."""
     missing = [n for n in ("load_weights", "LogosModule") if not callable(getattr(module, n, None))]
     if missing:   # (what every bundle defines: compile.py calls both)
         raise BundleFault({"stage": "load", "out": None, "op": missing[0], "line": None},
@@ -115,7 +83,9 @@ def _build(torch, module, program, weights_dir, dtype, allow_nonfinite):
         return module.LogosModule(weights, dtype)
     except (Exception, SystemExit) as e:   # the VM read these weights: the bundle's refusal is its own fault
         message = f"the bundle's load_weights / LogosModule raised: {type(e).__name__}: {e}"
-        if bundles_fault(e, absurd(program)) and not isinstance(e, OSError):
+        looked = isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)) and \
+            e.filename is not None and os.path.realpath(os.fsdecode(e.filename)) not in read
+        if bundles_fault(e, absurd(program)) and (looked or not isinstance(e, OSError)):
             raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None}, message) from None
         raise CouldNotRun(message) from None
 
@@ -322,9 +292,10 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             raise CouldNotRun(f"the bundle is of program {getattr(module, 'PROGRAM', None)!r}, the source "
                               f"is {result['program']!r}: emit it again")
         torch_dtype = getattr(torch, dtype)
-        model = _build(torch, module, program, weights_dir, torch_dtype, allow_nonfinite)
-        mapped = {os.path.realpath(os.path.join(weights_dir, f)) for f in set(leaves.sources.values())
-                  - {"declared"}} if weights_dir is not None and worth_releasing(leaves.values) else set()
+        files = {os.path.realpath(os.path.join(weights_dir, f)) for f in set(leaves.sources.values())
+                 - {"declared"}} if weights_dir is not None else set()
+        model = _build(torch, module, program, weights_dir, torch_dtype, allow_nonfinite, files)
+        mapped = files if worth_releasing(leaves.values) else set()
         with Resident(model, program.leaves, mapped) as resident:
             result["load"] = load = load_stage(torch, model, program, leaves.values, torch_dtype,
                                                tol, resident)
@@ -373,13 +344,15 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["reason"] = str(e.at(program_path))
     except CouldNotRun as e:
         result["reason"] = str(e)
+        _load_wins(result)
     except BundleFault as e:   # (a leaf the load stage found wrong is the first divergence still)
-        f = ((result.get("load") or {}).get("failed") or [None])[0]
         result.update(verdict="fail", reason=str(e), first_divergence={
-            "step": e.step, **e.where, **{k: None for k in KEYS}, "raised": str(e)} if f is None else _load_divergence(f),
+            "step": e.step, **e.where, **{k: None for k in KEYS}, "raised": str(e)},
             worst={**e.where, "ratio": None, "max_abs": None, "guarded_rel": None})
+        _load_wins(result)
     except (Exception, SystemExit) as e:  # anything else is still "could not run" (exit 2), never a fail
         result["reason"] = f"the lock check raised {type(e).__name__}: {e}"
+        _load_wins(result)
     finally:
         if watch is not None:
             watch.stop()

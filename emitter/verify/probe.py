@@ -88,6 +88,14 @@ def bundles_fault(e, limit=None):
     return last is None or not os.path.abspath(last.tb_frame.f_code.co_filename).startswith(PACKAGE + os.sep)
 
 
+def odd_kind(torch, v):
+    """What a tensor is that no value of a program is (a sparse, complex, quantized one, one on a
+    device without its values), or None for a dense real tensor on the CPU."""
+    if v.layout != torch.strided or v.device.type != "cpu" or v.is_complex() or v.is_quantized:
+        return f"{str(v.layout).replace('torch.', '')} {str(v.dtype).replace('torch.', '')} tensor on {v.device.type}"
+    return None
+
+
 def run_module(model, program, what, step=0, args=None):
     """The module's forward. An exception it raises on the program's inputs is a finding about the
     bundle (Raised, naming the stage after the last one tapped); one that is not the bundle's
@@ -97,9 +105,15 @@ def run_module(model, program, what, step=0, args=None):
     try:
         out = model(**(args or {}))
         if not hasattr(out, "untyped_storage") or not hasattr(out, "resolve_neg"):
+            odd = f"a {type(out).__name__}, not a tensor"
+        else:
+            import torch
+            kind = odd_kind(torch, out)
+            odd = kind and f"a {kind}, not a dense real one on the CPU"
+        if odd:
             raise BundleFault({"stage": "output", "out": program.output, "op": "output",
                                "line": program.bound_at.get(program.output)},
-                              f"in {what} the module's forward returned a {type(out).__name__}, not a tensor", step)
+                              f"in {what} the module's forward returned {odd}", step)
         out = out.resolve_neg()
         mine = out.untyped_storage().data_ptr()
         alias = next((s for s in program.states if mine and mine == getattr(
@@ -183,6 +197,9 @@ class Probe:
         for v in values:
             if not isinstance(v, self.torch.Tensor):
                 raise Wrong(f"stage {index} returned a {type(v).__name__}, not a tensor")
+            odd = odd_kind(self.torch, v)
+            if odd:
+                raise Wrong(f"stage {index} returned a {odd}, not a dense real one on the CPU")
 
     def __call__(self, index, value):
         start = time.perf_counter()
