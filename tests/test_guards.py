@@ -507,3 +507,31 @@ def test_a_damaged_dbs_reason_is_one_line(tmp_path, capsys):
     db.write_bytes(data[:8192] + os.urandom(4096) + data[12288:])   # page 3
     err = _check(db, capsys)
     assert len(err.splitlines()) == 1 and "set aside as" in err and "Page 3" in err, err
+
+
+def test_links_in_build_are_removed_never_written_through(zoo, tmp_path):
+    """A link committed (or dropped) into build/, at its top or as a program's folder, would have
+    the run write into wherever it leads, and sweep it: each is removed, said in one line, and the
+    run goes on with folders of its own; what the links led to is untouched, a clean too."""
+    outside = tmp_path / "outside"
+    (outside / "victim/golden").mkdir(parents=True)
+    (outside / "victim/golden/notes.txt").write_text("precious")
+    (outside / "marker").write_text("keep")
+    (outside / "results").mkdir()
+    before = sorted(str(p.relative_to(outside)) + ":" + (p.read_text() if p.is_file() else "")
+                    for p in outside.rglob("*"))
+    (zoo / "build/bundles").mkdir(parents=True)
+    os.symlink(outside / "victim", zoo / "build/bundles/a")
+    os.symlink(outside / "marker", zoo / "build/.running")
+    os.symlink(outside / "results", zoo / "build/results")
+    os.symlink(outside / "gone", zoo / "build/status")          # (to nothing)
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and {"emit:a", "lock:a"} <= ran, out
+    for link in ("build/bundles/a", "build/.running", "build/results", "build/status"):
+        assert f"doit: {link} was a link (to {outside}" in out and not os.path.islink(zoo / link), out
+    assert (zoo / "build/bundles/a/model.py").is_file() and (zoo / "build/results/a/float32.json").is_file()
+    os.symlink(outside / "victim", zoo / "build/bundles/zz")
+    rc, ran, out = doit(zoo, "clean")
+    assert rc == 0 and "build/bundles/zz was a link" in out, out
+    assert sorted(str(p.relative_to(outside)) + ":" + (p.read_text() if p.is_file() else "")
+                  for p in outside.rglob("*")) == before

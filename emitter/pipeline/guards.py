@@ -38,6 +38,12 @@ def safe_build(root, build_dir):
         sys.stderr.write(f"doit: refused: {build_dir} is a file, where the zoo's {build_dir}/ folder "
                          "goes; move it away and run again\n")
         raise BuildBusy(3)
+    from .paths import remove_links
+    for said, removed in remove_links(root, path):
+        sys.stderr.write(f"doit: {said}: removed, as the zoo writes only into {build_dir}/ itself\n"
+                         if removed else f"doit: refused: {said}, which cannot be removed: remove it\n")
+        if not removed:
+            raise BuildBusy(3)
 
 
 def sweep(build_dir):

@@ -84,3 +84,45 @@ def inside(root, rel, tree=None, roots=()):
     if full.startswith(prefix):
         return full[len(prefix):]
     return full if roots and under(full, roots) else None
+
+
+# build/'s folders whose entries are folders the pipeline writes into (status/ holds files only,
+# each written whole and renamed over whatever held its name, a link too)
+BUILD_FOLDERS = ("bundles", "results", "weights", "store", "stale", "tmp")
+
+
+def links_in(build):
+    """The links in `build` and in its BUILD_FOLDERS, none followed: build/ holds only what the
+    pipeline writes, and through a link there (one committed as build/bundles/NAME, build/.running)
+    a run would write into, or sweep, wherever it leads."""
+    found = []
+    try:
+        with os.scandir(build) as it:
+            top = list(it)
+    except OSError:
+        return found
+    for e in top:
+        if e.is_symlink():
+            found.append(e.path)
+        elif e.name in BUILD_FOLDERS and e.is_dir(follow_symlinks=False):
+            try:
+                with os.scandir(e.path) as it:
+                    found += [x.path for x in it if x.is_symlink()]
+            except OSError:
+                pass
+    return sorted(found)
+
+
+def remove_links(root, build):
+    """Remove the links `links_in` finds (never what they lead to): (what each was, removed) of
+    each, up to the first that cannot be removed."""
+    for link in links_in(build):
+        try:
+            said = f"{os.path.relpath(link, root)} was a link (to {os.readlink(link)[:200]})"
+            os.unlink(link)
+        except FileNotFoundError:   # (gone meanwhile)
+            continue
+        except OSError as e:
+            yield f"{os.path.relpath(link, root)} is a link ({e.strerror})", False
+            return
+        yield said, True
