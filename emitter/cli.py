@@ -109,7 +109,7 @@ def _out_of_memory(path, program):
 
 
 def run_main(args):
-    from .files import write_atomic
+    from .files import write_out
     from .language.reader import read_file
     from .verify import vm
     program = read_file(args.program)
@@ -139,11 +139,11 @@ def run_main(args):
             current.update(trace.states)
     except MemoryError:
         return _out_of_memory(args.program, program)
-    write_atomic(args.out, trace.output.astype("<f8").tobytes())
+    write_out(args.out, trace.output.astype("<f8").tobytes())
     for index, path in stages:
         value = trace.stages[index]
         value = value[0] if program.stages[index].writes else value   # (out, the state written)
-        write_atomic(path, value.astype("<f8").tobytes())
+        write_out(path, value.astype("<f8").tobytes())
     if args.state_out:
         _write_state_dir(program, leaves, trace.states, args.state_out, args.weights)
     import json

@@ -78,6 +78,27 @@ def write_atomic(path, data):
     write_files(os.path.dirname(os.path.abspath(path)), {os.path.basename(path): data})
 
 
+def streamed(path):
+    """Whether a path a user named for an output is something written into as it is, never
+    replaced: a FIFO, a terminal, /dev/stdout, a device (links followed)."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def write_out(path, data):
+    """An output file a user named: a regular file (where a link leads, for a link) written whole
+    by temporary file and rename; a FIFO, a terminal or a device written into as it is."""
+    if streamed(path):
+        with open(path, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        return
+    write_atomic(os.path.realpath(path) if os.path.islink(path) else path, data)
+
+
 def json_lines(obj):
     """`obj` (a dict) as JSON with a key per line, and a list of dicts an item per line: what a
     diff reads line by line, written by the C encoder (indent= falls back to the pure-Python one,

@@ -166,3 +166,36 @@ def test_run_out_of_memory_or_a_bad_step_count_is_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
     r = run_cli("run", str(prog), "--out", str(tmp_path / "o"), "--steps", "abc")
     assert r.returncode == 2 and "--steps: must be a whole number of at least 1, got 'abc'" in r.stderr
+
+
+def test_an_output_named_as_a_fifo_or_a_link_is_written_into_never_replaced(loop, tmp_path):
+    """`--out`, `--stage` and `lock -o` named as a FIFO (a terminal, /dev/stdout: anything that is
+    no regular file) are written into as they are, never renamed over; a link keeps being a link
+    and its target is written whole."""
+    import stat
+    import threading
+    path, program, weights = loop
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    reader.start()
+    (tmp_path / "target.f64").write_bytes(b"old")
+    os.symlink(tmp_path / "target.f64", tmp_path / "link.f64")
+    done = run(path, "--weights", weights, "--out", fifo, "--stage", f"logits={tmp_path / 'link.f64'}")
+    reader.join(60)
+    assert done.returncode == 0, done.stderr
+    want = vm_steps(program, vm.load_leaves(program, weights).values, 1)[-1]
+    assert got and np.array_equal(np.frombuffer(got[0], "<f8"), want.output.reshape(-1))
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.path.islink(tmp_path / "link.f64")
+    assert np.array_equal(f64(tmp_path / "target.f64"), want.stages[stage(program, "logits")].reshape(-1))
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    write_bundle(emit_program(program), str(tmp_path / "b"))
+    got.clear()
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    reader.start()
+    done = run_cli("lock", str(tmp_path / "b"), "--program", path, "--weights", weights, "-o", str(fifo))
+    reader.join(120)
+    assert done.returncode == 0, done.stderr
+    import json
+    assert got and json.loads(got[0])["verdict"] == "pass" and stat.S_ISFIFO(os.lstat(fifo).st_mode)

@@ -6,7 +6,7 @@ import os
 import sys
 
 from .. import fingerprint
-from ..files import private, unwritable, write_files
+from ..files import private, streamed, unwritable, write_files
 from ..ops.precision import parse_policy
 from . import verdict
 from .lock import lock_bundle
@@ -77,9 +77,11 @@ def main(args):
     if problem:   # said before the lock runs, not after (its verdict would be lost)
         print(f"-o {args.out}: {problem}", file=sys.stderr)
         return 2
-    try:   # (until the verdict replaces it: a process ended mid-way leaves no earlier verdict there)
-        write_result(unfinished(args.bundle, args.program, args.weights, args.dtype, args.steps,
-                                args.atol, args.rtol), args.out)
+    try:   # (until the verdict replaces it: a process ended mid-way leaves no earlier verdict there;
+        # a FIFO or a terminal gets the verdict alone)
+        if not streamed(args.out):
+            write_result(unfinished(args.bundle, args.program, args.weights, args.dtype, args.steps,
+                                    args.atol, args.rtol), args.out)
     except (OSError, ValueError, KeyError) as e:
         print(f"-o {args.out}: not written: {e}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ verdict there) and its writing (whole or not at all)."""
 
 import os
 
-from ..files import json_lines, write_atomic
+from ..files import json_lines, write_out
 from .tolerances import tolerance
 
 SCHEMA, VERSION = "logos.lock.result", 2
@@ -28,4 +28,4 @@ def unfinished(bundle_dir, program_path, weights_dir, dtype, steps, atol=None, r
 
 
 def write_result(result, path):
-    write_atomic(path, json_lines(result))
+    write_out(path, json_lines(result))
