@@ -535,3 +535,29 @@ def test_links_in_build_are_removed_never_written_through(zoo, tmp_path):
     assert rc == 0 and "build/bundles/zz was a link" in out, out
     assert sorted(str(p.relative_to(outside)) + ":" + (p.read_text() if p.is_file() else "")
                   for p in outside.rglob("*")) == before
+
+
+def test_a_sigterm_to_a_parallel_run_ends_its_workers_quietly(zoo):
+    """`doit -n 2` stopped by SIGTERM (a CI job cancelled, `timeout`) while a worker runs a task:
+    doit ends its workers with SIGTERM, and they end as SIGTERM ends a process, not as an
+    interrupt (a traceback each, and the run blaming a worker that 'ended with exit status 1')."""
+    with open(zoo / "dodo.py", "a") as f:
+        f.write("\n\ndef task_slow():\n    import time\n    return {'actions': [lambda: print('slow started', "
+                "flush=True) or time.sleep(60)], 'uptodate': [False], 'verbosity': 2}\n")
+    p = subprocess.Popen([sys.executable, "-u", "-m", "doit", "-n", "2", "slow", "report"], cwd=zoo,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "LOGOS_PROGRESS": "names"})
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if "slow started" in line:
+            break
+    workers = _children(p.pid)
+    p.send_signal(signal.SIGTERM)
+    rest, _ = p.communicate(timeout=120)
+    try:
+        assert workers and _gone(workers), seen
+    finally:
+        _end(workers)
+    assert p.returncode == -signal.SIGTERM and "doit: interrupted (SIGTERM)" in rest, rest
+    assert "Traceback" not in rest and "doit worker process" not in rest, rest

@@ -25,27 +25,6 @@ class BuildBusy(SystemExit):
     pass
 
 
-def safe_build(root, build_dir):
-    """Refuse a build/ that is a link or resolves outside the repository (targets would escape it),
-    or is no folder."""
-    path = os.path.join(root, build_dir)
-    real = os.path.realpath(path)
-    if os.path.islink(path) or not real.startswith(os.path.realpath(root) + os.sep):
-        sys.stderr.write(f"doit: refused: {build_dir}/ is a link or lies outside {root} ({real}); "
-                         "make it a plain folder inside the repository\n")
-        raise BuildBusy(3)
-    if os.path.lexists(path) and not os.path.isdir(path):
-        sys.stderr.write(f"doit: refused: {build_dir} is a file, where the zoo's {build_dir}/ folder "
-                         "goes; move it away and run again\n")
-        raise BuildBusy(3)
-    from .paths import remove_links
-    for said, removed in remove_links(root, path):
-        sys.stderr.write(f"doit: {said}: removed, as the zoo writes only into {build_dir}/ itself\n"
-                         if removed else f"doit: refused: {said}, which cannot be removed: remove it\n")
-        if not removed:
-            raise BuildBusy(3)
-
-
 def sweep(build_dir):
     """After a run that did not end (SIGKILL, a power cut), remove what it left half done: the
     temporary folder build/tmp (imports unpack there) and staged files (`*.partial`). A marker
@@ -206,7 +185,10 @@ def _watch_workers(every=0.2):
 
 def _bind_this_child():
     """In a fresh child: die with the parent. Set, then look: a parent that died before the
-    setting took effect sends no signal, and this child then has another parent already."""
+    setting took effect sends no signal, and this child then has another parent already. SIGTERM
+    (doit's end of a worker) ends it as SIGTERM does, not as an interrupt with a traceback."""
+    if signal.getsignal(signal.SIGTERM) is sigterm_to_interrupt:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     forker, main, prctl = _FORKER
     if not main or prctl is None:
         return
@@ -214,19 +196,6 @@ def _bind_this_child():
         return
     if os.getppid() != forker:
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def listable(folder):
-    """A zoo's programs/ that is there but cannot be listed (a link whose target is gone, a loop)
-    refuses the run (exit 3): read as empty, it would pass with no checks and sweep every result."""
-    if not os.path.lexists(folder):
-        return
-    try:
-        os.listdir(folder)
-    except OSError as e:
-        link = f" (a link to {os.readlink(folder)})" if os.path.islink(folder) else ""
-        sys.stderr.write(f"doit: refused: {folder}/ cannot be listed: {e.strerror}{link}\n")
-        raise BuildBusy(3) from None
 
 
 _DOIT_THEN = "doit makes a new one (what is current is decided by each task's key)"
@@ -343,7 +312,17 @@ SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
 
 
 def sigterm_to_interrupt(signum, frame):
-    """SIGTERM as Ctrl-C: doit then flushes the finished tasks' state instead of losing the run."""
+    """SIGTERM as Ctrl-C: doit then flushes the finished tasks' state instead of losing the run.
+    One that arrives while a fork hook runs (logging's, this module's), where an exception is
+    printed and dropped and the run would go on as if none came, is sent again a moment later."""
+    import logging
+    hooks = {f.__code__ for f in (logging._acquireLock, logging._releaseLock, _before_fork, _bind_this_child)
+             if hasattr(f, "__code__")}
+    while frame is not None:
+        if frame.f_code in hooks:
+            threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+            return
+        frame = frame.f_back
     raise KeyboardInterrupt(signum)
 
 
@@ -383,9 +362,8 @@ def install_sigterm():
 
 
 def pause_collector():
-    """The cyclic collector off while doit loads and checks the zoo's tasks: thousands of
-    long-lived objects and no cycles worth finding, yet every pass would rescan them all (measured:
-    about a tenth of a 1000-program no-op). Each action turns it back on before its own work."""
+    """The cyclic collector off while doit loads and checks the zoo's tasks (thousands of objects,
+    no cycles worth finding: a tenth of a 1000-program no-op). Each action turns it back on."""
     gc.disable()
 
 

@@ -12,7 +12,7 @@ import sys
 
 from .. import fingerprint
 from ..files import read_json
-from . import digests, executors, files_io, guards, handing, keys, log
+from . import build_dir, digests, executors, files_io, guards, handing, keys, log
 from .actions import (cache_lookup, cache_publish, clean_report, emit_bundle, import_weights, lock_program,
                       make_report, report_aside, report_current)
 from .log import LOG
@@ -39,7 +39,7 @@ def begin(build):
         return
     _BEGUN.append(build)
     root = os.getcwd()
-    guards.safe_build(root, build)
+    build_dir.safe_build(root, build)
     guards.exclusive(build)
     guards.sweep(build)
     guards.install_sigterm()
@@ -124,7 +124,7 @@ class Run:
         self.build, self.db = build, f"{build}/results.sqlite"
         self.settings = settings(get_var, handing.is_run(args))
         warnings = handing.near_variables(args)
-        guards.listable("programs")
+        build_dir.listable("programs")
         # the dodo's own tasks, as their creators make them (None: one cannot be called early)
         self.own, self.own_basenames = handing.own_tasks(ours)
         # what they write: the zoo's tasks that read it wait for them (a folder or checkpoint a
