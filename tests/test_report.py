@@ -165,6 +165,7 @@ def test_junit_place_comes_from_the_op_or_the_reason():
 def test_the_header_names_the_commit_of_a_git_zoo_and_a_reproducible_time(tmp_path, monkeypatch):
     import datetime
     import subprocess
+    import time
     from emitter.pipeline.report_facts import context
     from emitter.pipeline.report_html import render
     assert context(str(tmp_path))["commit"] is None                  # not a git checkout
@@ -174,6 +175,10 @@ def test_the_header_names_the_commit_of_a_git_zoo_and_a_reproducible_time(tmp_pa
     subprocess.run([*git, "add", "a.logos"], check=True)
     subprocess.run([*git, "commit", "-qm", "a"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    for epoch in ("99999999999999999999", "253402300800", "²", "abc"):   # no time here: the clock's
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
+        assert abs(datetime.datetime.strptime(context(str(tmp_path))["time"], "%Y-%m-%dT%H:%M:%S").replace(
+            tzinfo=datetime.timezone.utc).timestamp() - time.time()) < 3600, epoch
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     c = context(str(tmp_path))
     assert c["commit"] == head and not c["dirty"]

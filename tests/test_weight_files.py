@@ -115,6 +115,10 @@ BAD = [
      "m.safetensors: tensor `W` holds F16 values; a leaf's must be float64 or float32"),
     ("st_garbage", {"m.safetensors": b"\xff" * 40, "X.f64": X, "W.f64": W, "b.f64": B},
      "m.safetensors: not a safetensors file"),
+    # a header nested past the JSON parser's depth: its RecursionError named no file
+    ("st_deep", {"m.safetensors": len(b'{"W":' + b"[" * 200000 + b"]" * 200000 + b"}").to_bytes(8, "little")
+     + b'{"W":' + b"[" * 200000 + b"]" * 200000 + b"}", "X.f64": X, "W.f64": W, "b.f64": B},
+     "m.safetensors: the safetensors header is not JSON (maximum recursion depth"),
     ("npy_int", {"X.npy": X, "W.npy": W.astype(np.int64), "b.npy": B}, "W.npy: `W` holds <i8 values"),
     ("npy_shape", {"X.npy": X.T.copy(), "W.npy": W, "b.npy": B}, "X.npy: `X` is 3 by 2, the program's `X` is 2 by 3"),
     ("npy_fortran", {"X.f64": X, "W.npy": np.asfortranarray(W), "b.f64": B}, "W.npy: the array is in Fortran"),

@@ -80,8 +80,12 @@ def context(root="."):
     commit = _git(root, "rev-parse", "--verify", "-q", "HEAD")
     dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no")) if commit else False
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
-    when = (datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch.isdigit()
-            else datetime.datetime.now(datetime.timezone.utc))
+    try:   # (one that is no time this platform holds, past year 9999 or time_t, is no epoch)
+        when = datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) \
+            if epoch.isascii() and epoch.isdigit() else None
+    except (OverflowError, ValueError, OSError):
+        when = None
+    when = when or datetime.datetime.now(datetime.timezone.utc)
     fp = environment.fingerprint()
     return {"commit": commit, "dirty": dirty, "time": when.strftime("%Y-%m-%dT%H:%M:%S"),
             "hostname": socket.gethostname(), "environment": fp, "environment_digest": environment.digest(fp)}

@@ -90,8 +90,8 @@ def safetensors_places(path):
                                      "of a header inside the file)")
         try:
             header = json.loads(f.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise WeightsError(path, f"the safetensors header is not JSON ({e})") from None
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:   # (nested past the parser's depth)
+            raise WeightsError(path, f"the safetensors header is not JSON ({str(e)[:200]})") from None
     if not isinstance(header, dict):
         raise WeightsError(path, "the safetensors header is not a JSON object")
     places = {}
