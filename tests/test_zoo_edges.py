@@ -170,18 +170,30 @@ def test_a_renamed_programs_kept_verdict_names_its_new_files(tmp_path):
     assert r["key"] == old["key"] and r["timings"] == old["timings"]   # the verdict kept, not run again
 
 
-def test_a_qwen35_config_the_sugar_cannot_spell_is_named_as_config_json(tmp_path):
-    """An importer's refusal of what config.json says names config.json, not the weights file."""
+@pytest.mark.parametrize("key, value, said", [
+    ("rms_norm_eps", 1e-5, "rms_norm_eps 1e-05 with Gated DeltaNet layers"),
+    # a size that is no positive whole number was a TypeError or a reshape naming the weights
+    ("hidden_size", 2.5, "hidden_size 2.5 is not a positive whole number"),
+    ("hidden_size", "8", "hidden_size '8' is not a positive whole number"),
+    ("num_attention_heads", 0, "num_attention_heads 0 is not a positive whole number"),
+    ("num_hidden_layers", True, "num_hidden_layers True is not a positive whole number"),
+    ("rope_theta", "big", "rope_theta 'big' is not a positive number"),
+    ("layer_types", ["full_attention"], "layer_types is not a list of 4 layer kinds"),
+])
+def test_a_qwen35_config_the_sugar_cannot_spell_is_named_as_config_json(tmp_path, key, value, said):
+    """An importer's refusal of what config.json says names config.json and the value, not the
+    weights file."""
     ck = tmp_path / "qwen38-tiny"
     shutil.copytree(os.path.join(ROOT, "checkpoints", "qwen38-tiny"), ck)
     cfg = json.loads((ck / "config.json").read_text())
-    cfg["rms_norm_eps"] = 1e-5
+    cfg.get("rope_parameters", {}).pop(key, None)
+    cfg[key] = value
     (ck / "config.json").write_text(json.dumps(cfg))
     done = logos("import-qwen35", str(ck / "model.safetensors"), "--program",
                  os.path.join(ROOT, "programs", "qwen38.logos"), "-o", str(tmp_path / "out"))
     assert done.returncode == 2
     assert done.stderr.startswith(f"{ck / 'config.json'}: this Qwen3_5 config cannot be spelt by the "
-                                  "tensor sugar: rms_norm_eps 1e-05 with Gated DeltaNet layers"), done.stderr
+                                  f"tensor sugar: {said}"), done.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -23,8 +23,8 @@ from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
 from .leaves import unfilled, write_leaf
-from .qwen35_program import (DEFAULT_CTX, MASK, TINY_CONFIG, ConfigError, Dims,  # noqa: F401
-                             dims_of, generate_program, text_config)
+from .qwen35_config import DEFAULT_CTX, TINY_CONFIG, ConfigError, Dims, dims_of, text_config  # noqa: F401
+from .qwen35_program import MASK, generate_program  # noqa: F401
 
 
 # ── the importer ─────────────────────────────────────────────────────────────────────────────────
