@@ -31,6 +31,9 @@ def safe_build(root, build_dir):
 # build/'s folders whose entries are folders the pipeline writes into (status/ holds files only,
 # each written whole and renamed over whatever held its name, a link too)
 BUILD_FOLDERS = ("bundles", "results", "weights", "store", "stale", "tmp")
+# what may be a link all the same: the history kept on another volume (one not mounted, a link to
+# nothing, is named by its readers)
+LINKED_BY_CHOICE = ("results.sqlite",)
 
 
 def links_in(build):
@@ -44,7 +47,7 @@ def links_in(build):
     except OSError:
         return found
     for e in top:
-        if e.is_symlink():
+        if e.is_symlink() and e.name not in LINKED_BY_CHOICE:
             found.append(e.path)
         elif e.name in BUILD_FOLDERS and e.is_dir(follow_symlinks=False):
             try:
