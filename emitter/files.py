@@ -73,6 +73,13 @@ def write_files(directory, files):
                 os.unlink(path)
 
 
+def own_folder(path):
+    """`path` where a folder of the pipeline's own goes: a link in its place is removed (never what
+    it leads to, which is no folder of the bundle's to clear or write into)."""
+    if os.path.islink(path):
+        os.unlink(path)
+
+
 def write_atomic(path, data):
     """One file by temporary file and rename."""
     write_files(os.path.dirname(os.path.abspath(path)), {os.path.basename(path): data})

@@ -255,3 +255,25 @@ def _started_with(site, what):
                        env={**env, "PYTHONPATH": str(site)})
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
+
+
+def test_a_library_shadowed_on_the_path_is_named_by_every_file_of_it(tmp_path, monkeypatch):
+    """A folder of a library's name found before the installed one (in the zoo, on PYTHONPATH) is
+    `shadowed`, named by the sha256 of every code file of it, its other modules and extension
+    modules too; an installed one is `installed`, whatever lies beside it."""
+    from emitter.verify import environment
+    assert environment.origins(("safetensors",)) == {"safetensors": "installed"}
+    pkg = tmp_path / "safetensors"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from ._impl import *\n")
+    (pkg / "_impl.py").write_text("SCALE = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = environment.origins(("safetensors",))["safetensors"]
+    assert first.startswith("shadowed: ")
+    (pkg / "_impl.py").write_text("SCALE = 3\n")
+    second = environment.origins(("safetensors",))["safetensors"]
+    assert second.startswith("shadowed: ") and second != first
+    (pkg / "_rust.abi3.so").write_bytes(b"\x7fELF")
+    assert environment.origins(("safetensors",))["safetensors"] not in (first, second)
+    (tmp_path / "safetensors-0.4.5.dist-info").mkdir()   # a distribution's name beside it: still read
+    assert environment.origins(("safetensors",))["safetensors"].startswith("shadowed: ")

@@ -4,6 +4,7 @@ ending every run in doit's traceback. Real processes: doit over a tiny zoo in a 
 and small Python processes that take the lock, fork and are killed."""
 
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -530,6 +531,11 @@ def test_links_in_build_are_removed_never_written_through(zoo, tmp_path):
     for link in ("build/bundles/a", "build/.running", "build/results", "build/status"):
         assert f"doit: {link} was a link (to {outside}" in out and not os.path.islink(zoo / link), out
     assert (zoo / "build/bundles/a/model.py").is_file() and (zoo / "build/results/a/float32.json").is_file()
+    shutil.rmtree(zoo / "build/bundles/a/golden")   # golden/ a link: the lock settles it again
+    os.symlink(outside / "victim/golden", zoo / "build/bundles/a/golden")
+    rc, ran, out = doit(zoo)
+    assert rc == 0 and "lock:a" in ran and not os.path.islink(zoo / "build/bundles/a/golden"), out
+    assert (zoo / "build/bundles/a/golden/golden.json").is_file()
     os.symlink(outside / "victim", zoo / "build/bundles/zz")
     rc, ran, out = doit(zoo, "clean")
     assert rc == 0 and "build/bundles/zz was a link" in out, out

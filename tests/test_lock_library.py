@@ -179,6 +179,20 @@ def test_a_value_that_is_no_dense_real_tensor_fails_at_its_stage(zoo, tmp_path, 
     assert r["reason"] == f"in the probe pass of step 1 the module's forward returned {what}, not a dense real one on the CPU"
 
 
+@pytest.mark.parametrize("value, what", [
+    ("y > 0", "a strided bool tensor on cpu"),
+    ("y.to(torch.float8_e4m3fn)", "a strided float8_e4m3fn tensor on cpu"),
+    ("torch.nested.nested_tensor([y])", "a nested float64 tensor on cpu"),
+])
+def test_an_output_no_argmax_reads_fails_at_the_output(zoo, tmp_path, value, what):
+    """An output of bools or of 1-byte floats, or a nested tensor, is the bundle's: a fail at the
+    output, never the lock's own argmax raising on it."""
+    out = _mutated(zoo, tmp_path, "        return y\n", f"        return {value}\n")
+    r = lock_bundle(out, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == "output", r["reason"]
+    assert r["reason"] == f"in the probe pass of step 1 the module's forward returned {what}, not a dense real one on the CPU"
+
+
 @pytest.mark.parametrize("then", [
     ("def gelu_tanh(x):\n", "def gelu_tanh(x):\n    raise MemoryError('no room')\n"),   # an error by itself
     ("        return y\n", "        return y.to(torch.complex128)\n"),                 # a fail by itself

@@ -9,10 +9,11 @@ golden/) or a check has no key, golden/ is removed rather than left about other 
 `compile.py test` says so; a run without cache= then runs one of the program's checks again
 for it (lock_task). The VM is never run on the driver for it."""
 
+import contextlib
 import os
 import re
 
-from ..files import write_atomic, write_files
+from ..files import own_folder, write_atomic, write_files
 from .digests import digest
 
 SUFFIX = ".golden"
@@ -66,6 +67,7 @@ def settle(bundle, store, keys, made):
     from ..verify import golden   # (numpy: loaded by a lock, never by a run that locks nothing)
     from ..verify.trace import prune
     folder = os.path.join(bundle, "golden")
+    own_folder(folder)
     key = _key(keys)
     path = key and _path(store, key)
     if key is None:
@@ -103,6 +105,8 @@ def _holds(folder, files):
 
 def remove(bundle):
     """golden/ removed (best effort): what cannot be settled is never left about other inputs."""
+    with contextlib.suppress(OSError):
+        own_folder(os.path.join(bundle, "golden"))
     _clear(os.path.join(bundle, "golden"), ())
 
 

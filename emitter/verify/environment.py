@@ -6,6 +6,7 @@ lock); `describe(np, torch)` adds what only the imported libraries can say (the 
 counts, torch's kernel level) for the lock's result."""
 
 import functools
+import importlib.machinery
 import hashlib
 import json
 import os
@@ -51,6 +52,7 @@ NUMERICS_VARS = (
 LOADER_VARS = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_HWCAP_MASK")
 # the modules whose code computes a check's numbers: where each is imported from
 COMPUTING = ("numpy", "torch", "math")
+CODE_SUFFIXES = (".py",) + tuple(importlib.machinery.EXTENSION_SUFFIXES)
 # instruction-set levels, best first: the first the CPU has names its level
 ISA = ("avx512f", "avx2", "avx", "sse4_2", "sve", "asimd", "neon")
 # the features beside the level that choose another kernel (torch's bf16 matmul on AVX512_BF16 or
@@ -135,14 +137,13 @@ def origins(names):
                        for e in os.listdir(base))
         except OSError:
             meta = False
-        if meta:
+        if meta and os.path.realpath(base) in {os.path.realpath(d) for d in _site_folders()}:
             out[name] = "installed"
-        else:
-            try:
-                with open(origin, "rb") as f:
-                    out[name] = "shadowed: " + hashlib.sha256(f.read(1 << 24)).hexdigest()
-            except OSError:
-                out[name] = "shadowed: unreadable"
+        else:   # every file of it, its extension modules too: an edit of any is another library
+            files = _package_files(os.path.dirname(origin)) if spec.submodule_search_locations else [origin]
+            from ..fingerprint import sha256_or_none
+            out[name] = "shadowed: " + hashlib.sha256("\n".join(
+                f"{os.path.relpath(f, base)}:{sha256_or_none(f)}" for f in files).encode()).hexdigest()
     return out
 
 
@@ -259,10 +260,11 @@ def _closure(names, first=None, limit=256):
 
 
 def _package_files(folder, limit=512):
+    """The code files under `folder` (.py, extension modules), sorted, at most `limit`."""
     found = []
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        found += [os.path.join(dirpath, n) for n in sorted(filenames) if n.endswith(".py")]
+        found += [os.path.join(dirpath, n) for n in sorted(filenames) if n.endswith(CODE_SUFFIXES)]
         if len(found) > limit:
             break
     return found[:limit]

@@ -6,7 +6,7 @@ import os
 import sys
 
 from .. import fingerprint
-from ..files import private, streamed, unwritable, write_files
+from ..files import own_folder, private, streamed, unwritable, write_files
 from ..ops.precision import parse_policy
 from . import verdict
 from .lock import lock_bundle
@@ -16,7 +16,9 @@ from .tolerances import DEFAULT_TOLERANCES as TOLERANCES, tolerance
 
 
 def write_golden(bundle_dir, files):
-    """golden/'s files (lock_bundle's `golden_files`) into the bundle, whole or not at all."""
+    """golden/'s files (lock_bundle's `golden_files`) into the bundle, whole or not at all (into a
+    folder of its own: a link there is removed, never written through)."""
+    own_folder(os.path.join(bundle_dir, "golden"))
     write_files(os.path.join(bundle_dir, "golden"), files)
 
 

@@ -88,11 +88,14 @@ def bundles_fault(e, limit=None):
     return last is None or not os.path.abspath(last.tb_frame.f_code.co_filename).startswith(PACKAGE + os.sep)
 
 
-def odd_kind(torch, v):
-    """What a tensor is that no value of a program is (a sparse, complex, quantized one, one on a
-    device without its values), or None for a dense real tensor on the CPU."""
-    if v.layout != torch.strided or v.device.type != "cpu" or v.is_complex() or v.is_quantized:
-        return f"{str(v.layout).replace('torch.', '')} {str(v.dtype).replace('torch.', '')} tensor on {v.device.type}"
+def odd_kind(torch, v, output=False):
+    """What a tensor is that no value of a program is (a sparse, nested, complex, quantized one, one
+    on a device without its values; for the `output`, a bool or 1-byte float one too, which no
+    argmax reads), or None for a dense real tensor on the CPU."""
+    if v.is_nested or v.layout != torch.strided or v.device.type != "cpu" or v.is_complex() or v.is_quantized \
+            or output and (v.dtype == torch.bool or v.is_floating_point() and v.element_size() == 1):
+        layout = "nested" if v.is_nested else str(v.layout).replace("torch.", "")
+        return f"{layout} {str(v.dtype).replace('torch.', '')} tensor on {v.device.type}"
     return None
 
 
@@ -108,7 +111,7 @@ def run_module(model, program, what, step=0, args=None):
             odd = f"a {type(out).__name__}, not a tensor"
         else:
             import torch
-            kind = odd_kind(torch, out)
+            kind = odd_kind(torch, out, output=True)
             odd = kind and f"a {kind}, not a dense real one on the CPU"
         if odd:
             raise BundleFault({"stage": "output", "out": program.output, "op": "output",
