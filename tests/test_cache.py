@@ -266,6 +266,9 @@ def test_ci_fills_the_cache_and_a_fresh_clone_takes_its_verdicts(tmp_path):
     assert "(cached)" in (dev / "build/summary.md").read_text()
     rc, ran, out = doit(dev, f"cache={url}", env=key)   # nothing to do: no import, no lock handed
     assert rc == 0 and ran <= {"cache"}, ran
+    other = tmp_path / "other"   # taken from one cache: never published to another as this run's
+    rc, ran, out = doit(dev, f"cache={other.as_uri()}", env=key)
+    assert rc == 0 and "published" not in out and not list(other.rglob("*.json")), out
     p = subprocess.run([sys.executable, "-m", "emitter", "results"], cwd=dev, capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(dev)})
     assert p.returncode == 0 and "0 not passing, 6 taken from the verdict cache, 0 not current" in p.stdout, \

@@ -110,6 +110,33 @@ def test_a_dead_worker_a_slow_check_and_a_too_big_one_are_errors_not_hangs(tmp_p
         ex.close()
 
 
+def test_a_checks_limit_counts_from_its_start_and_ends_it_on_its_worker(tmp_path):
+    """One worker: a check that waited in the queue behind others is not past its limit for that
+    wait (each of these takes under it); one past its limit ends there, on its worker, which then
+    takes the next check at once (a cancelled task Dask cannot stop kept it busy)."""
+    from emitter.pipeline import dask_executor, executors
+    jobs = [_job(tmp_path, name, PROG_B) for name in ("slow1", "slow2", "ok")]
+    for name in ("slow1", "slow2"):
+        with open(tmp_path / name / "model.py", "a") as f:
+            f.write("\nimport time\ntime.sleep(2.5)\n")
+    spin = _job(tmp_path, "spin", PROG_B)
+    with open(tmp_path / "spin" / "model.py", "a") as f:
+        f.write("\nwhile True:\n    pass\n")
+    ex = dask_executor.Dask(executors.parse("dask:local", 1))
+    try:
+        out = ex.run(jobs, 4)
+        assert [o.get("result", {}).get("verdict") for o in out] == ["pass"] * 3, out
+        out = ex.run([spin], 2)
+        r = out[0]["result"]   # (ended inside lock_bundle: its error verdict, as inline)
+        assert r["verdict"] == "error" and "the float64 lock check on dask:local took over 2 s (limits.seconds)" \
+            in r["reason"], r["reason"]
+        t = time.monotonic()
+        out = ex.run([_job(tmp_path, "next", PROG_B)], 60)
+        assert out[0]["result"]["verdict"] == "pass" and time.monotonic() - t < 30, out
+    finally:
+        ex.close()
+
+
 WATCH = """
 import json, sys
 from emitter.pipeline import check_worker

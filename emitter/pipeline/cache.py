@@ -333,9 +333,11 @@ def store(url):
 
 def publishable(r, parts):
     """Whether the result `r` may be published under the key of `parts`: a pass or fail recorded
-    under exactly that key, computed in the environment the key names (a Dask worker elsewhere
-    computed it in its own)."""
+    under exactly that key, computed here in the environment the key names (a Dask worker
+    elsewhere computed it in its own; one taken from a cache is that cache's, its run named there,
+    never published again as this run's)."""
     return (isinstance(r, dict) and r.get("verdict") in CACHEABLE and parts is not None
+            and not r.get("from_cache")
             and r.get("key") == check_key(parts)
             and (r.get("hashes") or {}).get("environment") == parts["environment"])
 

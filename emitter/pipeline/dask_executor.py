@@ -5,8 +5,10 @@ is handed to it, so that parsing and probing the spec stay cheap.
 
 Faults are results, never hangs: a worker that dies mid-lock gives an error verdict naming it (a
 LocalCluster never retries; a scheduler that reruns it elsewhere is said in the result, from the
-event `run_on_worker` logs when it starts); a check past limits.seconds is cancelled; an unreachable
-scheduler is one line; an interrupt cancels the cluster's work.
+event `run_on_worker` logs when it starts); a check past limits.seconds ends there, on its worker,
+which is free for the next (a cancelled task Dask cannot stop would keep it busy), timed from its
+start, never from its wait in the queue; the driver cancels one its worker's limit did not end
+(GRACE later); an unreachable scheduler is one line; an interrupt cancels the cluster's work.
 """
 
 import atexit
@@ -47,9 +49,10 @@ def _malloc_as_usual():
 
 
 def run_on_worker(job):
-    """What a Dask worker runs: `run_check`, told the worker's address, after logging the start
-    when the job asks (`log_start`: a scheduler that may rerun it elsewhere, so the driver can say
-    it was rerun)."""
+    """What a Dask worker runs: `run_check` under the check's own limits.seconds, told the worker's
+    address, after logging the start when the job asks (`log_start`: a scheduler that may rerun it
+    elsewhere, so the driver can say it was rerun)."""
+    from .timelimit import TimeLimit, deadline
     worker = None
     try:
         from distributed import get_worker
@@ -60,7 +63,11 @@ def run_on_worker(job):
     except (ImportError, ValueError):
         pass
     _malloc_as_usual()
-    return run_check(job, worker=worker)
+    try:
+        with deadline(job["seconds"], _what(job, job["executor"])):
+            return run_check(job, worker=worker)
+    except TimeLimit as e:
+        return {"error": str(e)}
 
 
 # --- the driver's side --------------------------------------------------------------------------
@@ -185,13 +192,15 @@ class Dask(Executor):
         all, gave each worker its own line, and a short check that came first could keep a long
         one waiting behind another long one); a scheduler of its own (tcp) gets them all at once
         as Dask priorities, so an adaptive cluster sees what waits and scales."""
-        end = time.monotonic() + seconds
-        mine = []
+        mine, since = [], time.monotonic()
         for i, job in enumerate(jobs):
             job = {**job, "remote": True, "executor": self.kind, "log_start": self.ex["kind"] == "tcp",
+                   "seconds": seconds,
                    "key": f"{job['name']}-{job['record']['dtype']}-{uuid.uuid4().hex[:12]}"}
             need = job.pop("memory", None)
             mine.append(_Check(i, job, need, cost(job, need)))
+            if self.ex["kind"] == "tcp":   # handed over at once: the scheduler's queue counts
+                mine[-1].since = since
         with self._cv:   # queued before the cluster is up: it starts on the run's longest
             for c in mine:
                 heapq.heappush(self._queue, (-c.priority, next(self._order), c))
@@ -199,7 +208,7 @@ class Dask(Executor):
         try:
             client = self.client()
             self._pump(client)
-            self._wait(client, mine, out, end, seconds)
+            self._wait(client, mine, out, seconds)
         except BaseException:   # an interrupt, or no cluster: the cluster stops this work too
             self._drop(client, mine)
             raise
@@ -225,6 +234,7 @@ class Dask(Executor):
                 c.future = client.submit(run_on_worker, c.job, key=f"logos-lock-{c.job['key']}", pure=False,
                                          resources=resources, priority=c.priority)
                 self._in_flight += 1
+                c.since = c.since or time.monotonic()   # (a local worker takes it now)
                 self._pending.add(c.future)
                 c.future.add_done_callback(functools.partial(self._landed, client, c))
             self._cv.notify_all()
@@ -248,17 +258,28 @@ class Dask(Executor):
             with contextlib.suppress(Exception):
                 client.cancel(futures, force=True)
 
-    def _wait(self, client, mine, out, end, seconds):
-        with self._cv:
-            while any(not c.done for c in mine) and _until(end) > 0 and threading.main_thread().is_alive():
-                self._cv.wait(timeout=min(1.0, _until(end)))
-            left = [c for c in mine if not c.done]
+    def _wait(self, client, mine, out, seconds):
+        """Until every check is done. One still running GRACE past its limit, counted from its
+        handing over (its start, on a local cluster), is cancelled, its worker's own limit having
+        not ended it; every one left when the run is interrupted."""
+        left = []
+        while True:
+            with self._cv:
+                left = [c for c in mine if not c.done]
+                if not left or not threading.main_thread().is_alive():
+                    break
+                late = [c for c in left if c.since is not None and time.monotonic() - c.since > seconds + GRACE]
+                if not late:
+                    self._cv.wait(timeout=1.0)
+                    continue
+            self._drop(client, late)
+            for c in late:
+                out[c.index] = {"error": f"{_what(c.job, self.kind)} took over {seconds} s (limits.seconds) "
+                                         "and was cancelled"}
         if left:
-            why = (f"took over {seconds} s (limits.seconds) and was cancelled"
-                   if _until(end) <= 0 else "was cancelled: the run was interrupted")
             self._drop(client, left)
             for c in left:
-                out[c.index] = {"error": f"{_what(c.job, self.kind)} {why}"}
+                out[c.index] = {"error": f"{_what(c.job, self.kind)} was cancelled: the run was interrupted"}
         for c in mine:
             if out[c.index] is None:
                 out[c.index] = c.outcome or self._outcome(client, c.future, c.job)
@@ -278,7 +299,7 @@ class Dask(Executor):
         if self.ex["kind"] == "tcp":   # a LocalCluster never retries: nothing to ask
             with contextlib.suppress(Exception):
                 starts = [m.get("worker") for _, m in client.get_events(f"logos-lock-{job['key']}")]
-        if len(starts) > 1:
+        if len(starts) > 1 and "execution" in got:   # (a check its limit ended has none)
             got["execution"]["attempts"] = starts
             got["execution"]["note"] = (f"rerun on {starts[-1]} after "
                                         f"{', '.join(starts[:-1])} was lost while running it")
@@ -290,7 +311,7 @@ class _Check:
 
     def __init__(self, index, job, need, priority):
         self.index, self.job, self.need, self.priority = index, job, need, priority
-        self.future = self.outcome = None
+        self.future = self.outcome = self.since = None   # (since: when its time began to count)
         self.done = False
 
 
@@ -298,5 +319,4 @@ def _what(job, kind):
     return f"the {job['record']['dtype']} lock check on {kind}"
 
 
-def _until(end):
-    return end - time.monotonic()
+GRACE = 10   # seconds past a check's limit the driver waits for its worker's own limit to end it
