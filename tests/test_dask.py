@@ -87,15 +87,19 @@ def _job(tmp_path, name, source, **extra):
             "record": check_record(), **extra}
 
 
+def _ending(tmp_path, name, code):
+    """A job whose model.py runs `code` as it is imported."""
+    job = _job(tmp_path, name, PROG_B)
+    with open(tmp_path / name / "model.py", "a") as f:
+        f.write("\n" + code)
+    return job
+
+
 def test_a_dead_worker_a_slow_check_and_a_too_big_one_are_errors_not_hangs(tmp_path):
     from emitter.pipeline import dask_executor, executors
     ok = _job(tmp_path, "ok", PROG_B)
-    dies = _job(tmp_path, "dies", PROG_B)
-    with open(tmp_path / "dies" / "model.py", "a") as f:
-        f.write("\nimport os\nos._exit(3)   # the worker process dies mid-lock\n")
-    slow = _job(tmp_path, "slow", PROG_B)
-    with open(tmp_path / "slow" / "model.py", "a") as f:
-        f.write("\nimport time\ntime.sleep(60)\n")
+    dies = _ending(tmp_path, "dies", "import os\nos._exit(3)   # the worker process dies mid-lock\n")
+    slow = _ending(tmp_path, "slow", "import time\ntime.sleep(60)\n")
     ex = dask_executor.Dask(executors.parse("dask:local", 2))
     try:
         t = time.monotonic()
@@ -115,13 +119,9 @@ def test_a_checks_limit_counts_from_its_start_and_ends_it_on_its_worker(tmp_path
     wait (each of these takes under it); one past its limit ends there, on its worker, which then
     takes the next check at once (a cancelled task Dask cannot stop kept it busy)."""
     from emitter.pipeline import dask_executor, executors
-    jobs = [_job(tmp_path, name, PROG_B) for name in ("slow1", "slow2", "ok")]
-    for name in ("slow1", "slow2"):
-        with open(tmp_path / name / "model.py", "a") as f:
-            f.write("\nimport time\ntime.sleep(2.5)\n")
-    spin = _job(tmp_path, "spin", PROG_B)
-    with open(tmp_path / "spin" / "model.py", "a") as f:
-        f.write("\nwhile True:\n    pass\n")
+    jobs = [_ending(tmp_path, name, "import time\ntime.sleep(2.5)\n") for name in ("slow1", "slow2")]
+    jobs.append(_job(tmp_path, "ok", PROG_B))
+    spin = _ending(tmp_path, "spin", "while True:\n    pass\n")
     ex = dask_executor.Dask(executors.parse("dask:local", 1))
     try:
         out = ex.run(jobs, 4)
