@@ -222,7 +222,8 @@ def size_text(n):
 
 
 def unwritable(path):
-    """Why the result cannot be written at `path`, or None."""
+    """Why the result cannot be written at `path` (where it leads, for a link: `write_out`), or None."""
+    path = os.path.realpath(path) if os.path.islink(path) else path
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         return "is a folder, where the result file is to be written"

@@ -199,3 +199,6 @@ def test_an_output_named_as_a_fifo_or_a_link_is_written_into_never_replaced(loop
     assert done.returncode == 0, done.stderr
     import json
     assert got and json.loads(got[0])["verdict"] == "pass" and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    os.symlink(tmp_path / "nowhere" / "r.json", tmp_path / "r.json")   # said before the lock runs
+    done = run_cli("lock", str(tmp_path / "b"), "--program", path, "--weights", weights, "-o", str(tmp_path / "r.json"))
+    assert done.returncode == 2 and f"{tmp_path / 'nowhere'} is not a folder" in done.stderr, done.stderr
