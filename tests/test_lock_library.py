@@ -193,6 +193,21 @@ def test_an_output_no_argmax_reads_fails_at_the_output(zoo, tmp_path, value, wha
     assert r["reason"] == f"in the probe pass of step 1 the module's forward returned {what}, not a dense real one on the CPU"
 
 
+def test_a_bundle_that_sets_its_own_thread_count_runs_at_the_checks(zoo, tmp_path):
+    """The thread count is the check's (its key's, recorded in its result): a model.py that sets
+    another as it is imported runs its forward at the check's all the same."""
+    import torch
+    seen = tmp_path / "threads.txt"
+    bundle = _mutated(zoo, tmp_path, "        return y\n",
+                      f"        open({str(seen)!r}, 'a').write(str(torch.get_num_threads()) + '\\n')\n        return y\n")
+    with open(os.path.join(bundle, "model.py"), "a") as f:
+        f.write("\ntorch.set_num_threads(3)\n")
+    before = torch.get_num_threads()
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "pass", r["reason"]
+    assert set(seen.read_text().split()) == {str(before)} and torch.get_num_threads() == before
+
+
 @pytest.mark.parametrize("then", [
     ("def gelu_tanh(x):\n", "def gelu_tanh(x):\n    raise MemoryError('no room')\n"),   # an error by itself
     ("        return y\n", "        return y.to(torch.complex128)\n"),                 # a fail by itself

@@ -271,6 +271,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         leaves = vm.load_leaves(program, weights_dir, allow_nonfinite=allow_nonfinite)
         result["unmatched_weights"] = leaves.unmatched
         import torch
+        threads = torch.get_num_threads()   # the check's own (its key's): a bundle setting another runs at it
         beyond = unholdable(torch, program, weights_dir, leaves, getattr(torch, dtype))
         if beyond:
             raise CouldNotRun(beyond)
@@ -295,6 +296,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         files = {os.path.realpath(os.path.join(weights_dir, f)) for f in set(leaves.sources.values())
                  - {"declared"}} if weights_dir is not None else set()
         model = _build(torch, module, program, weights_dir, torch_dtype, allow_nonfinite, files)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
         mapped = files if worth_releasing(leaves.values) else set()
         with Resident(model, program.leaves, mapped) as resident:
             result["load"] = load = load_stage(torch, model, program, leaves.values, torch_dtype,
