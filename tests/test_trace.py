@@ -299,3 +299,39 @@ def test_a_trace_key_names_the_vm_code_that_was_loaded_not_an_edit_after(tmp_pat
     before = key("fresh")
     assert key("loaded") == before      # (the process loaded the code `before` names)
     assert key("fresh") != before       # (the edit's own key)
+
+
+def test_a_trace_lock_held_for_good_is_waited_for_a_while_and_a_limit_ends_the_wait(tmp_path):
+    """A process stopped while it holds a program's trace lock (SIGSTOP, a debugger) keeps it for
+    good: the next check waits for it at most a while, then computes its trace itself; and its
+    own time limit ends the wait, in a thread too (where no signal breaks a blocking call)."""
+    import subprocess
+    import sys
+    import threading
+    import time
+    from emitter.pipeline.timelimit import TimeLimit, deadline
+    path = tmp_path / "traces" / "p.lock"
+    path.parent.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\nf = open(sys.argv[1], 'a')\n"
+                               "fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(120)\n",
+                               str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        t = time.monotonic()
+        with trace_file._Locked(str(path), wait=1) as lock:
+            assert lock.f is None and 1 <= time.monotonic() - t < 30
+        got = []
+
+        def limited():
+            try:
+                with deadline(1, "the check"), trace_file._Locked(str(path), wait=60):
+                    got.append("entered")
+            except TimeLimit as e:
+                got.append(str(e))
+        waiter = threading.Thread(target=limited, daemon=True)
+        waiter.start()
+        waiter.join(30)
+        assert got == ["the check took over 1 s (limits.seconds)"], got
+    finally:
+        holder.kill()
+        holder.wait()

@@ -200,17 +200,28 @@ class Reader:
 
 
 class _Locked:
-    """An exclusive lock on `path` (fcntl, where there is one): one process computes a trace."""
+    """An exclusive lock on `path` (fcntl, where there is one): one process computes a trace. It
+    is waited for a step at a time, so a check's time limit ends the wait (in a thread, where no
+    signal breaks a blocking call), and at most `wait` seconds: a holder that is stopped, not dead,
+    keeps it for good, and the check then computes its trace itself."""
 
-    def __init__(self, path):
-        self.path, self.f = path, None
+    def __init__(self, path, wait=300):
+        self.path, self.f, self.wait = path, None, wait
 
     def __enter__(self):
         try:
             import fcntl
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self.f = open_regular(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, "a")
-            fcntl.flock(self.f, fcntl.LOCK_EX)
+            end = time.monotonic() + self.wait
+            while True:
+                try:
+                    fcntl.flock(self.f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > end:
+                        raise
+                    time.sleep(0.05)
         except (ImportError, OSError):
             if self.f is not None:
                 self.f.close()
