@@ -6,9 +6,10 @@ is handed to it, so that parsing and probing the spec stay cheap.
 Faults are results, never hangs: a worker that dies mid-lock gives an error verdict naming it (a
 LocalCluster never retries; a scheduler that reruns it elsewhere is said in the result, from the
 event `run_on_worker` logs when it starts); a check past limits.seconds ends there, on its worker,
-which is free for the next (a cancelled task Dask cannot stop would keep it busy), timed from its
-start, never from its wait in the queue; the driver cancels one its worker's limit did not end
-(GRACE later); an unreachable scheduler is one line; an interrupt cancels the cluster's work.
+which is free for the next, timed from its start (the lock code imported first), never from its
+wait in a queue; one its worker's limit cannot end is cancelled GRACE later and its worker
+restarted (a cancelled task Dask cannot stop would keep it busy); an unreachable scheduler is one
+line; an interrupt cancels the cluster's work.
 """
 
 import atexit
@@ -63,6 +64,8 @@ def run_on_worker(job):
     except (ImportError, ValueError):
         pass
     _malloc_as_usual()
+    from .check_worker import loaded_code   # the lock code and torch imported before any limit runs:
+    loaded_code()                           # one cut mid-import leaves torch half made for good
     try:
         with deadline(job["seconds"], _what(job, job["executor"])):
             return run_check(job, worker=worker)
@@ -192,15 +195,13 @@ class Dask(Executor):
         all, gave each worker its own line, and a short check that came first could keep a long
         one waiting behind another long one); a scheduler of its own (tcp) gets them all at once
         as Dask priorities, so an adaptive cluster sees what waits and scales."""
-        mine, since = [], time.monotonic()
+        mine = []
         for i, job in enumerate(jobs):
             job = {**job, "remote": True, "executor": self.kind, "log_start": self.ex["kind"] == "tcp",
                    "seconds": seconds,
                    "key": f"{job['name']}-{job['record']['dtype']}-{uuid.uuid4().hex[:12]}"}
             need = job.pop("memory", None)
             mine.append(_Check(i, job, need, cost(job, need)))
-            if self.ex["kind"] == "tcp":   # handed over at once: the scheduler's queue counts
-                mine[-1].since = since
         with self._cv:   # queued before the cluster is up: it starts on the run's longest
             for c in mine:
                 heapq.heappush(self._queue, (-c.priority, next(self._order), c))
@@ -234,7 +235,6 @@ class Dask(Executor):
                 c.future = client.submit(run_on_worker, c.job, key=f"logos-lock-{c.job['key']}", pure=False,
                                          resources=resources, priority=c.priority)
                 self._in_flight += 1
-                c.since = c.since or time.monotonic()   # (a local worker takes it now)
                 self._pending.add(c.future)
                 c.future.add_done_callback(functools.partial(self._landed, client, c))
             self._cv.notify_all()
@@ -249,7 +249,8 @@ class Dask(Executor):
         with contextlib.suppress(Exception):
             self._pump(client)
 
-    def _drop(self, client, checks):
+    def _drop(self, client, checks, restart=()):
+        """Cancel `checks`, and restart the workers `restart` names (running one of them)."""
         with self._cv:
             futures = [c.future for c in checks if c.future is not None and not c.done]
             for c in checks:
@@ -257,25 +258,37 @@ class Dask(Executor):
         if futures and client is not None:
             with contextlib.suppress(Exception):
                 client.cancel(futures, force=True)
+        if restart and client is not None:
+            with contextlib.suppress(Exception):
+                client.restart_workers(sorted(restart), timeout=60, raise_for_error=False)
 
     def _wait(self, client, mine, out, seconds):
-        """Until every check is done. One still running GRACE past its limit, counted from its
-        handing over (its start, on a local cluster), is cancelled, its worker's own limit having
-        not ended it; every one left when the run is interrupted."""
+        """Until every check is done. Each one's time counts from when a worker is seen running
+        it (the scheduler's `processing`, asked once a second), never from its wait in a queue;
+        one still running GRACE past its limit, which its worker's own limit did not end (a
+        blocking call), is cancelled and its worker restarted (Dask cannot stop a running task,
+        which would keep the worker from the next); every one left when the run is interrupted."""
         left = []
         while True:
             with self._cv:
                 left = [c for c in mine if not c.done]
                 if not left or not threading.main_thread().is_alive():
                     break
-                late = [c for c in left if c.since is not None and time.monotonic() - c.since > seconds + GRACE]
-                if not late:
+            running = _processing(client)
+            now = time.monotonic()
+            for c in left:
+                if c.since is None and c.future is not None and c.future.key in running:
+                    c.since = now
+            late = [c for c in left if c.since is not None and now - c.since > seconds + GRACE]
+            if late:
+                self._drop(client, late, restart={running[c.future.key] for c in late if c.future.key in running})
+                for c in late:
+                    out[c.index] = {"error": f"{_what(c.job, self.kind)} took over {seconds} s (limits.seconds) "
+                                             "and was cancelled (its worker restarted)"}
+                continue
+            with self._cv:
+                if any(not c.done for c in mine):
                     self._cv.wait(timeout=1.0)
-                    continue
-            self._drop(client, late)
-            for c in late:
-                out[c.index] = {"error": f"{_what(c.job, self.kind)} took over {seconds} s (limits.seconds) "
-                                         "and was cancelled"}
         if left:
             self._drop(client, left)
             for c in left:
@@ -320,3 +333,11 @@ def _what(job, kind):
 
 
 GRACE = 10   # seconds past a check's limit the driver waits for its worker's own limit to end it
+
+
+def _processing(client):
+    """{task key: the worker running it} as the scheduler sees it now ({} where it cannot say)."""
+    try:
+        return {k: w for w, keys in client.processing().items() for k in keys}
+    except Exception:
+        return {}
