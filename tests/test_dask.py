@@ -138,23 +138,42 @@ def test_a_checks_limit_counts_from_its_start_and_ends_it_on_its_worker(tmp_path
 
 
 def test_a_limit_counts_from_a_workers_start_and_one_no_limit_ends_frees_its_worker(tmp_path):
-    """A scheduler of its own (tcp) is handed every check at once: one waiting in its queue is not
-    past its limit for that wait. A check its worker's limit cannot end (a blocking sleep) is
-    cancelled GRACE later and its worker restarted, so the next check runs, not waits behind it."""
+    """A scheduler of its own (tcp) is handed every check at once, and a worker holds more than it
+    runs: a check waiting in a queue, the worker's own too, is not past its limit for that wait.
+    A check its worker's limit cannot end (a blocking sleep) is cancelled GRACE later and its
+    worker restarted, so the check beside it runs, not waits behind it; where the worker runs
+    another check, that one is left to end as it would (no restart kills it)."""
+    import threading
     from distributed import LocalCluster
     from emitter.pipeline import dask_executor, executors
     cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
                            dashboard_address=None)
     ex = dask_executor.Dask(executors.parse("dask:" + cluster.scheduler_address))
     try:
-        jobs = [_ending(tmp_path, f"s{i}", "import time\ntime.sleep(2)\n") for i in range(3)]
+        jobs = [_ending(tmp_path, f"s{i}", "import time\ntime.sleep(2.5)\n") for i in range(3)]
         out = ex.run(jobs, 3)
         assert [o.get("result", {}).get("verdict") for o in out] == ["pass"] * 3, out
         t = time.monotonic()
-        out = ex.run([_ending(tmp_path, "stuck", "import time\ntime.sleep(600)\n")], 2)
-        assert out[0]["error"].endswith("took over 2 s (limits.seconds) and was cancelled (its worker restarted)")
-        out = ex.run([_job(tmp_path, "next", PROG_B)], 20)
-        assert out[0]["result"]["verdict"] == "pass" and time.monotonic() - t < 120, out
+        out = ex.run([_ending(tmp_path, "stuck", "import time\ntime.sleep(600)\n"), _job(tmp_path, "ok", PROG_B)], 3)
+        assert out[0]["error"].endswith("took over 3 s (limits.seconds) and was cancelled (its worker restarted)")
+        assert out[1]["result"]["verdict"] == "pass" and time.monotonic() - t < 120, out
+    finally:
+        ex.close()
+        cluster.close()
+    cluster = LocalCluster(n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1",
+                           dashboard_address=None)
+    ex = dask_executor.Dask(executors.parse("dask:" + cluster.scheduler_address))
+    try:
+        ex.run([_job(tmp_path, "warm", PROG_B)], 60)   # (the worker's imports made)
+        beside = []
+        healthy = threading.Thread(target=lambda: beside.append(ex.run(
+            [_ending(tmp_path, "healthy", "import time\ntime.sleep(16)\n")], 30)))
+        healthy.start()
+        time.sleep(1)
+        out = ex.run([_ending(tmp_path, "stuck2", "import time\ntime.sleep(600)\n")], 2)
+        assert "and was cancelled (its worker, running other work," in out[0]["error"], out
+        healthy.join(120)
+        assert beside and beside[0][0]["result"]["verdict"] == "pass", beside
     finally:
         ex.close()
         cluster.close()

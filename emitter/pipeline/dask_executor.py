@@ -197,7 +197,7 @@ class Dask(Executor):
         as Dask priorities, so an adaptive cluster sees what waits and scales."""
         mine = []
         for i, job in enumerate(jobs):
-            job = {**job, "remote": True, "executor": self.kind, "log_start": self.ex["kind"] == "tcp",
+            job = {**job, "remote": True, "executor": self.kind, "log_start": True,
                    "seconds": seconds,
                    "key": f"{job['name']}-{job['record']['dtype']}-{uuid.uuid4().hex[:12]}"}
             need = job.pop("memory", None)
@@ -263,11 +263,12 @@ class Dask(Executor):
                 client.restart_workers(sorted(restart), timeout=60, raise_for_error=False)
 
     def _wait(self, client, mine, out, seconds):
-        """Until every check is done. Each one's time counts from when a worker is seen running
-        it (the scheduler's `processing`, asked once a second), never from its wait in a queue;
-        one still running GRACE past its limit, which its worker's own limit did not end (a
-        blocking call), is cancelled and its worker restarted (Dask cannot stop a running task,
-        which would keep the worker from the next); every one left when the run is interrupted."""
+        """Until every check is done. Each one's time counts from its start on a worker (the
+        event `run_on_worker` logs, read once the scheduler shows the check at a worker: it may
+        wait there behind another), never from a wait in a queue; one still running GRACE past
+        its limit, which its worker's own limit did not end (a blocking call), is cancelled, and
+        its worker restarted where it runs no other check (Dask cannot stop a running task, which
+        would keep the worker from the next); every one left when the run is interrupted."""
         left = []
         while True:
             with self._cv:
@@ -275,16 +276,21 @@ class Dask(Executor):
                 if not left or not threading.main_thread().is_alive():
                     break
             running = _processing(client)
-            now = time.monotonic()
             for c in left:
                 if c.since is None and c.future is not None and c.future.key in running:
-                    c.since = now
+                    c.since = _started(client, c.future.key)
+            now = time.monotonic()
             late = [c for c in left if c.since is not None and now - c.since > seconds + GRACE]
             if late:
-                self._drop(client, late, restart={running[c.future.key] for c in late if c.future.key in running})
+                keys = {c.future.key for c in late}
+                busy = {w for k, w in running.items() if k not in keys and _started(client, k) is not None}
+                restart = {running[k] for k in keys if k in running} - busy
+                self._drop(client, late, restart=restart)
                 for c in late:
+                    again = "its worker restarted" if running.get(c.future.key) in restart else \
+                        "its worker, running other work, goes on with it until the call returns"
                     out[c.index] = {"error": f"{_what(c.job, self.kind)} took over {seconds} s (limits.seconds) "
-                                             "and was cancelled (its worker restarted)"}
+                                             f"and was cancelled ({again})"}
                 continue
             with self._cv:
                 if any(not c.done for c in mine):
@@ -333,6 +339,16 @@ def _what(job, kind):
 
 
 GRACE = 10   # seconds past a check's limit the driver waits for its worker's own limit to end it
+
+
+def _started(client, key):
+    """When (time.monotonic()'s clock) a worker started the check of task `key`, from the event
+    it logged under that name; None before it has (one assigned to a worker may wait there)."""
+    try:
+        events = client.get_events(key)
+    except Exception:
+        return None
+    return time.monotonic() - max(0.0, time.time() - events[-1][0]) if events else None
 
 
 def _processing(client):
