@@ -24,8 +24,9 @@ import time
 import uuid
 
 from ..extras import require
-from .check_worker import POOL_VARS, run_check
+from .check_worker import POOL_VARS, loaded_code, run_check
 from .executors import Executor, ExecutorError, cost
+from .timelimit import TimeLimit, deadline
 
 CONNECT_S = 5
 
@@ -53,7 +54,6 @@ def run_on_worker(job):
     """What a Dask worker runs: `run_check` under the check's own limits.seconds, told the worker's
     address, after logging the start when the job asks (`log_start`: a scheduler that may rerun it
     elsewhere, so the driver can say it was rerun)."""
-    from .timelimit import TimeLimit, deadline
     worker = None
     try:
         from distributed import get_worker
@@ -64,8 +64,8 @@ def run_on_worker(job):
     except (ImportError, ValueError):
         pass
     _malloc_as_usual()
-    from .check_worker import loaded_code   # the lock code and torch imported before any limit runs:
-    loaded_code()                           # one cut mid-import leaves torch half made for good
+    loaded_code()   # the lock code and torch imported before any limit runs: one cut mid-import
+    #                 leaves torch half made for good
     try:
         with deadline(job["seconds"], _what(job, job["executor"])):
             return run_check(job, worker=worker)

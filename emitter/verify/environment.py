@@ -108,16 +108,16 @@ def bundled_libraries(name):
 
 
 def origins(names):
-    """{name: where `import name` finds it}: "installed" where it comes from a folder that holds
-    the metadata of a distribution of that name (a dist-info or egg-info: numpy's, torch's),
+    """{name: where `import name` finds it}: "installed" where it comes from a site folder that
+    holds the metadata of a distribution of that name (a dist-info or egg-info: numpy's, torch's),
     "stdlib" or "builtin" for the interpreter's own (math), else what shadows it: "shadowed: "
-    and the sha256 of the file it starts from (a numpy.py or math.py in the zoo's folder, which
-    `python -m doit` puts first on sys.path); None where it is nowhere. Found as the import finds
+    and the digest of every code file of it (a numpy.py or a safetensors/ in the zoo's folder,
+    which `python -m doit` puts first on sys.path); None where it is nowhere. Found as the import finds
     it (sys.path's finders: a namespace folder or another ABI's extension module is passed over),
     nothing imported. The versions above are the distributions'; this says whether they are what
     runs."""
     from importlib.machinery import PathFinder
-    stdlib = os.path.dirname(os.__file__)
+    stdlib, installed = os.path.dirname(os.__file__), _installed_folders()
     out = {}
     for name in names:
         if name in sys.builtin_module_names:
@@ -137,14 +137,24 @@ def origins(names):
                        for e in os.listdir(base))
         except OSError:
             meta = False
-        if meta and os.path.realpath(base) in {os.path.realpath(d) for d in _site_folders()}:
+        if meta and os.path.realpath(base) in installed:
             out[name] = "installed"
         else:   # every file of it, its extension modules too: an edit of any is another library
             files = _package_files(os.path.dirname(origin)) if spec.submodule_search_locations else [origin]
-            from ..fingerprint import sha256_or_none
-            out[name] = "shadowed: " + hashlib.sha256("\n".join(
-                f"{os.path.relpath(f, base)}:{sha256_or_none(f)}" for f in files).encode()).hexdigest()
+            out[name] = "shadowed: " + _files_digest(files, base)
     return out
+
+
+def _installed_folders():
+    """The site folders (resolved) what is installed there comes from: named, never read."""
+    return [os.path.realpath(d) for d in _site_folders()]
+
+
+def _files_digest(files, base):
+    """The sha256 of `files` by their names under `base` and their contents (the hash record's)."""
+    from ..fingerprint import sha256_or_none
+    return hashlib.sha256("\n".join(f"{os.path.relpath(f, base)}:{sha256_or_none(f)}" for f in files)
+                          .encode()).hexdigest()
 
 
 def startup():
@@ -217,9 +227,8 @@ def _closure(names, first=None, limit=256):
     and what an installed folder (site-packages) holds are named by where they come from, never
     read; this package's are in the code digest."""
     from importlib.machinery import PathFinder
-    from ..fingerprint import sha256_or_none
     stdlib = os.path.dirname(os.__file__)
-    installed = [os.path.realpath(d) for d in _site_folders()]
+    installed = _installed_folders()
     todo, out = list(names), {}
     while todo and len(out) < limit:
         name = todo.pop(0)
@@ -246,9 +255,7 @@ def _closure(names, first=None, limit=256):
             continue
         files = [origin] if not places else [f for d in places for f in _package_files(d)]
         files = [f for f in files if f]
-        out[name] = hashlib.sha256("\n".join(
-            f"{os.path.relpath(f, where if places else os.path.dirname(where))}:{sha256_or_none(f)}"
-            for f in files).encode()).hexdigest()
+        out[name] = _files_digest(files, where if places else os.path.dirname(where))
         entry = [f for f in files if not places or os.path.basename(f) == "__init__.py"][:1]
         for path in entry:   # (a package's other modules are hashed, not followed)
             try:
