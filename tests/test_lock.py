@@ -478,6 +478,46 @@ def test_a_forward_that_ignores_an_input_passed_as_its_argument_fails(zoo, tmp_p
         any(m["nonfinite_mismatch"] for m in r["steps_detail"][0]["states"].values())
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_forward_that_writes_into_its_argument_fails(zoo, tmp_path, dtype):
+    """A caller's input is as it was after forward: a free pass that writes into its argument
+    (after its output is computed, every figure right) fails naming the argument."""
+    program = read_file(zoo["program"])
+    name = next(n for n in program.leaves if program.roles[n] == "input" and program.real[n])
+    bundle = _sabotage(zoo, tmp_path, "        return y\n",
+                       f"        if {name} is not self.leaf_{name}:\n            {name}.mul_(1.5)\n        return y\n")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], dtype, 2)
+    assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"])
+    f = r["first_divergence"]
+    assert (f["stage"], f["out"], f["step"]) == ("argument", name, 1), f
+    assert f"wrote into its argument `{name}`" in f["raised"] and f["line"] == program.bound_at[name]
+    assert all(d["output"]["pass"] for d in r["steps_detail"])
+
+
+@pytest.mark.parametrize("dtype,release", [("float64", False), ("float64", True), ("float32", False)])
+def test_the_free_pass_runs_as_a_user_does_with_no_hook_set(zoo, tmp_path, monkeypatch, dtype, release):
+    """A user's run sets no hook (`probe` None), and so does the free pass, whether or not weights
+    are let go as it runs (through the instance's `tap`): a forward that computes otherwise with
+    no hook fails at its output, and one that raises then fails naming the stage it raised in;
+    the honest bundle passes, its class's `tap` as it was."""
+    from emitter.verify import resident
+    if release:
+        monkeypatch.setattr(resident, "RELEASE_FROM", 0)
+    assert lock_bundle(zoo["bundle"], zoo["program"], zoo["weights"], dtype, 2)["verdict"] == "pass"
+    bundle = _sabotage(zoo, tmp_path, "        return y\n", "        return y * 1.5 if self.probe is None else y\n")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], dtype, 2)
+    assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"])
+    assert (r["first_divergence"]["stage"], r["first_divergence"]["step"]) == ("output", 1), r["first_divergence"]
+    shutil.rmtree(bundle)
+    tap = "        return value if self.probe is None else self.probe(stage, value)\n"
+    bundle = _sabotage(zoo, tmp_path, tap, "        if self.probe is None and stage == 4:\n"
+                       "            raise ValueError('only in a user run')\n" + tap)
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], dtype, 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f["step"]) == (4, 1), (r["reason"], f)
+    assert "only in a user run" in f["raised"]
+
+
 @pytest.mark.parametrize("second", ["sw[:1] * 7", "sw * 1.001"])
 def test_a_stage_tapped_twice_is_judged_on_its_last_tap(zoo, tmp_path, second):
     """A module that taps a stage again with another value (of another shape, or off by 0.1%)

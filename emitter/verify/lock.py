@@ -30,8 +30,8 @@ from .leaf_check import exact_leaves, known_view_of, load_stage, unholdable
 from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, as_arguments, bundles_fault,
-                    changed_after_tap, run_module, watched)
-from .resident import Releasing, Resident, Watching, reads, worth_releasing
+                    changed_after_tap, held_sum, run_module, watched)
+from .resident import Releasing, Resident, Watching, as_a_user_runs, reads, worth_releasing
 from .result import unfinished
 from .tolerances import DEFAULT_TOLERANCES as TOLERANCES
 from .weights_read import as_manifest as _as_manifest, still_as_read as _still_as_read, weights_digest
@@ -162,16 +162,19 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                     model.probe = None
                 late = changed_after_tap(torch, program, model, pout, probe.handed) + returned.check(pout, step, "probe")
                 _set_states(torch, model, program, current)     # teacher-forced
-                model.probe = Releasing(None, resident, stage_reads)   # hands each value on as it is
-                with as_arguments(torch, model, inputs) as args:
+                with as_arguments(torch, model, inputs) as args, \
+                        as_a_user_runs(model, resident, stage_reads) as seen:
+                    sent = {n: held_sum(torch, a, a.dtype) for n, a in args.items()}
                     t, let_go = time.perf_counter(), resident.seconds
                     try:
                         out = run_module(model, program, f"the free pass of step {step} (its inputs passed as "
                                          "arguments, their buffers NaN)" if args else f"the free pass of step {step}",
-                                         step, args)
+                                         step, args, seen)
                     finally:
                         timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
-                        model.probe = None
+                    late += [({"stage": "argument", "out": n, "op": "input", "line": program.bound_at.get(n)},
+                              f"the free pass of step {step} wrote into its argument `{n}`: a caller's "
+                              "input changes") for n, a in args.items() if held_sum(torch, a, a.dtype) != sent[n]]
                 late += returned.check(out, step, "free")
         except Raised as e:   # the stages compared before it still count; the check stops here
             compared(step, probe)

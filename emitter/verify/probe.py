@@ -99,12 +99,13 @@ def odd_kind(torch, v, output=False):
     return None
 
 
-def run_module(model, program, what, step=0, args=None):
+def run_module(model, program, what, step=0, args=None, hook=None):
     """The module's forward. An exception it raises on the program's inputs is a finding about the
     bundle (Raised, naming the stage after the last one tapped); one that is not the bundle's
     (out of time or memory, the lock's own) is CouldNotRun. An output that is a state's buffer,
     which the next step overwrites under a caller's feet, is a BundleFault. `args`: the inputs
-    passed to forward as arguments (compile.py's way), by name."""
+    passed to forward as arguments (compile.py's way), by name; `hook`: what sees each tap (its
+    `last`), where it is not the module's `probe`."""
     try:
         out = model(**(args or {}))
         if not hasattr(out, "untyped_storage") or not hasattr(out, "resolve_neg"):
@@ -126,7 +127,8 @@ def run_module(model, program, what, step=0, args=None):
     except (CouldNotRun, BundleFault):
         raise
     except (Exception, SystemExit) as e:   # (a bundle's sys.exit() is its own fault too)
-        nxt = getattr(model.probe, "last", -1) + 1 if model.probe else None
+        hook = hook or model.probe
+        nxt = getattr(hook, "last", -1) + 1 if hook else None
         nxt = nxt if nxt is not None and nxt < len(program.stages) else None
         if bundles_fault(e, absurd(program)):
             raise Raised(nxt, what, str(e) if isinstance(e, Wrong) else f"{type(e).__name__}: {e}") from None

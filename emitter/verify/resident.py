@@ -12,6 +12,7 @@ behaves under the lock exactly as it does for a user. Linux only (/proc/self/map
 elsewhere nothing is let go.
 """
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -268,7 +269,8 @@ def reads(program):
 
 
 class Releasing:
-    """The module's tap hook: `hook`'s (the probe's, or none), then the stage's weights let go."""
+    """A tap hook: `hook`'s (the probe's, or none), then the stage's weights let go; `last`: the
+    last stage tapped."""
 
     def __init__(self, hook, resident, stage_reads):
         self.hook, self.resident, self.reads = hook, resident, stage_reads
@@ -280,3 +282,24 @@ class Releasing:
         self.last = index
         self.resident.release(self.reads.get(index, ()))
         return value
+
+
+@contextlib.contextmanager
+def as_a_user_runs(model, resident, stage_reads):
+    """The free pass: the module's `probe` None, as in a user's run (a forward that computes
+    otherwise when no hook is set is judged on what a user gets). Each stage's weights are let go
+    after the module's own `tap` has handed its value on, from a `tap` of the instance's (the
+    class's stays as it is); yields the Releasing that sees each tap."""
+    seen, missing = Releasing(None, resident, stage_reads), object()
+    own, had = getattr(model, "tap", None), model.__dict__.get("tap", missing)
+    model.probe = None
+    if callable(own):
+        model.__dict__["tap"] = lambda index, value: seen(index, own(index, value))
+    try:
+        yield seen
+    finally:
+        if had is missing:
+            model.__dict__.pop("tap", None)
+        else:
+            model.__dict__["tap"] = had
+        model.probe = None
