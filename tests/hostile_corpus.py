@@ -105,6 +105,16 @@ def plant(zoo, outside):
     _write(os.path.join(outside, "w.f64"), np.ones(16).tobytes())
     os.makedirs(os.path.join(w, "w_link"))
     os.symlink(os.path.join(outside, "w.f64"), os.path.join(w, "w_link", "w.f64"))
+    program("w_st_link", GOOD, expect="`x.safetensors` links outside the weights directory")
+    _write(os.path.join(outside, "x.safetensors"), b"not even a header")   # refused, never opened
+    _write(os.path.join(w, "w_st_link", "w.f64"), np.ones(16).tobytes())
+    os.symlink(os.path.join(outside, "x.safetensors"), os.path.join(w, "w_st_link", "x.safetensors"))
+    program("w_loop", GOOD, expect="`w.f64` is not a regular file")   # a link to itself
+    os.makedirs(os.path.join(w, "w_loop"))
+    os.symlink("w.f64", os.path.join(w, "w_loop", "w.f64"))
+    program("ok_loop", GOOD)   # a loop no leaf claims beside its leaf: it passes, the loop ignored
+    _write(os.path.join(w, "ok_loop", "w.f64"), np.ones(16).tobytes())
+    os.symlink("junk.f64", os.path.join(w, "ok_loop", "junk.f64"))
     # encodings a real editor writes: these pass
     program("ok_bom", "\ufeff" + SIMPLE)
     program("ok_crlf", SIMPLE.replace("\n", "\r\n"))

@@ -184,6 +184,23 @@ def test_leaf_file_linking_outside_is_refused(tmp_path):
         vm.load_leaves(p, str(tmp_path / "w"))
 
 
+@pytest.mark.parametrize("name, content", [("x.f64", b"\0" * 5),   # a leaf's: of the wrong size
+                                           ("t.safetensors", b"no header")])   # no leaf's it holds
+def test_a_file_linking_outside_is_refused_before_it_is_opened_or_sized(tmp_path, name, content):
+    """A file of the folder a leaf may claim (every .safetensors file) that links outside the
+    folder, the repository and every named root is refused by its link alone: never opened (a
+    header outside is not parsed) nor sized (its size is not said)."""
+    p = read_program(RING)
+    (tmp_path / "w").mkdir()
+    (tmp_path / "outside").write_bytes(content)
+    os.symlink(tmp_path / "outside", tmp_path / "w" / name)
+    if name != "x.f64":
+        _write(tmp_path / "w" / "x.f64", [1, 2, 3], "<f8")
+    with pytest.raises(ProgramError, match=f"`{name}` links outside the weights directory") as e:
+        vm.load_leaves(p, str(tmp_path / "w"))
+    assert "bytes" not in str(e.value) and "header" not in str(e.value)
+
+
 def test_an_int_leaf_allowed_nan_is_still_refused_as_no_integer(tmp_path):
     """allow_nonfinite lets a leaf hold NaN; an Int leaf's NaN (or 2.5) is no integer all the same,
     said with its own value and index."""

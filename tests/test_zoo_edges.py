@@ -457,6 +457,60 @@ def test_a_config_a_dodo_task_rewrites_during_the_run_is_not_reported_current(tm
     assert doit(z)[:2] == (0, set())
 
 
+def test_a_defaults_file_a_dodo_task_makes_during_the_run_is_not_reported_current(tmp_path):
+    """A config that was not there when the run read the zoo (the zoo's defaults, made by the
+    user's task) changes every program's checks: the zoo's tasks wait for that task, and the
+    run's report says its checks are not current; the next run locks on it."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None), "c": (PROG_B, "dtypes: [float64]\n")})
+    assert doit(z)[0] == 0
+    (z / "src.yaml").write_text("steps: 2\n")
+    with open(z / "dodo.py", "a") as f:
+        f.write("\n\ndef task_defaults():\n    return {'actions': ['cp src.yaml programs/defaults.yaml'],\n"
+                "            'file_dep': ['src.yaml'], 'targets': ['programs/defaults.yaml']}\n")
+    rc, ran, out = doit(z)
+    assert rc == 1 and "defaults" in ran, out
+    rows = _report(z)
+    assert rows and all(not r["current"] and "programs/defaults.yaml: changed during this run" in r["reason"]
+                        for r in rows.values()), rows
+    rc, ran, out = doit(z)
+    assert rc == 0 and all(r["current"] and r["verdict"] == "pass" for r in _report(z).values()), out
+    assert json.loads((z / "build/results/b/float64.json").read_text())["steps"] == 2
+    assert doit(z)[:2] == (0, set())
+
+
+def test_what_configures_a_check_made_or_removed_after_the_run_read_it_is_found():
+    """changed_since, the report's look at what the run read the zoo from: a program's config
+    made or removed, the zoo's defaults made, a default weights folder made where there was none
+    (each after the run began); nothing for files as they were."""
+    import tempfile
+    import time
+    from emitter.pipeline.checks import entries
+    from emitter.pipeline.config import discover
+    from emitter.pipeline.report_aside import changed_since
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            os.chdir(d)
+            os.makedirs("programs")
+            for n in ("a", "b", "c"):
+                open(f"programs/{n}.logos", "w").write(PROG_B)
+            open("programs/b.yaml", "w").write("steps: 1\n")
+            zoo = entries(discover("."))
+            time.sleep(0.01)
+            began = os.stat("programs/b.yaml").st_ctime_ns + 1
+            assert changed_since(zoo, began) == {}
+            os.makedirs("weights/c")
+            assert changed_since(zoo, began) == {"c": "weights/c"}
+            os.unlink("programs/b.yaml")
+            open("programs/a.yaml", "w").write("steps: 2\n")
+            assert changed_since(zoo, began) == {"a": "programs/a.yaml", "b": "programs/b.yaml", "c": "weights/c"}
+            open("programs/defaults.yaml", "w").write("steps: 2\n")
+            assert changed_since(zoo, began) == {"a": "programs/defaults.yaml", "b": "programs/b.yaml",
+                                                 "c": "programs/defaults.yaml"}
+        finally:
+            os.chdir(here)
+
+
 def test_a_thread_count_torch_cannot_take_is_refused_before_anything_runs(tmp_path):
     """threads=99999 crashed the process after its PASS line (torch's pool): refused, exit 3."""
     z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})

@@ -3,12 +3,13 @@ configs: an `Entry` per program (its config, where its files go, its checks) and
 (program, dtype). Every task, key, action and report row of a run is made from these; nothing
 reshapes a check's facts on the way."""
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
 from ..files import BUNDLE_FILES
 from ..verify.tolerances import tolerance
-from .config import LIMITS, ProgramConfig
+from .config import DEFAULTS_FILE, LIMITS, ProgramConfig
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,18 @@ class Entry:
 
     def bundle_files(self):
         return [f"{self.bundle}/{f}" for f in BUNDLE_FILES]
+
+    def could_configure(self):
+        """The files its config was merged from and those it would be were they there (the zoo's
+        defaults, its own YAML; none for a refused name), and its default weights folder where
+        it had none (one it has is read as its lock runs): one made, rewritten or removed
+        changes its checks."""
+        folder, name = os.path.dirname(self.pc.source), self.pc.name
+        if self.pc.error or not self.pc.source.endswith(f"/{name}.logos"):
+            return self.configs
+        could = (os.path.join(folder, DEFAULTS_FILE), os.path.join(folder, f"{name}.yaml"))
+        weights = (f"weights/{name}",) if self.pc.weights is None else ()
+        return tuple(dict.fromkeys(self.configs + could)) + weights
 
 
 def _spec(pc, dtype, atol, rtol):

@@ -19,7 +19,7 @@ import os
 from ..files import read_json
 from ..fingerprint import sha256_or_none, sha256_text
 from ..sambaflow.weight_files import LEAF_SUFFIXES, TENSOR_FILES, claimed_files, size_refusal
-from ..verify.links import refused_links
+from ..verify.links import refused_link, refused_links
 from . import digests
 from .digests import digest
 from .files_io import uptodate_check
@@ -37,6 +37,15 @@ def entries(folder):
         return {e.name: e for e in it if not e.name.startswith(".")}
 
 
+def is_file(e):
+    """Whether a folder's entry is a plain file or a link to one (a link that loops, or that
+    cannot be followed, is neither: its kind names it)."""
+    try:
+        return e.is_file()
+    except OSError:
+        return False
+
+
 def _kind(e):
     """What a folder's entry that is not a plain file is (a reader refuses it where a leaf's file
     goes: a key must move with it)."""
@@ -47,7 +56,7 @@ def _kind(e):
 
 def files(folder):
     """{name: os.DirEntry} of a weights folder's plain files; an OSError when it cannot be listed."""
-    return {n: e for n, e in entries(folder).items() if e.is_file()}
+    return {n: e for n, e in entries(folder).items() if is_file(e)}
 
 
 def plain(folder):
@@ -164,12 +173,15 @@ def weights_part(entry, leaves):
         everything = entries(pc.weights)
     except OSError:
         return {"missing": pc.weights}
-    found = {n: e for n, e in everything.items() if e.is_file()}
+    found = {n: e for n, e in everything.items() if is_file(e)}
     strange = {n: _kind(e) for n, e in everything.items() if n not in found}
     claimed, held = claimed_files(found, leaves), shapes(leaves)
     shas, others, links = {}, {}, [n for n in claimed if found[n].is_symlink()]
     refused = links and refused_links(pc.weights, links)   # the roots decide those
     for n in sorted(found):
+        if refused and n in refused:   # a file outside the roots: never read
+            shas[n] = {"refused": refused_link(pc.weights, n)}
+            continue
         try:
             st = found[n].stat()
         except OSError:

@@ -168,7 +168,7 @@ def _program_rows(e, cache_dir, threads, failures, changed):
     """(the rows of `e`'s checks, its `keys.report_row`): see `build_rows`."""
     from .keys import current_parts, lock_records, made_current, report_row
     failed = [(t, failures[f"{t}:{e.name}"]) for t in PROGRAM_TASKS if f"{t}:{e.name}" in failures]
-    edited = [f for f in e.configs if f in changed]
+    edited = [changed[e.name]] if e.name in changed else []
     cache = cache_dir and not (failed or edited) and os.path.join(cache_dir, f"{e.name}.json")
     raw = read_json(e.status)
     status = raw or {"status": "error", "reason": f"{e.status}: not written (emit did not run)"}
@@ -196,8 +196,8 @@ def _program_rows(e, cache_dir, threads, failures, changed):
         for r in rows:
             r.update(verdict="error", reason=f"{task}:{e.name} failed in this run: {message}")
     for r in rows if edited else ():
-        r.update(verdict="error", current=False, reason=f"{edited[0]}: changed during this run, "
-                 "after the run read it (its checks are about the config as it was): run doit again")
+        r.update(verdict="error", current=False, reason=f"{edited[0]}: changed during this run (written, made or "
+                 "removed after the run read it: its checks are about the zoo as it was): run doit again")
     return rows, key_row
 
 

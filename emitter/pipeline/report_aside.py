@@ -85,8 +85,21 @@ def _ctime(path):
 
 
 def changed_since(entries, began):
-    """The configs of `entries` changed since the run `began` (ns, the file system's clock: after
-    the run read them), each looked at once."""
+    """{program: the first of the files its checks are configured from (Entry.could_configure)
+    changed since the run `began` (ns, the file system's clock: after the run read them)}: a
+    config rewritten, made or removed, a default weights folder made where there was none. Each file
+    looked at once."""
     if began is None:
-        return set()
-    return {f for f in dict.fromkeys(f for e in entries for f in e.configs) if _ctime(f) >= began}
+        return {}
+    seen, out = {}, {}
+    for e in entries:
+        for f in e.could_configure():
+            if f not in seen:
+                try:
+                    seen[f] = os.stat(f).st_ctime_ns >= began
+                except OSError:
+                    seen[f] = None   # not there now
+            if seen[f] or (seen[f] is None and f in e.configs):
+                out[e.name] = f
+                break
+    return out

@@ -188,7 +188,7 @@ class Run:
             return ["programs"] + [p for e in self.entries for k in ("weights", "emit", "lock")
                                    for p in self._inputs(e, k)]
         if kind == "emit":
-            return [e.pc.source, *e.configs]
+            return [e.pc.source, *e.could_configure()]
         if kind == "weights":
             return [e.pc.source, *e.configs, *self._reads(e)] if e.pc.derive else []
         return [e.pc.weights] if e.pc.weights and not e.pc.derive else []

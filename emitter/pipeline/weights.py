@@ -16,7 +16,7 @@ from ..fingerprint import moved, sha256
 from ..lifetime import DIE_WITH
 from . import digests
 from .guards import freeze_heap
-from .keys import DERIVED, entries, import_key, listed
+from .keys import DERIVED, entries, import_key, is_file, listed
 
 def import_weights(pc, tmp_root="build/tmp"):
     """`python -m emitter.importers IMPORTER CHECKPOINT --program SOURCE -o DIR` (`pc`: the program's
@@ -55,7 +55,7 @@ def import_weights(pc, tmp_root="build/tmp"):
             return TaskFailed(f"the checkpoint {derive.checkpoint} (or a file its importer reads) "
                               "changed or could not be read while it was imported: run doit again")
         made = os.path.join(tmp, "out")
-        odd = sorted(n for n, e in entries(made).items() if not e.is_file() or e.is_symlink())
+        odd = sorted(n for n, e in entries(made).items() if not is_file(e) or e.is_symlink())
         if odd:   # (a leaf's file is a plain file: every reader refuses anything else)
             return TaskFailed(f"import-{derive.importer} {derive.checkpoint_path} made `{odd[0]}` in "
                               f"{out_dir}, which is not a plain file: an importer writes plain files only")

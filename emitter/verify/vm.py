@@ -120,22 +120,21 @@ class Leaves:
 def leaf_places(program, weights_dir):
     """({leaf: place}, the names of the files they are in) in `weights_dir` (weight_files'
     reading, the one model.py copies); a file that links outside the directory, the repository
-    and every named root (`links`) is a ProgramError naming it, as is anything weight_places
-    refuses."""
+    and every named root (`links`; any a leaf may claim, every .safetensors file among them: no
+    such file is opened) is a ProgramError naming it, as is anything weight_places refuses."""
     if weights_dir is None:
         return {}, set()
-    try:
-        places, claimed = weight_places(weights_dir, program.leaves)
+    from .links import refused_link
+    try:   # every file a leaf may claim, refused before any is opened or looked at through its link
+        for fname in sorted(weight_files.claimed_files(os.listdir(weights_dir), program.leaves)):
+            problem = refused_link(weights_dir, fname)
+            if problem:
+                raise ProgramError(problem, path=str(weights_dir))
+        return weight_places(weights_dir, program.leaves)
     except WeightsError as e:
         raise ProgramError(e.message, path=e.path) from None
     except OSError as e:
         raise ProgramError(f"cannot be read: {e.strerror}", path=str(weights_dir)) from None
-    from .links import refused_link
-    for fname in sorted(claimed):
-        problem = refused_link(weights_dir, fname)
-        if problem:
-            raise ProgramError(problem, path=str(weights_dir))
-    return places, claimed
 
 
 def load_leaves(program, weights_dir=None, ignore=(), allow_nonfinite=()):
