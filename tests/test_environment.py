@@ -104,7 +104,7 @@ def test_a_changed_cpu_capability_reruns_the_locks(tmp_path):
 
 
 def test_a_numpy_or_torch_shadowed_in_the_zoo_moves_the_environment(tmp_path):
-    """`python -m doit` puts the zoo's folder first on sys.path: a numpy.py or a torch/ there is
+    """`python -m doit` puts the zoo's folder first on sys.path: a numpy.py, a threadpoolctl.py or a torch/ there is
     what the checks import, whatever the installed versions say. The environment says so (and
     its digest, in every key, moves); the installed ones are "installed"."""
     code = ("import json, sys; sys.path.insert(0, ''); sys.path.insert(1, %r)\n"
@@ -115,11 +115,12 @@ def test_a_numpy_or_torch_shadowed_in_the_zoo_moves_the_environment(tmp_path):
         p = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True, check=True)
         return json.loads(p.stdout)
     clean = env_in(tmp_path)
-    assert clean[0] == {"numpy": "installed", "torch": "installed", "math": "stdlib"}
-    (tmp_path / "numpy.py").write_text("raise ImportError('a shadow')\n")
-    shadowed = env_in(tmp_path)
-    assert shadowed[0]["numpy"].startswith("shadowed: ") and shadowed[1] != clean[1]
-    os.unlink(tmp_path / "numpy.py")
+    assert clean[0] == {"numpy": "installed", "torch": "installed", "math": "stdlib", "threadpoolctl": "installed"}
+    for name in ("numpy", "threadpoolctl"):   # (threadpoolctl: without it the BLAS's thread count is not set)
+        (tmp_path / f"{name}.py").write_text("raise ImportError('a shadow')\n")
+        shadowed = env_in(tmp_path)
+        assert shadowed[0][name].startswith("shadowed: ") and shadowed[1] != clean[1]
+        os.unlink(tmp_path / f"{name}.py")
     (tmp_path / "math.py").write_text("from cmath import *\n")   # the VM's erf, exp, sin
     shadowed = env_in(tmp_path)
     assert shadowed[0]["math"].startswith("shadowed: ") and shadowed[1] != clean[1]

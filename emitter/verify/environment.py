@@ -50,8 +50,9 @@ NUMERICS_VARS = (
 # The dynamic loader's settings: another library's code in place of libm's, OpenBLAS's or torch's
 # own (an LD_PRELOAD shim of erf moves exact gelu's bits), whatever the versions say.
 LOADER_VARS = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_HWCAP_MASK")
-# the modules whose code computes a check's numbers: where each is imported from
-COMPUTING = ("numpy", "torch", "math")
+# the modules whose code computes a check's numbers, or sets how (threadpoolctl: the BLAS's thread
+# count; missing or shadowed, the count is the environment's): where each is imported from
+COMPUTING = ("numpy", "torch", "math", "threadpoolctl")
 CODE_SUFFIXES = (".py",) + tuple(importlib.machinery.EXTENSION_SUFFIXES)
 # instruction-set levels, best first: the first the CPU has names its level
 ISA = ("avx512f", "avx2", "avx", "sse4_2", "sve", "asimd", "neon")
