@@ -220,6 +220,28 @@ def test_the_key_covers_what_the_verdict_depends_on():
 DERIVED = "derive:\n  importer: fake\n  checkpoint: ckpt/w.bin\n"
 
 
+def test_a_signed_verdict_recording_another_key_or_environment_is_a_miss(store):
+    """A lookup names the environment its key was made in: an entry whose verdict records another
+    (a writer that published what it computed elsewhere), or another key than its own, is a miss
+    said once, however it is signed."""
+    store.put(KEY, _result(key=KEY, hashes={"environment": "e1"}))
+    assert store.get(KEY, "e1")["verdict"] == "pass"
+    assert store.get(KEY, "e2") is None and "another key or environment" in store.said[-1]
+    store.put("b" * 64, _result(key=KEY, hashes={"environment": "e1"}))
+    assert store.get("b" * 64, "e1") is None and len(store.said) == 2
+
+
+def test_a_folder_in_an_entrys_place_is_replaced_by_the_entry(store):
+    """A folder where an entry goes is no entry (a miss, not listed); publishing replaces it,
+    never moves the entry into it."""
+    p = store.path(KEY)
+    store.fs.makedirs(p, exist_ok=True)
+    store.fs.pipe_file(p + "/junk.json", b"junk")
+    assert store.get(KEY) is None and store.listed() == {"junk"}
+    assert store.put(KEY, _result()) and store.get(KEY)["verdict"] == "pass"
+    assert store.listed() == {KEY}
+
+
 def _zoo(tmp_path, name="zoo"):
     z = make_zoo(tmp_path / name, {"d": (PROG_A, DERIVED), "a": (PROG_A, None), "b": (PROG_B, None)})
     (z / "emitter/importers/fake.py").write_text(FAKE_IMPORTER)
@@ -246,6 +268,9 @@ def test_ci_fills_the_cache_and_a_fresh_clone_takes_its_verdicts(tmp_path):
     assert rc == 0 and ran == {"cache"} and "published 6 verdict(s)" in out, out
     rc, ran, out = doit(ci, f"cache={url}", env=key)   # and then knows it is there
     assert rc == 0 and "published" not in out and "nothing moved since the last run" in out, out
+    shutil.rmtree(tmp_path / "cache")                  # emptied (a bucket purged): filled again
+    rc, ran, out = doit(ci, f"cache={url}", env=key)
+    assert rc == 0 and "published 6 verdict(s)" in out, out
     computed = _results(ci)
 
     dev = _zoo(tmp_path, "dev")                    # a fresh clone with the cache
@@ -264,6 +289,10 @@ def test_ci_fills_the_cache_and_a_fresh_clone_takes_its_verdicts(tmp_path):
     assert report["counts"] == {"pass": 6, "fail": 0, "error": 0}
     assert all(r.get("from_cache") for r in report["results"])
     assert "(cached)" in (dev / "build/summary.md").read_text()
+    import xml.etree.ElementTree as ET
+    cases = list(ET.parse(dev / "build/junit.xml").getroot().iter("testcase"))
+    assert len(cases) == 6 and all(f"taken from the verdict cache {url}" in (c.findtext("system-out") or "")
+                                   for c in cases)
     rc, ran, out = doit(dev, f"cache={url}", env=key)   # nothing to do: no import, no lock handed
     assert rc == 0 and ran <= {"cache"}, ran
     other = tmp_path / "other"   # taken from one cache: never published to another as this run's
@@ -466,7 +495,7 @@ def test_a_verdict_the_cache_task_cannot_publish_is_a_warning(tmp_path, monkeypa
     monkeypatch.setattr(vc.VerdictCache, "put", refused)
     said = []
     monkeypatch.setattr(log.LOG, "warning", said.append)
-    assert vc.publish_all(list(_entries(z).values()), 1, url, str(tmp_path / "memo.json")) is True
+    assert vc.publish_all(list(_entries(z).values()), 1, url) is True
     assert len(said) == 2 and all("cache: not published: build/results/b/" in s and
                                   "PermissionError: refused" in s for s in said), said
 
@@ -485,6 +514,6 @@ def test_a_result_edited_since_its_lock_wrote_it_is_never_published(tmp_path, mo
     r = json.loads(path.read_text())
     r["output"]["max_abs"], r["worst"] = 0.0, None   # the key, the verdict and the size kept or not
     path.write_text(json.dumps(r, indent=1))
-    assert vc.publish_all(list(_entries(z).values()), 1, url, str(tmp_path / "memo.json")) is True
+    assert vc.publish_all(list(_entries(z).values()), 1, url) is True
     kept = json.loads((z / "build/results/b/float32.json").read_text())["key"]
     assert {p.stem for p in (tmp_path / "cache").rglob("*.json")} == {kept} != {r["key"]}

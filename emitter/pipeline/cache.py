@@ -231,12 +231,18 @@ class VerdictCache:
             return None
         return entry
 
-    def get(self, key):
-        """The cached verdict for `key`, marked as such, or None (a miss; a bad entry is said once)."""
+    def get(self, key, environment=None):
+        """The cached verdict for `key`, marked as such, or None (a miss; a bad entry is said once).
+        `environment`: the digest the key names, which the verdict must record as its own (one a
+        writer computed elsewhere is not this key's, however it is signed)."""
         entry = self._entry(key)
         if entry is None:
             return None
         r = entry["result"]
+        if environment is not None and (r.get("key") != key or
+                                        (r.get("hashes") or {}).get("environment") != environment):
+            self._bad(key, "signed, but its verdict records another key or environment than its key names")
+            return None
         r["from_cache"] = True
         r["cache"] = {"url": self.url, "key": key, "written_by": entry.get("written_by")}
         return r
@@ -252,6 +258,15 @@ class VerdictCache:
                 self._checked[key] = entry
         return entry is not None
 
+    def listed(self):
+        """The keys this key's folder holds an entry under, by name (one listing), or None where it
+        cannot be listed."""
+        try:
+            names = self.fs.find(f"{self.root}/{self.key_id}")
+        except Exception:   # noqa: BLE001 (a store's client raises its own)
+            return None
+        return {n.rsplit("/", 1)[-1][:-len(".json")] for n in names if n.endswith(".json")}
+
     def put(self, key, result):
         """Publish `result` under `key` (signed; staged under a temporary name, then moved)."""
         if result.get("verdict") not in CACHEABLE:
@@ -263,6 +278,8 @@ class VerdictCache:
         tmp = f"{p}.{uuid.uuid4().hex[:12]}.partial"
         self.fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
         self.fs.pipe_file(tmp, data.encode("ascii"))
+        if self.fs.isdir(p):   # a folder in the entry's place: moved into, it would stay there
+            self.fs.rm(p, recursive=True)
         self.fs.mv(tmp, p)
         with self._lock:
             self._valid.add(key)
@@ -353,40 +370,28 @@ def as_written(path, record):
         else None
 
 
-def publish_all(entries, threads, url, memo_path, part=False):
+def publish_all(entries, threads, url):
     """The `cache` task: publish every current pass/fail verdict the cache lacks, including those
-    of locks that did not rerun (a no-op over a restored build/ fills a new cache). What is known
-    to be there is remembered in `memo_path`, so a no-op asks the cache nothing it already
-    answered; `part`: `entries` are some of the zoo's (a run that named its locks), so what is
-    known of the others is kept."""
+    of locks that did not rerun (a no-op over a restored build/ fills a new cache). What the cache
+    holds is listed once a run (a cache emptied or pruned since the last run is filled again); a
+    key listed there is not sent again (a bad entry is replaced when its check runs here)."""
     cache = store(url)
     if cache is None:
         return True
-    memo = read_json(memo_path) or {}
-    where = f"{url} {cache.key_id}"   # (another key's folder holds none of them)
-    known = set(memo.get(where) or []) if isinstance(memo, dict) else set()
-    now, sent, failed = set(), 0, []
+    held, sent, failed = cache.listed(), 0, []
     for e in entries:
         status, wrote = read_json(e.status), lock_records(read_json(e.lock_status))
         for c in e.checks:
             r = as_written(c.result, wrote.get(c.dtype))
             ran = (r.get("execution") or {}).get("threads") if isinstance(r, dict) else None
-            if not publishable(r, check_parts(e, c, status, ran)):
-                continue
-            key = r["key"]
-            now.add(key)
-            if key in known:
+            if not publishable(r, check_parts(e, c, status, ran)) or (held is not None and r["key"] in held):
                 continue
             try:
-                if not cache.has(key):
-                    cache.put(key, r)
+                if held is not None or not cache.has(r["key"]):
+                    cache.put(r["key"], r)
                     sent += 1
             except Exception as x:   # the verdicts stand; the cache is best effort
                 failed.append(f"{c.result}: {type(x).__name__}: {str(x)[:200]}")
-                now.discard(key)
-    keep = sorted(now | known if part else now)
-    if keep != sorted(known):
-        write_atomic(memo_path, json.dumps({**(memo if isinstance(memo, dict) else {}), where: keep}))
     if sent:
         sys.stdout.write(f"cache: published {sent} verdict(s) to {url}\n")
     for f in failed[:5]:

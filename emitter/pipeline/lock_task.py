@@ -169,7 +169,7 @@ def lock_program(entry, run, db):
         if kept is not None:
             done[c.dtype] = kept
             continue
-        hit = store.get(key) if key and store is not None else None
+        hit = store.get(key, parts["environment"]) if key and store is not None else None
         if hit is not None:
             done[c.dtype] = hit
             taken.add(c.dtype)

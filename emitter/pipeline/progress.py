@@ -263,11 +263,11 @@ class ProgressReporter(ConsoleReporter):
             return
         done = {n[len("lock:"):] for n in self.settled if n.startswith("lock:")}
         try:
-            entries, threads, url, memo_path = task.actions[0].args
+            entries, threads, url = task.actions[0].args
             mine = [e for e in entries if e.name in done]
             if mine:
                 from .cache import publish_all
-                publish_all(mine, threads, url, memo_path, part=True)
+                publish_all(mine, threads, url)
         except Exception as e:
             LOG.warning(f"cache: not published: {type(e).__name__}: {str(e)[:200]}")
 

@@ -5,8 +5,7 @@ skips a file that has them, as pytest's xunit2 family does), build/summary.md (a
 and build/report.html. Failures come first, each with its first diverging op.
 
 The rows are a function of the status and result files only; the headers add the commit, the
-time (SOURCE_DATE_EPOCH, where set, makes it reproducible), the host and the environment.
-"""
+time (SOURCE_DATE_EPOCH, where set, makes it reproducible), the host and the environment."""
 
 import os
 import re
@@ -25,8 +24,7 @@ _OUTPUT = ("max_abs", "max_rel", "guarded_rel", "nmse", "cosine", "argmax_agree"
 _GATE = ("bounds", "worst_excess", "worst_deviation", "worst_z", "min_cosine", "ops_failing",
          "argmax_flips", "argmax_excused")   # the bf16 gate's summary, all the report shows
 _HASHES = ("source", "bundle", "weights", "config", "code", "environment")
-# a program's own tasks: one of them failing in this run makes every check of it an error
-PROGRAM_TASKS = ("weights", "emit", "lock")
+PROGRAM_TASKS = ("weights", "emit", "lock")   # a program's: one failing makes every check of it an error
 
 
 def _slim(r):
@@ -293,8 +291,10 @@ def render_junit(rows, _plots=None, header=None, locate=True):
                 text = f"{where}{':' + str(line) if line else ''}: {text}"
             tag, kind = ("failure", "lock-fail") if r["verdict"] == "fail" else ("error", "lock-error")
             ET.SubElement(case, tag, message=text, type=kind).text = text
-        if r.get("environment_note"):
-            ET.SubElement(case, "system-out").text = r["environment_note"]
+        said = [r.get("environment_note"), r.get("from_cache") and "taken from the verdict cache "
+                f"{(r.get('cache') or {}).get('url')} (its time: the run's that computed it)"]
+        if any(said):
+            ET.SubElement(case, "system-out").text = "; ".join(x for x in said if x)
     root = ET.Element("testsuites", name="logos", tests=str(len(rows)), failures=str(c["fail"]),
                       errors=str(c["error"]), time=f"{total:.3f}")
     root.append(suite)
