@@ -58,7 +58,7 @@ def test_the_flat_judge_is_the_tolerance():
     got, want = np.array([[1.0, 2.0]]), np.array([[1.0, 2.01]])
     assert j.compare(got, want) == compare(got, want, tol) and not j.compare(got, want)["pass"]
     m = {"pass": False}
-    j.flip(m, None, None, None)
+    j.flip(m, None, None, None, None)
     assert m == {"pass": False}
     load = {"pass": True, "failed": []}
     stages = [{"stage": 0, "out": "y", "op": "matmul", "line": 4, "worst_ratio": 2.0, "max_abs": 1.0,

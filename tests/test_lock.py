@@ -516,6 +516,10 @@ def test_the_free_pass_runs_as_a_user_does_with_no_hook_set(zoo, tmp_path, monke
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and (f["stage"], f["step"]) == (4, 1), (r["reason"], f)
     assert "only in a user run" in f["raised"]
+    shutil.rmtree(bundle)
+    bundle = _sabotage(zoo, tmp_path, "= self.tap(0, ", "= self.tap(stage=0, value=")   # a user's call
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], dtype, 2)
+    assert r["verdict"] == "pass", (r["reason"], r["first_divergence"])
 
 
 @pytest.mark.parametrize("second", ["sw[:1] * 7", "sw * 1.001"])

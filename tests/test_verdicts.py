@@ -229,6 +229,14 @@ def test_a_token_flipped_inside_the_noise_is_excused_where_it_is_written_back(tm
     _mutate(str(tmp_path / "b"), "self.leaf_tok.copy_(tok)", "self.leaf_tok.copy_(tok * 0 + 1)")   # neither's
     r = lock_bundle(str(tmp_path / "b"), str(tmp_path / "t.logos"), str(tmp_path / "w"), "bfloat16", 2)
     assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == "write-back", r["first_divergence"]
+    # the module's token is the one the VM ranks last: no near-tie, however close the VM's top two
+    _mutate(str(tmp_path / "b"), "self.leaf_tok.copy_(tok * 0 + 1)", "self.leaf_tok.copy_(tok)")
+    _mutate(str(tmp_path / "b"), "torch.argmax(self.cast(2, logits))",
+            "(torch.argmin if self.probe is None else torch.argmax)(self.cast(2, logits))")
+    r = lock_bundle(str(tmp_path / "b"), str(tmp_path / "t.logos"), str(tmp_path / "w"), "bfloat16", 2)
+    out = r["steps_detail"][0]["output"]
+    assert r["verdict"] == "fail" and not out["flip_excused"] and not out["argmax_agree"], out
+    assert out["flip_margin"] > 10 * out["flip_noise"], out
 
 
 def test_an_output_that_is_a_states_buffer_fails(tmp_path):

@@ -478,6 +478,19 @@ def test_a_defaults_file_a_dodo_task_makes_during_the_run_is_not_reported_curren
     assert doit(z)[:2] == (0, set())
 
 
+def test_a_dodo_whose_tasks_doit_orders_by_files_locks_programs_with_no_config_or_weights(tmp_path):
+    """A creator that cannot be called early (doit's create_after) makes doit order the zoo's
+    tasks by their files: a config or weights folder a program could have and has not is no
+    file it depends on (doit refuses a dependency that is not there)."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    with open(z / "dodo.py", "a") as f:
+        f.write("\n\nfrom doit import create_after\n\n\n@create_after(executed='report')\n"
+                "def task_late():\n    return {'actions': ['echo late'], 'verbosity': 2}\n")
+    rc, ran, out = doit(z)
+    assert rc == 0 and {"emit:b", "lock:b", "late"} <= ran, out
+    assert {r["verdict"] for r in _report(z).values()} == {"pass"}
+
+
 def test_what_configures_a_check_made_or_removed_after_the_run_read_it_is_found():
     """changed_since, the report's look at what the run read the zoo from: a program's config
     made or removed, the zoo's defaults made, a default weights folder made where there was none

@@ -311,7 +311,8 @@ class Run:
         if kind == "lock":
             there = self._claimable(e) if e.pc.weights and not e.pc.derive and os.path.isdir(e.pc.weights) else ()
             return {"file_dep": [f"{e.pc.weights}/{n}" for n in there]}
-        files = [p for p in self._inputs(e, kind) if not os.path.isabs(p)]
+        files = [p for p in self._inputs(e, kind) if not os.path.isabs(p)   # (doit refuses a dep not there)
+                 and (os.path.isfile(p) or self.writers.makes(p))]
         return {"file_dep": [p for p in files if p != e.pc.source or not (e.pc.error or keys.over_limit(e.pc))]}
 
     @staticmethod
@@ -383,8 +384,7 @@ class Run:
         return {
             "doc": f"publish the verdicts {self.settings['cache']} lacks",
             "actions": [(cache_publish, [[e for e in self.entries if e.locked and not e.pc.error],
-                                              self.settings["threads"], self.settings["cache"],
-                                              f"{self.build}/.cache-published.json"])],
+                                              self.settings["threads"], self.settings["cache"]])],
             # after the locks, not the report: a report that fails (a check did) publishes all the same
             "task_dep": self._last_of_each(),
             "verbosity": 2,

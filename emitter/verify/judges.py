@@ -15,6 +15,8 @@ program's precision policy, which the bundle's PRECISION table must be; a real o
 passes on its cosine and nmse, a flipped token only inside the logits' noise; its summary is the result's
 `bf16` and its furthest op the result's `worst`."""
 
+import math
+
 import numpy as np
 
 from ..ops.precision import stage_precisions
@@ -47,7 +49,7 @@ class Flat:
     def step(self, torch, program, current, trace, probe, step, label):
         """One step's probe pass judged: each stage's pass is the tolerance's, as the probe set it."""
 
-    def flip(self, out_m, probe, trace, feed):
+    def flip(self, out_m, probe, trace, feed, got):
         """A token the module got wrong stays wrong."""
 
     def watch(self, torch, program, leaves, dtype, resident, load):
@@ -110,12 +112,19 @@ class Bf16(Flat):
     def settled(self, load):
         return load if self.load is None else self.load
 
-    def flip(self, out_m, probe, trace, feed):
-        """A flipped token passes only where the VM's top-2 margin lies inside the logits' noise."""
-        logits_vm = trace.stages[feed]
-        noise = float(np.sqrt(np.mean((probe.values[feed].reshape(-1) - np.asarray(logits_vm).reshape(-1)) ** 2)))
-        top = np.sort(np.asarray(logits_vm, dtype=np.float64).reshape(-1))[-2:]
-        margin = float(top[1] - top[0])
+    def flip(self, out_m, probe, trace, feed, got):
+        """A flipped token (`got`: the module's tokens) passes only where the VM's own logits hold
+        it as likely as theirs within the logits' noise: the VM's top logit less the VM's logit
+        of the module's token (the largest of a row's), inside the noise's bound. A token the VM
+        ranks far down is no near-tie, however wide the noise."""
+        vm = np.asarray(trace.stages[feed], dtype=np.float64).reshape(-1)
+        noise = float(np.sqrt(np.mean((probe.values[feed].reshape(-1) - vm) ** 2)))
+        tokens = np.asarray(got).reshape(-1)
+        rows = vm.reshape(tokens.size, -1) if tokens.size and vm.size % tokens.size == 0 else None
+        if rows is None or not ((tokens >= 0) & (tokens < rows.shape[1])).all():
+            margin = math.inf   # (a token no logit of the row stands for)
+        else:
+            margin = float(max(rows[i].max() - rows[i, t] for i, t in enumerate(tokens)))
         excused = margin <= self.bounds["margin_noise"] * noise
         out_m.update(flip_margin=margin, flip_noise=noise, flip_excused=excused)
         out_m["pass"] = excused

@@ -198,9 +198,9 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
         if integer:
             got_i = np.rint(out.double().numpy()).astype(np.int64)
             out_m["integer_mismatches"] = int(np.count_nonzero(got_i != np.rint(trace.output)))
-            out_m["pass"] = out_m["integer_mismatches"] == 0
+            out_m["pass"] = out_m["argmax_agree"] = out_m["integer_mismatches"] == 0   # (a token is its argmax)
             if out_m["integer_mismatches"] and feed is not None:
-                judge.flip(out_m, probe, trace, feed)
+                judge.flip(out_m, probe, trace, feed, got_i)
         state_m = {s: judge.compare(getattr(model, "leaf_" + s).detach(), trace.states[s], not program.real[s])
                    for s in program.states}
         for s, m in state_m.items():   # a token written back as the output flipped it: excused as it is

@@ -13,6 +13,7 @@ import numpy as np
 from ..ops import release
 from .compare import EXACT, SMALL, compare, compare_many, flat_pair, nan_equal, numpy_dtype, same_in_dtype, worse
 from .leaf_check import bytes_crc
+from .forward_line import stage_raised_in
 
 
 class CouldNotRun(Exception):
@@ -128,7 +129,7 @@ def run_module(model, program, what, step=0, args=None, hook=None):
         raise
     except (Exception, SystemExit) as e:   # (a bundle's sys.exit() is its own fault too)
         hook = hook or model.probe
-        nxt = getattr(hook, "last", -1) + 1 if hook else None
+        nxt = getattr(hook, "last", -1) + 1 if hook else stage_raised_in(e, model)
         nxt = nxt if nxt is not None and nxt < len(program.stages) else None
         if bundles_fault(e, absurd(program)):
             raise Raised(nxt, what, str(e) if isinstance(e, Wrong) else f"{type(e).__name__}: {e}") from None

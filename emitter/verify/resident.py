@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import inspect
 import mmap
 import os
 import sys
@@ -286,20 +287,25 @@ class Releasing:
 
 @contextlib.contextmanager
 def as_a_user_runs(model, resident, stage_reads):
-    """The free pass: the module's `probe` None, as in a user's run (a forward that computes
-    otherwise when no hook is set is judged on what a user gets). Each stage's weights are let go
-    after the module's own `tap` has handed its value on, from a `tap` of the instance's (the
-    class's stays as it is); yields the Releasing that sees each tap."""
-    seen, missing = Releasing(None, resident, stage_reads), object()
-    own, had = getattr(model, "tap", None), model.__dict__.get("tap", missing)
+    """The free pass: the module's `probe` None and nothing of the lock's on it, as in a user's run
+    (a forward that computes otherwise when no hook is set is judged on what a user gets). Only
+    where there are weights to let go (a big model's maps) is a `tap` of the instance's put before
+    the class's plain one, to let each stage's go after it has handed its value on; yields the
+    Releasing that sees each tap then, else None."""
     model.probe = None
-    if callable(own):
-        model.__dict__["tap"] = lambda index, value: seen(index, own(index, value))
+    own = inspect.getattr_static(type(model), "tap", None)
+    if not resident.ranges or not inspect.isfunction(own) or "tap" in getattr(model, "__dict__", {"tap": 0}):
+        yield None
+        return
+    seen, bound = Releasing(None, resident, stage_reads), own.__get__(model)
+
+    def tap(*args, **kwargs):
+        value = bound(*args, **kwargs)
+        index = args[0] if args else kwargs.get("stage")
+        return seen(index, value) if isinstance(index, int) else value
+    model.__dict__["tap"] = tap
     try:
         yield seen
     finally:
-        if had is missing:
-            model.__dict__.pop("tap", None)
-        else:
-            model.__dict__["tap"] = had
+        model.__dict__.pop("tap", None)
         model.probe = None
