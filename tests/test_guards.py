@@ -567,3 +567,30 @@ def test_a_sigterm_to_a_parallel_run_ends_its_workers_quietly(zoo):
         _end(workers)
     assert p.returncode == -signal.SIGTERM and "doit: interrupted (SIGTERM)" in rest, rest
     assert "Traceback" not in rest and "doit worker process" not in rest, rest
+
+
+def test_a_warning_said_once_a_run_is_said_once_by_all_its_processes(tmp_path, monkeypatch):
+    """`doit -n`'s workers each open the cache: a bad entry, or a cache of another key, is said
+    by whichever comes to it first, once a run; a run of its own says it again."""
+    from emitter.pipeline import guards
+    monkeypatch.setattr(guards, "_SAID", [str(tmp_path / "tmp" / "said")])
+    monkeypatch.setattr(guards, "began_ns", lambda: 1)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # a worker
+        guards.say_once("cache: bad entry", lambda m: os.write(w, m.encode()))
+        os._exit(0)
+    os.close(w)
+    assert os.waitpid(pid, 0)[1] == 0 and os.read(r, 100) == b"cache: bad entry"
+    said = []
+    guards.say_once("cache: bad entry", said.append)
+    guards.say_once("cache: another", said.append)
+    guards.say_once("cache: another", said.append)
+    assert said == ["cache: another"]
+    monkeypatch.setattr(guards, "began_ns", lambda: 2)   # the next run
+    guards.say_once("cache: bad entry", said.append)
+    assert said == ["cache: another", "cache: bad entry"]
+    monkeypatch.setattr(guards, "began_ns", lambda: None)   # outside a run: each time
+    guards.say_once("x", said.append)
+    guards.say_once("x", said.append)
+    assert said[-2:] == ["x", "x"]

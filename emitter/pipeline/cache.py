@@ -29,6 +29,7 @@ from ..extras import require
 from ..files import open_regular, read_json, write_atomic
 from ..fingerprint import sha256_or_none
 from .digests import canonical
+from .guards import say_once
 from .keys import check_key, check_parts, current_keys, lock_records
 from .log import LOG
 
@@ -154,7 +155,7 @@ class VerdictCache:
             if key in self._said:
                 return
             self._said.add(key)
-        self._say(f"cache: {self.url} entry {key[:16]}…: {why}; not used, the check is run here")
+        say_once(f"cache: {self.url} entry {key[:16]}…: {why}; not used, the check is run here", self._say)
 
     def _other_keys(self):
         """Once, at the first miss: where the cache holds entries under other keys' ids and none
@@ -169,9 +170,9 @@ class VerdictCache:
             return
         others = sorted(i for i in ids if len(i) == 16 and all(c in "0123456789abcdef" for c in i))
         if others and self.key_id not in others:
-            self._say(f"cache: {self.url} holds entries signed with another LOGOS_CACHE_KEY (key id "
-                      f"{', '.join(others[:3])}), none with this one (key id {self.key_id}): is it "
-                      "the key the cache's writers hold? Every check is run here")
+            say_once(f"cache: {self.url} holds entries signed with another LOGOS_CACHE_KEY (key id "
+                     f"{', '.join(others[:3])}), none with this one (key id {self.key_id}): is it "
+                     "the key the cache's writers hold? Every check is run here", self._say)
 
     def _read(self, key):
         """The raw entry, or None when there is none (or it cannot be read)."""

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import fcntl
 import gc
+import hashlib
 import os
 import shutil
 import signal
@@ -81,11 +82,34 @@ def exclusive(build_dir, db=".doit.db"):
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     _LOCK_FD = fd     # kept open: closing any descriptor of the file would drop a POSIX lock
+    _SAID[:] = [os.path.join(build_dir, "tmp", "said")]   # (say_once's markers: this run's alone)
+    if os.path.islink(_SAID[0]):
+        os.unlink(_SAID[0])
+    shutil.rmtree(_SAID[0], ignore_errors=True)
     bind_children()
     check_db(os.path.join(build_dir, db))
 
 
 _UNNAMED_WAIT = 2.0   # seconds a busy lock may name no live process before the run is refused
+
+
+_SAID = []   # the folder of this run's said-once markers
+
+
+def say_once(message, say):
+    """`say(message)` once a run, in whichever of its processes (`doit -n`'s workers) comes to it
+    first (a marker under build/tmp/said/, made afresh by each run); outside a run, each time."""
+    began = began_ns()
+    if began is not None and _SAID:
+        name = hashlib.sha256(f"{began} {message}".encode()).hexdigest()[:24]
+        try:
+            os.makedirs(_SAID[0], exist_ok=True)
+            os.close(os.open(os.path.join(_SAID[0], name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return
+        except OSError:
+            pass
+    say(message)
 
 
 def began_ns():
