@@ -27,8 +27,9 @@ op, in the probe pass (each op on the VM's inputs, so upstream error does not co
   which qwen38's conv taps show at |z| up to 22 on the VM), and the floor holds exactly those;
 - cosine(module, VM) at least COSINE_MIN.
 
-An argmax the module flips is excused only where the VM's top-2 margin lies inside the bf16 noise
-of the logits (MARGIN_NOISE times their rms error); a router's other choice of experts likewise,
+An argmax the module flips is excused only where the VM's logit of the module's token lies within
+the bf16 noise of the logits (MARGIN_NOISE times their rms error) of the VM's top; a router's
+other choice of experts likewise,
 inside the noise of its own scores (emitter.verify.routing). Each bound is a named constant a config can
 override (`bf16:` in the program's config). The check's judge (emitter.verify.judges.Bf16) holds
 the gate's state, hands each step here (`gate_step`) and sums the figures up.
