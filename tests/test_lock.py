@@ -516,6 +516,13 @@ def test_the_free_pass_runs_as_a_user_does_with_no_hook_set(zoo, tmp_path, monke
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and (f["stage"], f["step"]) == (4, 1), (r["reason"], f)
     assert "only in a user run" in f["raised"]
+    text = open(os.path.join(bundle, "model.py")).read()   # a forward that hands the work on
+    assert text.count("    def forward(self") == 1
+    open(os.path.join(bundle, "model.py"), "w").write(text.replace(
+        "    def forward(self", "    def forward(self, *args, **kwargs):\n        return self.body(*args, **kwargs)\n\n"
+        "    def body(self"))
+    f = lock_bundle(bundle, zoo["program"], zoo["weights"], dtype, 2)["first_divergence"]
+    assert (f["stage"], f["step"]) == (4, 1) and "only in a user run" in f["raised"], f
     shutil.rmtree(bundle)
     bundle = _sabotage(zoo, tmp_path, "= self.tap(0, ", "= self.tap(stage=0, value=")   # a user's call
     r = lock_bundle(bundle, zoo["program"], zoo["weights"], dtype, 2)

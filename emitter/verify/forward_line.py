@@ -5,23 +5,27 @@ import re
 
 
 def stage_raised_in(e, model):
-    """The stage whose statement of the module's forward was running when `e` was raised (read
-    from the forward's line: its `self.tap(N, …)`, else the `# stage N:` comment above it), or
-    None: where no hook counts the stages tapped."""
+    """The stage whose statement of the module's forward (or of a method of the bundle's it
+    handed the work to) was running when `e` was raised: read from that line, its
+    `self.tap(N, …)`, else the `# stage N:` comment above it in its function; None where no
+    frame of model.py says (no hook counts the stages tapped)."""
     code = getattr(getattr(type(model), "forward", None), "__code__", None)
-    tb, line = e.__traceback__, None
+    path, tb, lines = getattr(code, "co_filename", None), e.__traceback__, []
     while tb is not None:
-        if tb.tb_frame.f_code is code:
-            line = tb.tb_lineno
+        if tb.tb_frame.f_code.co_filename == path:
+            lines.append(tb.tb_lineno)
         tb = tb.tb_next
     try:
-        with open(code.co_filename, encoding="utf-8") as f:
-            lines = f.read().splitlines()[:line] if line else []
-    except (OSError, UnicodeDecodeError, AttributeError):
+        with open(path, encoding="utf-8") as f:
+            source = f.read().splitlines() if lines else []
+    except (OSError, UnicodeDecodeError, TypeError):
         return None
-    found = re.search(r"self\.tap\((\d+)\s*,", lines[-1]) if lines else None
-    for text in reversed(lines[:-1] if found is None else ()):
-        found = re.match(r"\s*# stage (\d+):", text)
-        if found or text.strip().startswith("def "):
-            break
-    return int(found.group(1)) if found else None
+    for line in reversed(lines):   # the innermost frame of model.py that names its stage
+        found = re.search(r"self\.tap\((\d+)\s*,", source[line - 1]) if 0 < line <= len(source) else None
+        for text in reversed(source[:line - 1] if found is None else ()):
+            found = re.match(r"\s*# stage (\d+):", text)
+            if found or text.strip().startswith("def "):
+                break
+        if found:
+            return int(found.group(1))
+    return None
