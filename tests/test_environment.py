@@ -278,3 +278,25 @@ def test_a_library_shadowed_on_the_path_is_named_by_every_file_of_it(tmp_path, m
     assert environment.origins(("safetensors",))["safetensors"] not in (first, second)
     (tmp_path / "safetensors-0.4.5.dist-info").mkdir()   # a distribution's name beside it: still read
     assert environment.origins(("safetensors",))["safetensors"].startswith("shadowed: ")
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_a_containers_memory_cap_bounds_what_a_check_may_take(tmp_path, monkeypatch, v2):
+    """A CI container's memory is its cgroup's limit, not its host's: the least of the machine's
+    and the limits of the cgroup this process is in and those enclosing it (v1 or v2; `max` and
+    v1's unlimited 2^63 are no limit)."""
+    from emitter.verify import environment as e
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    fs = tmp_path / "fs"
+    root, name = (fs, "memory.max") if v2 else (fs / "memory", "memory.limit_in_bytes")
+    (root / "ci" / "job").mkdir(parents=True)
+    (root / name).write_text("max\n" if v2 else "9223372036854771712\n")
+    (root / "ci" / name).write_text(f"{1536 << 20}\n")        # the enclosing group's cap
+    (root / "ci" / "job" / name).write_text("max\n" if v2 else f"{4 << 30}\n")
+    (tmp_path / "cgroup").write_text("0::/ci/job\n" if v2 else "12:pids:/ci\n9:cpuset,memory:/ci/job\n")
+    monkeypatch.setattr(e, "CGROUPS", (str(tmp_path / "cgroup"), str(fs)))
+    assert e.memory_bytes() == min(machine, 1536 << 20)
+    (root / "ci" / name).write_text("max\n" if v2 else "9223372036854771712\n")
+    assert e.memory_bytes() == (machine if v2 else min(machine, 4 << 30))
+    monkeypatch.setattr(e, "CGROUPS", (str(tmp_path / "nothing"), str(fs)))
+    assert e.memory_bytes() == machine

@@ -13,6 +13,7 @@ import numpy as np
 from ..ops import release
 from .compare import EXACT, SMALL, compare, compare_many, flat_pair, nan_equal, numpy_dtype, same_in_dtype, worse
 from .leaf_check import bytes_crc
+from .environment import memory_bytes
 from .forward_line import stage_raised_in
 
 
@@ -52,13 +53,9 @@ PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the em
 
 def absurd(program):
     """Bytes beyond which one allocation is the bundle's own fault, not the machine's: more than
-    the machine holds and more than four times every tensor of the program with its largest
+    the machine (its container) holds and more than four times every tensor of the program with its largest
     temporary (Program.tensor_bytes) in float64. Below it, memory refused is the machine's."""
-    try:
-        machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        machine = 0
-    return max(machine, 4 * program.tensor_bytes)
+    return max(memory_bytes(), 4 * program.tensor_bytes)
 
 
 def _requested(e):
