@@ -530,6 +530,39 @@ def test_a_damaged_page_met_by_a_lock_is_a_warning_and_flags_the_history(tmp_pat
     assert os.path.exists(db + ".suspect")
 
 
+def test_a_history_another_process_holds_keeps_its_rows_for_the_next_run(tmp_path, monkeypatch):
+    """A history another process holds past the wait is no damaged one: said so, the rows kept
+    beside it; later writers of the process do not wait it out again; the next run's start
+    adds the kept rows, once."""
+    import sqlite3
+    import time
+    from emitter.pipeline import results
+    monkeypatch.setattr(results, "BUSY_S", 0.3)
+    monkeypatch.setattr(results, "_BUSY", [])
+    db = str(tmp_path / "build" / "results.sqlite")
+    results.record_all(db, [{"name": "a", "dtype": "float32", "verdict": "pass"}])
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    rows = [{"name": "a", "dtype": "float32", "verdict": "fail"}, {"name": "b", "dtype": "float64", "verdict": "pass"}]
+    with pytest.raises(results.HistoryHeld, match="held by another process .*history-pending/ for the next"):
+        results.record_all(db, rows)
+    results.keep_pending(db, rows)
+    start = time.monotonic()
+    with pytest.raises(results.HistoryHeld):
+        results.record_all(db, rows[:1])
+    assert time.monotonic() - start < 5 and results._BUSY   # (a second wait: a second at most)
+    results.add_pending(db)   # still held: the rows stay
+    assert len(os.listdir(results.pending(db))) == 1
+    holder.execute("ROLLBACK")
+    holder.close()
+    results.add_pending(db)
+    results.add_pending(db)
+    assert os.listdir(results.pending(db)) == []
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT name, verdict FROM runs ORDER BY id").fetchall() == \
+        [("a", "pass"), ("a", "fail"), ("b", "pass")]
+
+
 @pytest.mark.parametrize("kind", ["folder", "dangling link"])
 def test_a_history_that_cannot_be_opened_is_a_warning_never_a_failed_lock(tmp_path, kind):
     """results.sqlite a folder (a botched restore) or a link to nothing (a volume not mounted):

@@ -11,9 +11,10 @@ import json
 import os
 import sqlite3
 import time
+import uuid
 
 from .. import fingerprint
-from ..files import read_json
+from ..files import read_json, write_atomic
 from .guards import SUSPECT, corrupt, disk_failed
 
 DEFAULT_DB = "build/results.sqlite"
@@ -42,6 +43,8 @@ CREATE INDEX IF NOT EXISTS runs_name ON runs (name, dtype, id);
 # The schema's version (SQLite's user_version) and the columns each version added: a DB an older
 # project wrote (a restored CI cache) is brought up to date; one a newer project wrote is refused.
 VERSION = 3
+BUSY_S = 60   # how long a writer waits for a history another process holds
+_BUSY = []    # (this process met the history held)
 _ADDED = {2: (("worst_stage", "TEXT"), ("worst_op", "TEXT"), ("worst_ratio", "REAL"),
               ("guarded_rel", "REAL"), ("code_sha", "TEXT"), ("env_sha", "TEXT")),
           3: (("key", "TEXT"), ("threads", "INTEGER"))}
@@ -49,6 +52,10 @@ _ADDED = {2: (("worst_stage", "TEXT"), ("worst_op", "TEXT"), ("worst_ratio", "RE
 
 class HistoryError(Exception):
     """A history DB this project cannot read (written by a newer version, or not a DB)."""
+
+
+class HistoryHeld(HistoryError):
+    """A history another process holds past BUSY_S: its rows wait in `pending(db)`."""
 
 
 def _wal(con, seconds=60):
@@ -70,7 +77,7 @@ def connect(db):
     if os.path.lexists(db) and not os.path.isfile(db):
         raise _not_a_file(db)
     try:
-        con = sqlite3.connect(db, timeout=60)
+        con = sqlite3.connect(db, timeout=1 if _BUSY else BUSY_S)   # (held once: no wait each lock)
     except sqlite3.Error as e:
         raise HistoryError(f"{db}: cannot be opened ({e})") from e
     try:
@@ -124,6 +131,11 @@ def _unreadable(db, e):
         return HistoryError(f"{db}: could not be written or read ({e}): is the disk full? The "
                             "verdicts stand in build/results/; with the history removed, the next "
                             "`doit` makes it again from there")
+    if "locked" in str(e) or "busy" in str(e):
+        _BUSY.append(time.monotonic())
+        return HistoryHeld(f"{db}: held by another process for over {BUSY_S} s ({e}): the verdicts "
+                           f"stand in build/results/, their rows kept in {pending(db)}/ for the next "
+                           "`doit` to add")
     if not corrupt(e):
         return HistoryError(f"{db}: not a history this project can read ({e}); if it stays so, move "
                             "it aside: the next `doit` makes it again from build/results/")
@@ -161,6 +173,32 @@ def refill(db, results):
         from .log import LOG
         LOG.warning(f"warning: the history was not made again: {e}")
     return len(rs)
+
+
+def pending(db):
+    """The folder beside the history `db` of the rows it could not take while held."""
+    return os.path.join(os.path.dirname(db) or ".", "history-pending")
+
+
+def keep_pending(db, rs):
+    """Rows a held history could not take (a lock's results), kept for the next run."""
+    write_atomic(os.path.join(pending(db), f"{uuid.uuid4().hex}.json"), json.dumps({"rows": rs}))
+
+
+def add_pending(db):
+    """The rows kept beside the history `db` while it was held, appended to it (a run's start),
+    each file once it is in; one the history cannot take yet stays."""
+    folder = pending(db)
+    for f in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+        rs = (read_json(os.path.join(folder, f)) or {}).get("rows")
+        try:
+            if isinstance(rs, list):
+                record_all(db, [r for r in rs if isinstance(r, dict) and r.get("verdict")])
+            os.unlink(os.path.join(folder, f))
+        except (HistoryError, OSError) as e:
+            from .log import LOG
+            LOG.warning(f"warning: the history's kept rows were not added: {e}")
+            return
 
 
 def record_all(db, rs, at=None):
