@@ -594,3 +594,27 @@ def test_a_warning_said_once_a_run_is_said_once_by_all_its_processes(tmp_path, m
     guards.say_once("x", said.append)
     guards.say_once("x", said.append)
     assert said[-2:] == ["x", "x"]
+
+
+@pytest.mark.parametrize("how", ["read-only", "lock a folder"])
+def test_a_build_folder_the_run_cannot_lock_in_refuses_it_in_one_line(tmp_path, how):
+    """build/ that cannot be written (a read-only mount, a restore's permissions) or whose lock's
+    name is a folder: the run is refused in one line naming the lock (exit 3), no traceback."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    (z / "build").mkdir()
+    if how == "read-only":
+        if os.geteuid() == 0:   # (root writes through a mode: a read-only bind mount stands in)
+            if subprocess.run(["mount", "--bind", str(z / "build"), str(z / "build")]).returncode or \
+                    subprocess.run(["mount", "-o", "remount,bind,ro", str(z / "build")]).returncode:
+                subprocess.run(["umount", str(z / "build")])
+                (z / "build" / ".doit.lock").mkdir()   # (no mounts here: the other way to fail)
+        else:
+            os.chmod(z / "build", 0o555)
+    else:
+        (z / "build" / ".doit.lock").mkdir()
+    try:
+        rc, ran, out = doit(z)
+    finally:
+        subprocess.run(["umount", str(z / "build")], capture_output=True)
+        os.chmod(z / "build", 0o755)
+    assert rc == 3 and "Traceback" not in out and "build/.doit.lock cannot be opened" in out, out

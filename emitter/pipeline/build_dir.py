@@ -2,9 +2,13 @@
 links (through one the run would write into, or sweep, wherever it leads), programs/ a folder it
 can list. What is wrong refuses the run in one line (exit 3), a link in build/ is removed."""
 
+import atexit
+import contextlib
 import os
+import shutil
 import sys
 
+from ..files import PARTIAL
 from .guards import BuildBusy
 
 
@@ -84,3 +88,27 @@ def listable(folder):
         link = f" (a link to {os.readlink(folder)})" if os.path.islink(folder) else ""
         sys.stderr.write(f"doit: refused: {folder}/ cannot be listed: {e.strerror}{link}\n")
         raise BuildBusy(3) from None
+
+
+def sweep(build_dir):
+    """After a run that did not end (SIGKILL, a power cut), remove what it left half done: the
+    temporary folder build/tmp (imports unpack there) and staged files (`*.partial`). A marker
+    says a run is going on; only this process holds the build/ lock, so nothing else is writing."""
+    marker = os.path.join(build_dir, ".running")
+    if os.path.exists(marker):
+        shutil.rmtree(os.path.join(build_dir, "tmp"), ignore_errors=True)
+        for dirpath, _, files in os.walk(build_dir):
+            for f in files:
+                if f.endswith(PARTIAL):
+                    try:
+                        os.unlink(os.path.join(dirpath, f))
+                    except OSError:
+                        pass
+    with open(marker, "w"):
+        pass
+    atexit.register(_unlink_quietly, marker)
+
+
+def _unlink_quietly(path):
+    with contextlib.suppress(OSError):   # (build/ made read-only, or gone, as the run ends)
+        os.unlink(path)

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 
-from ..files import PARTIAL
 from ..lifetime import PR_SET_PDEATHSIG as _PR_SET_PDEATHSIG, prctl as _prctl
 
 
@@ -24,25 +23,6 @@ _LOCK_FD = None
 
 class BuildBusy(SystemExit):
     pass
-
-
-def sweep(build_dir):
-    """After a run that did not end (SIGKILL, a power cut), remove what it left half done: the
-    temporary folder build/tmp (imports unpack there) and staged files (`*.partial`). A marker
-    says a run is going on; only this process holds the build/ lock, so nothing else is writing."""
-    marker = os.path.join(build_dir, ".running")
-    if os.path.exists(marker):
-        shutil.rmtree(os.path.join(build_dir, "tmp"), ignore_errors=True)
-        for dirpath, _, files in os.walk(build_dir):
-            for f in files:
-                if f.endswith(PARTIAL):
-                    try:
-                        os.unlink(os.path.join(dirpath, f))
-                    except OSError:
-                        pass
-    with open(marker, "w"):
-        pass
-    atexit.register(lambda: os.path.exists(marker) and os.unlink(marker))
 
 
 def exclusive(build_dir, db=".doit.db"):
@@ -56,9 +36,13 @@ def exclusive(build_dir, db=".doit.db"):
     global _LOCK_FD
     if _LOCK_FD is not None:
         return
-    os.makedirs(build_dir, exist_ok=True)
     path = os.path.join(build_dir, ".doit.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.makedirs(build_dir, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:   # (build/ read-only, full; the lock's name a folder)
+        sys.stderr.write(f"doit: refused: {path} cannot be opened to hold the run's lock ({e.strerror})\n")
+        raise BuildBusy(3) from None
     waited = time.monotonic() + _UNNAMED_WAIT
     while True:
         try:

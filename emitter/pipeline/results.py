@@ -131,6 +131,10 @@ def _unreadable(db, e):
         return HistoryError(f"{db}: could not be written or read ({e}): is the disk full? The "
                             "verdicts stand in build/results/; with the history removed, the next "
                             "`doit` makes it again from there")
+    folder = os.path.dirname(os.path.abspath(db))
+    if "unable to open" in str(e) and not os.access(folder, os.W_OK):
+        return HistoryError(f"{db}: cannot be opened: {folder} is not writable (a reader of the "
+                            "history writes its WAL files beside it); the history itself is as it was")
     if "locked" in str(e) or "busy" in str(e):
         _BUSY.append(time.monotonic())
         return HistoryHeld(f"{db}: held by another process for over {BUSY_S} s ({e}): the verdicts "

@@ -42,7 +42,7 @@ def begin(build):
     root = os.getcwd()
     build_dir.safe_build(root, build)
     guards.exclusive(build)
-    guards.sweep(build)
+    build_dir.sweep(build)
     guards.install_sigterm()
     guards.pause_collector()
     fingerprint.bind(f"{build}/.fingerprints.json")
