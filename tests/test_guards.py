@@ -203,6 +203,7 @@ def test_a_killed_worker_stops_the_run_it_would_hang(tmp_path):
         out, err = p.communicate(timeout=120)
         assert p.returncode == 1, out + err
         assert f"doit: stopped: a doit worker process (pid {worker}) was killed by SIGKILL" in err, err
+        assert "; the tasks running then: " in err and "weights:d" in err.partition("running then")[2], err
         assert _gone([importer], 30) and (z / "build/stale").exists()
     finally:
         _end([importer] if importer else [])

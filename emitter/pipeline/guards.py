@@ -148,6 +148,7 @@ def _before_fork():
 
 
 _WATCHED, WORKER_DIED = [], []
+RUNNING = []   # (the run's reporter's: a callable giving the tasks started and not ended)
 _OWN_FORK = []   # set while `spread` forks: it waits for its own children
 
 
@@ -185,8 +186,10 @@ def _watch_workers(every=0.2):
                 how = f"killed by signal {-code}" if code < 0 else f"ended with exit status {code}"
                 with contextlib.suppress(ValueError):
                     how = f"killed by {signal.Signals(-code).name}" if code < 0 else how
+                running = ", ".join(RUNNING[0]()) if RUNNING else ""
                 WORKER_DIED.append(f"a doit worker process (pid {p.pid}) was {how} while the run went on "
-                                   "(out of memory? a bundle's own exit?), and doit would wait for it forever")
+                                   "(out of memory? a bundle's own exit?), and doit would wait for it forever"
+                                   + (f"; the tasks running then: {running}" if running else ""))
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
 

@@ -14,6 +14,7 @@ import time
 
 from doit.reporter import ConsoleReporter
 
+from . import guards
 from .log import LOG
 
 PROGRESS_THRESHOLD = 40
@@ -113,6 +114,7 @@ class ProgressReporter(ConsoleReporter):
         self.known = set(self.reachable)
         self.total = len(self.reachable)
         self.work = Work(self.reachable)
+        guards.RUNNING[:] = [lambda: sorted(self.work.started)]   # (named where a worker dies)
         self.line = self.mode == "line" or (self.mode == "auto" and self.total > PROGRESS_THRESHOLD)
         from .handing import ignored
         from .run import current
