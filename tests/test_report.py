@@ -261,3 +261,15 @@ def test_the_report_formats_come_from_one_registry(tmp_path):
     assert not (out / "stale" / "old.md").exists() and (tmp_path / "escape.md").exists()
     assert (out / "results.sqlite").read_text() == "history\n" and (out / "bundles.json").is_dir()
     assert not any((out / f).exists() or (out / "stale" / f).exists() for f in REPORT_FORMATS)
+
+
+def test_a_reason_cut_short_closes_the_quoted_piece_it_cuts():
+    """A long reason is cut to one line; a `quoted` piece (set as code in report.html) cut open
+    is closed, so the page shows no stray backtick."""
+    from emitter.pipeline.report_html import _text
+    from emitter.verify.verdict import short
+    reason = "programs/bad.logos:3: unknown op in `Let y be frobnicate of x with many words after it`"
+    cut = short(reason, 40)
+    assert len(cut) <= 40 and cut.count("`") == 2 and cut.endswith("…`"), cut
+    assert "`" not in _text(cut) and _text(cut).endswith("…</code>")
+    assert short("no quote here at all, long enough", 10) == "no quote …"

@@ -4,9 +4,12 @@ line a person reads. Standard library only."""
 
 def short(text, limit=240):
     """Text cut to one readable line of printable characters (program text may carry control
-    characters that XML 1.0 cannot hold)."""
+    characters that XML 1.0 cannot hold); a `quoted` piece cut open is closed."""
     text = "".join(c if c.isprintable() else " " for c in str(text))
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 1]
+    return cut + "…" if cut.count("`") % 2 == 0 else cut[:-1] + "…`"
 
 
 def number(x):
