@@ -595,9 +595,14 @@ def test_a_warning_said_once_a_run_is_said_once_by_all_its_processes(tmp_path, m
     guards.say_once("x", said.append)
     guards.say_once("x", said.append)
     assert said[-2:] == ["x", "x"]
+    (tmp_path / "file").write_text("")   # no folder for the markers (a file in its place): said
+    monkeypatch.setattr(guards, "_SAID", [str(tmp_path / "file")])
+    monkeypatch.setattr(guards, "began_ns", lambda: 3)
+    guards.say_once("y", said.append)
+    assert said[-1] == "y"
 
 
-@pytest.mark.parametrize("how", ["read-only", "lock a folder"])
+@pytest.mark.parametrize("how", ["read-only", "lock a folder", "lock a FIFO"])
 def test_a_build_folder_the_run_cannot_lock_in_refuses_it_in_one_line(tmp_path, how):
     """build/ that cannot be written (a read-only mount, a restore's permissions) or whose lock's
     name is a folder: the run is refused in one line naming the lock (exit 3), no traceback."""
@@ -611,6 +616,8 @@ def test_a_build_folder_the_run_cannot_lock_in_refuses_it_in_one_line(tmp_path, 
                 (z / "build" / ".doit.lock").mkdir()   # (no mounts here: the other way to fail)
         else:
             os.chmod(z / "build", 0o555)
+    elif how == "lock a FIFO":
+        os.mkfifo(z / "build" / ".doit.lock")
     else:
         (z / "build" / ".doit.lock").mkdir()
     try:

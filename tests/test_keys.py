@@ -530,10 +530,9 @@ def test_a_damaged_page_met_by_a_lock_is_a_warning_and_flags_the_history(tmp_pat
     assert os.path.exists(db + ".suspect")
 
 
-def test_a_history_another_process_holds_keeps_its_rows_for_the_next_run(tmp_path, monkeypatch):
-    """A history another process holds past the wait is no damaged one: said so, the rows kept
-    beside it; later writers of the process do not wait it out again; the next run's start
-    adds the kept rows, once."""
+def test_a_history_another_process_holds_is_said_so_and_waited_for_once(tmp_path, monkeypatch):
+    """A history another process holds past the wait is no damaged one: said so (the verdicts
+    stand); the process's later writers do not wait it out again."""
     import sqlite3
     import time
     from emitter.pipeline import results
@@ -543,24 +542,44 @@ def test_a_history_another_process_holds_keeps_its_rows_for_the_next_run(tmp_pat
     results.record_all(db, [{"name": "a", "dtype": "float32", "verdict": "pass"}])
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
-    rows = [{"name": "a", "dtype": "float32", "verdict": "fail"}, {"name": "b", "dtype": "float64", "verdict": "pass"}]
-    with pytest.raises(results.HistoryHeld, match="held by another process .*history-pending/ for the next"):
-        results.record_all(db, rows)
-    results.keep_pending(db, rows)
+    with pytest.raises(results.HistoryHeld, match="held by another process .*the next `doit` adds their rows"):
+        results.record_all(db, [{"name": "a", "dtype": "float32", "verdict": "fail"}])
     start = time.monotonic()
     with pytest.raises(results.HistoryHeld):
-        results.record_all(db, rows[:1])
-    assert time.monotonic() - start < 5 and results._BUSY   # (a second wait: a second at most)
-    results.add_pending(db)   # still held: the rows stay
-    assert len(os.listdir(results.pending(db))) == 1
+        results.record_all(db, [{"name": "a", "dtype": "float32", "verdict": "fail"}])
+    assert time.monotonic() - start < 5 and results._BUSY
     holder.execute("ROLLBACK")
     holder.close()
-    results.add_pending(db)
-    results.add_pending(db)
-    assert os.listdir(results.pending(db)) == []
+
+
+def test_a_history_behind_its_results_is_brought_up_to_date_at_the_next_run(tmp_path, monkeypatch):
+    """Rows a held history did not take: the history is marked behind, and the next run's start
+    gives each check whose result file is its lock's own, and whose newest row is not that
+    result, that result as its newest row; a result edited since is not taken; then the mark
+    goes, and `logos results` agrees with the run."""
+    import sqlite3
+    from emitter.pipeline import results
+    from test_pipeline import _entries
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None), "c": (PROG_B, "dtypes: [float64]\n")})
+    assert doit(z)[0] == 0
+    db = z / "build/results.sqlite"
     con = sqlite3.connect(db)
-    assert con.execute("SELECT name, verdict FROM runs ORDER BY id").fetchall() == \
-        [("a", "pass"), ("a", "fail"), ("b", "pass")]
+    con.execute("DELETE FROM runs WHERE name = 'b'")   # (the rows the held history did not take)
+    con.commit()
+    con.close()
+    (z / "build/results.sqlite.behind").write_text("")
+    edited = z / "build/results/c/float64.json"
+    edited.write_text(edited.read_text().replace('"pass"', '"pass" ', 1))
+    monkeypatch.chdir(z)
+    results.catch_up(str(db), list(_entries(z).values()))
+    rows = {(x["name"], x["dtype"]): x for x in results.latest(str(db))}
+    assert {k for k in rows if k[0] == "b"} == {("b", "float64"), ("b", "float32")}
+    assert rows[("b", "float32")]["key"] == json.loads((z / "build/results/b/float32.json").read_text())["key"]
+    assert not (z / "build/results.sqlite.behind").exists()
+    n = len(results.history(str(db), "c"))
+    (z / "build/results.sqlite.behind").write_text("")
+    results.catch_up(str(db), list(_entries(z).values()))   # nothing behind now: nothing added
+    assert len(results.history(str(db), "b")) == 2 and len(results.history(str(db), "c")) == n
 
 
 @pytest.mark.parametrize("kind", ["folder", "dangling link"])

@@ -273,3 +273,4 @@ def test_a_reason_cut_short_closes_the_quoted_piece_it_cuts():
     assert len(cut) <= 40 and cut.count("`") == 2 and cut.endswith("…`"), cut
     assert "`" not in _text(cut) and _text(cut).endswith("…</code>")
     assert short("no quote here at all, long enough", 10) == "no quote …"
+    assert short("a" * 38 + "`xyz` more", 40) == "a" * 38 + "…"   # cut right after a quote opens

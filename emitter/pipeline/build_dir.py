@@ -34,7 +34,7 @@ def safe_build(root, build_dir):
 
 # build/'s folders whose entries are folders the pipeline writes into (status/ holds files only,
 # each written whole and renamed over whatever held its name, a link too)
-BUILD_FOLDERS = ("bundles", "results", "weights", "store", "stale", "tmp", "history-pending")
+BUILD_FOLDERS = ("bundles", "results", "weights", "store", "stale", "tmp")
 # what may be a link all the same: the history kept on another volume (one not mounted, a link to
 # nothing, is named by its readers)
 LINKED_BY_CHOICE = ("results.sqlite",)

@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import signal
+import stat
 import sys
 import threading
 import time
@@ -39,8 +40,11 @@ def exclusive(build_dir, db=".doit.db"):
     path = os.path.join(build_dir, ".doit.lock")
     try:
         os.makedirs(build_dir, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:   # (build/ read-only, full; the lock's name a folder)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file")
+    except OSError as e:   # (build/ read-only, full; the lock's name a folder, a FIFO)
         sys.stderr.write(f"doit: refused: {path} cannot be opened to hold the run's lock ({e.strerror})\n")
         raise BuildBusy(3) from None
     waited = time.monotonic() + _UNNAMED_WAIT
@@ -67,7 +71,7 @@ def exclusive(build_dir, db=".doit.db"):
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     _LOCK_FD = fd     # kept open: closing any descriptor of the file would drop a POSIX lock
     _SAID[:] = [os.path.join(build_dir, "tmp", "said")]   # (say_once's markers: this run's alone)
-    if os.path.islink(_SAID[0]):
+    if os.path.islink(_SAID[0]) or os.path.isfile(_SAID[0]):
         os.unlink(_SAID[0])
     shutil.rmtree(_SAID[0], ignore_errors=True)
     bind_children()
@@ -89,8 +93,9 @@ def say_once(message, say):
         try:
             os.makedirs(_SAID[0], exist_ok=True)
             os.close(os.open(os.path.join(_SAID[0], name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        except FileExistsError:
-            return
+        except FileExistsError as e:
+            if e.filename == os.path.join(_SAID[0], name):   # (said by another; else no folder)
+                return
         except OSError:
             pass
     say(message)

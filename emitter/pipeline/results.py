@@ -11,10 +11,9 @@ import json
 import os
 import sqlite3
 import time
-import uuid
 
 from .. import fingerprint
-from ..files import read_json, write_atomic
+from ..files import read_json
 from .guards import SUSPECT, corrupt, disk_failed
 
 DEFAULT_DB = "build/results.sqlite"
@@ -55,7 +54,7 @@ class HistoryError(Exception):
 
 
 class HistoryHeld(HistoryError):
-    """A history another process holds past BUSY_S: its rows wait in `pending(db)`."""
+    """A history another process holds past BUSY_S: it is behind (`behind`) until `catch_up`."""
 
 
 def _wal(con, seconds=60):
@@ -137,9 +136,8 @@ def _unreadable(db, e):
                             "history writes its WAL files beside it); the history itself is as it was")
     if "locked" in str(e) or "busy" in str(e):
         _BUSY.append(time.monotonic())
-        return HistoryHeld(f"{db}: held by another process for over {BUSY_S} s ({e}): the verdicts "
-                           f"stand in build/results/, their rows kept in {pending(db)}/ for the next "
-                           "`doit` to add")
+        return HistoryHeld(f"{db}: held by another process ({e}): the verdicts stand in "
+                           "build/results/; the next `doit` adds their rows")
     if not corrupt(e):
         return HistoryError(f"{db}: not a history this project can read ({e}); if it stays so, move "
                             "it aside: the next `doit` makes it again from build/results/")
@@ -179,30 +177,35 @@ def refill(db, results):
     return len(rs)
 
 
-def pending(db):
-    """The folder beside the history `db` of the rows it could not take while held."""
-    return os.path.join(os.path.dirname(db) or ".", "history-pending")
+def behind(db):
+    """The marker beside the history `db` that a lock's rows did not go in (the history was held)."""
+    return db + ".behind"
 
 
-def keep_pending(db, rs):
-    """Rows a held history could not take (a lock's results), kept for the next run."""
-    write_atomic(os.path.join(pending(db), f"{uuid.uuid4().hex}.json"), json.dumps({"rows": rs}))
-
-
-def add_pending(db):
-    """The rows kept beside the history `db` while it was held, appended to it (a run's start),
-    each file once it is in; one the history cannot take yet stays."""
-    folder = pending(db)
-    for f in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
-        rs = (read_json(os.path.join(folder, f)) or {}).get("rows")
-        try:
-            if isinstance(rs, list):
-                record_all(db, [r for r in rs if isinstance(r, dict) and r.get("verdict")])
-            os.unlink(os.path.join(folder, f))
-        except (HistoryError, OSError) as e:
-            from .log import LOG
-            LOG.warning(f"warning: the history's kept rows were not added: {e}")
-            return
+def catch_up(db, entries):
+    """Where the history is behind (`behind(db)`): each check of `entries` whose result file is
+    the one its lock wrote and whose newest row is not that result gets that result as its newest
+    row (in the order of the zoo), then the marker goes; a history that cannot take them yet keeps
+    it. Only the lock's own result files are read: nothing kept in between to go stale."""
+    if not os.path.exists(behind(db)):
+        return
+    from .keys import lock_records
+    try:
+        newest = {(x["name"], x["dtype"]): x for x in latest(db)}
+        add = []
+        for e in entries:
+            wrote = lock_records(read_json(e.lock_status))
+            for c in e.checks:
+                r, x = read_json(c.result), newest.get((e.name, c.dtype)) or {}
+                if r and r.get("verdict") and fingerprint.sha256_or_none(c.result) == \
+                        (wrote.get(c.dtype) or {}).get("sha256") and (x.get("key"), x.get("verdict")) != \
+                        (r.get("key"), r.get("verdict")):
+                    add.append(r)
+        record_all(db, add)
+        os.unlink(behind(db))
+    except (HistoryError, OSError) as e:
+        from .log import LOG
+        LOG.warning(f"warning: the history is behind its results and was not brought up to date: {e}")
 
 
 def record_all(db, rs, at=None):

@@ -19,7 +19,8 @@ def _row_line(x, mark=""):
     why = f" ({short(x['reason'], 160)})" if x["verdict"] == "error" and x["reason"] else ""
     if x.get("history_differs") and x.get("latest", True):
         why += (" (its result in build/results/ is current; this history row is not that result: "
-                "remove the history and `doit` fills it again from the results)")
+                "where the history was held during a run the next `doit` adds the result's row, "
+                "else remove the history and `doit` fills it again from the results)")
     now = ("NOT CURRENT " if x.get("current") is False and x.get("latest", True) else "") + (
         f"(computed in another environment, env {str(x['env_sha'])[:10]}) " if x.get("elsewhere") else "") + (
         "(from the cache) " if x.get("from_cache") else "")

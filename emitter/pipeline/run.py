@@ -8,7 +8,6 @@ confirms one. `Run` is made by the first task creator doit calls: the zoo read i
 and on a plain run the pre-check that hands doit only what is not current (`handing`)."""
 
 import os
-import shutil
 import sys
 
 from .. import fingerprint
@@ -159,12 +158,11 @@ class Run:
                      if self.handed is None else f"{len(self.handed)} task(s) not current by their keys"))
         locks = [e for e in self.entries if e.locked and self._hands(f"lock:{e.name}")]
         if handing.is_run(args) and guards.history_lost(self.db):   # made again before any lock adds to it
-            from .results import pending, refill
+            from .results import refill
             refill(self.db, [c.result for e in self.entries for c in e.checks])
-            shutil.rmtree(pending(self.db), ignore_errors=True)   # (the results are in it now)
-        elif handing.is_run(args) and os.path.isdir(f"{self.build}/history-pending"):
-            from .results import add_pending   # rows a held history could not take last run
-            add_pending(self.db)
+        if handing.is_run(args) and os.path.exists(self.db + ".behind"):
+            from .results import catch_up   # rows a held history did not take last run
+            catch_up(self.db, self.entries)
         if self.settings["kind"] != "inline" and locks and handing.is_run(args):
             executors.executor(self.settings["executor"], self.settings["workers"]).warm()
 

@@ -9,7 +9,9 @@ def short(text, limit=240):
     if len(text) <= limit:
         return text
     cut = text[:limit - 1]
-    return cut + "…" if cut.count("`") % 2 == 0 else cut[:-1] + "…`"
+    if cut.count("`") % 2 == 0:
+        return cut + "…"
+    return cut[:-1] + "…" if cut.endswith("`") else cut[:-1] + "…`"
 
 
 def number(x):
