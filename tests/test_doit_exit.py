@@ -68,6 +68,11 @@ def test_the_progress_line_never_counts_past_its_total(zoo):
     assert not re.search(r"ETA -", out), out
 
 
+def test_a_progress_setting_that_is_none_is_said_and_taken_as_auto(zoo):
+    rc, ran, out = doit(zoo, "lock:a", env={"LOGOS_PROGRESS": "bogus"})
+    assert rc == 0 and out.count("LOGOS_PROGRESS='bogus' is none of line, names, auto: auto") == 1, out
+
+
 def test_a_cache_url_that_names_no_location_is_refused_in_one_line(zoo):
     for url in ("file://", "s3://", "::"):
         rc, ran, out = doit(zoo, f"cache={url}", env={"LOGOS_CACHE_KEY": "k"})

@@ -230,6 +230,7 @@ def test_the_report_covers_a_check_doit_ignores(tmp_path):
         f.write("Let q be nonsense of h.\n")
     rc, ran, out = doit(z)
     assert rc != 0 and "emit:a" in ran and "lock:a" not in ran, out    # the run fails, as it says
+    assert out.count("lock:a: ignored (`doit ignore`), so it does not run; `doit forget lock:a` lifts that") == 1, out
     report = json.loads((z / "build/report.json").read_text())
     rows = {(r["name"], r["check"]): r for r in report["results"]}
     assert rows[("a", "float64")]["verdict"] == "error" and not rows[("a", "float64")]["current"]

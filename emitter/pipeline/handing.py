@@ -231,3 +231,8 @@ def ignored(name):
     from doit.globals import Globals
     dm = getattr(Globals, "dep_manager", None)
     return bool(dm is not None and dm.status_is_ignore(SimpleNamespace(name=name)))
+
+
+def ignored_line(name):
+    """What a run says of a task `doit ignore` marked that is not current."""
+    return f"{name}: ignored (`doit ignore`), so it does not run; `doit forget {name}` lifts that"

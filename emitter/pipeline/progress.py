@@ -92,6 +92,9 @@ class ProgressReporter(ConsoleReporter):
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
         self.mode = os.environ.get("LOGOS_PROGRESS", "auto")
+        if self.mode not in ("line", "names", "auto"):
+            LOG.warning(f"LOGOS_PROGRESS={self.mode[:40]!r} is none of line, names, auto: auto")
+            self.mode = "auto"
         self.line = False
         self.total = self.done = self.ran = self.failed = 0
         self.start = time.monotonic()
@@ -223,8 +226,11 @@ class ProgressReporter(ConsoleReporter):
         self._tick()
 
     def skip_ignore(self, task):
+        from .handing import ignored, ignored_line
         self._seen(task)
         self.ignored.append(task.name)
+        if ignored(task.name):   # (doit keeps it in its DB, run after run)
+            guards.say_once(ignored_line(task.name), LOG.warning)
         self.done += 1
         if not self.line:
             return super().skip_ignore(task)

@@ -215,6 +215,9 @@ class Run:
         for names, row in spread(self._judge, self.entries):
             out.update(names)
             rows.append(row)
+        for name in sorted(out):   # (doit keeps an ignore in its DB, run after run)
+            if handing.ignored(name):
+                guards.say_once(handing.ignored_line(name), LOG.warning)
         if not out:   # nothing runs before the report: its key is the one these reads make
             self.report_now = keys.report_key(self.entries, self.settings["threads"], rows)
         return out
