@@ -626,3 +626,13 @@ def test_a_build_folder_the_run_cannot_lock_in_refuses_it_in_one_line(tmp_path, 
         subprocess.run(["umount", str(z / "build")], capture_output=True)
         os.chmod(z / "build", 0o755)
     assert rc == 3 and "Traceback" not in out and "build/.doit.lock cannot be opened" in out, out
+
+
+def test_a_fifo_where_the_runs_markers_go_is_removed_never_waited_on(tmp_path):
+    """build/tmp/said (say_once's markers) as a FIFO: removed as the run starts, which never
+    waits for a writer (rmtree would open it), and the run goes on."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    (z / "build" / "tmp").mkdir(parents=True)
+    os.mkfifo(z / "build" / "tmp" / "said")
+    rc, ran, out = doit(z)
+    assert rc == 0 and "lock:b" in ran, out

@@ -71,8 +71,8 @@ def exclusive(build_dir, db=".doit.db"):
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     _LOCK_FD = fd     # kept open: closing any descriptor of the file would drop a POSIX lock
     _SAID[:] = [os.path.join(build_dir, "tmp", "said")]   # (say_once's markers: this run's alone)
-    if os.path.islink(_SAID[0]) or os.path.isfile(_SAID[0]):
-        os.unlink(_SAID[0])
+    if os.path.islink(_SAID[0]) or os.path.lexists(_SAID[0]) and not os.path.isdir(_SAID[0]):
+        os.unlink(_SAID[0])   # (a file, a FIFO that rmtree would wait on, a link)
     shutil.rmtree(_SAID[0], ignore_errors=True)
     bind_children()
     check_db(os.path.join(build_dir, db))

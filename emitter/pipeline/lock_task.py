@@ -12,6 +12,7 @@ are those the key hashed; else it is recorded with no key, so the next run check
 A cluster that lost a check (a dead worker, no scheduler) records an error and fails the task; in
 a run without the report, a check that fails or errors fails it too (`ChecksFailed`: exit 1)."""
 
+import contextlib
 import os
 import socket
 import sys
@@ -282,7 +283,8 @@ def lock_program(entry, run, db):
     except history.HistoryError as e:   # the verdicts stand in their RESULT.json all the same
         LOG.warning(f"lock:{pc.name}: the history was not appended to: {e}")
         if isinstance(e, history.HistoryHeld):   # (its rows go in at the next run's start)
-            open(history.behind(db), "a").close()
+            with contextlib.suppress(OSError):
+                open(history.behind(db), "a").close()
     if lost:
         return ChecksLost(f"lock:{pc.name}: {lost} (recorded as an error; the next run tries again)")
     bad = [f"{c.dtype} {done[c.dtype]['verdict']}" for c in entry.checks if done[c.dtype]["verdict"] != "pass"]

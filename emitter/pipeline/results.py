@@ -9,6 +9,7 @@ import contextlib
 import datetime
 import json
 import os
+import shutil
 import sqlite3
 import time
 
@@ -202,7 +203,8 @@ def catch_up(db, entries):
                         (r.get("key"), r.get("verdict")):
                     add.append(r)
         record_all(db, add)
-        os.unlink(behind(db))
+        shutil.rmtree(behind(db)) if os.path.isdir(behind(db)) and not os.path.islink(behind(db)) \
+            else os.unlink(behind(db))
     except (HistoryError, OSError) as e:
         from .log import LOG
         LOG.warning(f"warning: the history is behind its results and was not brought up to date: {e}")
