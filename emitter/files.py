@@ -80,6 +80,16 @@ def own_folder(path):
         os.unlink(path)
 
 
+def remove_whatever(path):
+    """Whatever is at `path` removed, never followed: a folder with what it holds; a file, a link
+    or a FIFO unlinked (rmtree would open a FIFO and wait on it); nothing there is no error."""
+    import shutil
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
 def write_atomic(path, data):
     """One file by temporary file and rename."""
     write_files(os.path.dirname(os.path.abspath(path)), {os.path.basename(path): data})

@@ -3,12 +3,12 @@ links (through one the run would write into, or sweep, wherever it leads), progr
 can list. What is wrong refuses the run in one line (exit 3), a link in build/ is removed."""
 
 import atexit
-import contextlib
 import os
 import shutil
 import sys
 
 from ..files import PARTIAL
+from .files_io import unlink_quietly
 from .guards import BuildBusy
 
 
@@ -98,17 +98,7 @@ def sweep(build_dir):
     if os.path.exists(marker):
         shutil.rmtree(os.path.join(build_dir, "tmp"), ignore_errors=True)
         for dirpath, _, files in os.walk(build_dir):
-            for f in files:
-                if f.endswith(PARTIAL):
-                    try:
-                        os.unlink(os.path.join(dirpath, f))
-                    except OSError:
-                        pass
+            unlink_quietly(os.path.join(dirpath, f) for f in files if f.endswith(PARTIAL))
     with open(marker, "w"):
         pass
-    atexit.register(_unlink_quietly, marker)
-
-
-def _unlink_quietly(path):
-    with contextlib.suppress(OSError):   # (build/ made read-only, or gone, as the run ends)
-        os.unlink(path)
+    atexit.register(unlink_quietly, [marker])   # (quietly: build/ made read-only, or gone, by then)

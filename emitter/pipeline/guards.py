@@ -9,13 +9,13 @@ import fcntl
 import gc
 import hashlib
 import os
-import shutil
 import signal
 import stat
 import sys
 import threading
 import time
 
+from ..files import remove_whatever
 from ..lifetime import PR_SET_PDEATHSIG as _PR_SET_PDEATHSIG, prctl as _prctl
 
 
@@ -71,9 +71,8 @@ def exclusive(build_dir, db=".doit.db"):
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     _LOCK_FD = fd     # kept open: closing any descriptor of the file would drop a POSIX lock
     _SAID[:] = [os.path.join(build_dir, "tmp", "said")]   # (say_once's markers: this run's alone)
-    if os.path.islink(_SAID[0]) or os.path.lexists(_SAID[0]) and not os.path.isdir(_SAID[0]):
-        os.unlink(_SAID[0])   # (a file, a FIFO that rmtree would wait on, a link)
-    shutil.rmtree(_SAID[0], ignore_errors=True)
+    with contextlib.suppress(OSError):
+        remove_whatever(_SAID[0])
     bind_children()
     check_db(os.path.join(build_dir, db))
 
@@ -271,6 +270,7 @@ def history_lost(db):
 
 
 SUSPECT = ".suspect"
+BEHIND = ".behind"   # beside the history: a lock's rows did not go in (it was held): `results.catch_up`
 
 
 def corrupt(e):

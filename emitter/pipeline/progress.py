@@ -226,10 +226,10 @@ class ProgressReporter(ConsoleReporter):
         self._tick()
 
     def skip_ignore(self, task):
-        from .handing import ignored, ignored_line
+        from .handing import ZOO_TASKS, ignored, ignored_line
         self._seen(task)
         self.ignored.append(task.name)
-        if task.name.partition(":")[0] in ("emit", "weights", "lock") and ignored(task.name):   # (doit keeps it)
+        if task.name.partition(":")[0] in ZOO_TASKS and ignored(task.name):   # (doit keeps it)
             guards.say_once(ignored_line(task.name), LOG.warning)
         self.done += 1
         if not self.line:

@@ -77,13 +77,6 @@ def drop_aside(out_dir):
             pass
 
 
-def _ctime(path):
-    try:
-        return os.stat(path).st_ctime_ns
-    except OSError:
-        return 0
-
-
 def changed_since(entries, began):
     """{program: the first of the files its checks are configured from (Entry.could_configure)
     changed since the run `began` (ns, the file system's clock: after the run read them)}: a

@@ -9,13 +9,12 @@ import contextlib
 import datetime
 import json
 import os
-import shutil
 import sqlite3
 import time
 
 from .. import fingerprint
-from ..files import read_json
-from .guards import SUSPECT, corrupt, disk_failed
+from ..files import read_json, remove_whatever
+from .guards import BEHIND, SUSPECT, corrupt, disk_failed
 
 DEFAULT_DB = "build/results.sqlite"
 
@@ -180,7 +179,7 @@ def refill(db, results):
 
 def behind(db):
     """The marker beside the history `db` that a lock's rows did not go in (the history was held)."""
-    return db + ".behind"
+    return db + BEHIND
 
 
 def catch_up(db, entries):
@@ -203,8 +202,7 @@ def catch_up(db, entries):
                         (r.get("key"), r.get("verdict")):
                     add.append(r)
         record_all(db, add)
-        shutil.rmtree(behind(db)) if os.path.isdir(behind(db)) and not os.path.islink(behind(db)) \
-            else os.unlink(behind(db))
+        remove_whatever(behind(db))
     except (HistoryError, OSError) as e:
         from .log import LOG
         LOG.warning(f"warning: the history is behind its results and was not brought up to date: {e}")

@@ -160,7 +160,7 @@ class Run:
         if handing.is_run(args) and guards.history_lost(self.db):   # made again before any lock adds to it
             from .results import refill
             refill(self.db, [c.result for e in self.entries for c in e.checks])
-        if handing.is_run(args) and os.path.exists(self.db + ".behind"):
+        if handing.is_run(args) and os.path.exists(self.db + guards.BEHIND):
             from .results import catch_up   # rows a held history did not take last run
             catch_up(self.db, self.entries)
         if self.settings["kind"] != "inline" and locks and handing.is_run(args):

@@ -124,12 +124,11 @@ def leaf_places(program, weights_dir):
     such file is opened) is a ProgramError naming it, as is anything weight_places refuses."""
     if weights_dir is None:
         return {}, set()
-    from .links import refused_link
+    from .links import refused_link, refused_links
     try:   # every file a leaf may claim, refused before any is opened or looked at through its link
-        for fname in sorted(weight_files.claimed_files(os.listdir(weights_dir), program.leaves)):
-            problem = refused_link(weights_dir, fname)
-            if problem:
-                raise ProgramError(problem, path=str(weights_dir))
+        refused = refused_links(weights_dir, weight_files.claimed_files(os.listdir(weights_dir), program.leaves))
+        if refused:
+            raise ProgramError(refused_link(weights_dir, refused[0]), path=str(weights_dir))
         return weight_places(weights_dir, program.leaves)
     except WeightsError as e:
         raise ProgramError(e.message, path=e.path) from None
