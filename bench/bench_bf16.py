@@ -69,7 +69,8 @@ class Prints:
     def __enter__(self):
         def spy(torch, program, current, trace, probe, gate, step, label):
             for i, v in probe.values.items():
-                self.values[(step, i)] = np.asarray(v, dtype=np.float32).reshape(-1)
+                parts = v if isinstance(v, tuple) else (v,)   # (a stage of two values: gated delta's)
+                self.values[(step, i)] = np.concatenate([np.asarray(x, dtype=np.float32).reshape(-1) for x in parts])
             return self._gate_step(torch, program, current, trace, probe, gate, step, label)
         bf16.gate_step = spy
         return self
