@@ -5,6 +5,7 @@ never counts past its total; a cache URL with no location is refused in one line
 reads the zoo's sqlite3 DB. Real doit runs in a copy of a small zoo."""
 
 import os
+import json
 import re
 import subprocess
 import sys
@@ -234,3 +235,16 @@ def test_doits_db_that_cannot_be_written_is_one_line_said_once(tmp_path):
     p = subprocess.run([sys.executable, "-c", DB_WRITE, str(tmp_path / "e.db")], capture_output=True,
                        text=True, timeout=120, cwd=ROOT)   # with room: nothing said
     assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+def test_doit_dumpdb_hands_another_projects_dumb_dbm_to_doits_own_command(tmp_path):
+    # the package's plugin replaces `doit dumpdb` in its environment: a plain project's DB kept by
+    # dbm.dumb (files .doit.db.dat and .dir, none named .doit.db) must still dump as doit's does
+    import dbm.dumb
+    with dbm.dumb.open(str(tmp_path / ".doit.db"), "c") as db:
+        db["hi"] = json.dumps({"_values_:": {}})
+    assert not (tmp_path / ".doit.db").exists()
+    p = subprocess.run([sys.executable, "-m", "doit", "dumpdb"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0 and "DBM type is 'dbm.dumb'" in p.stdout, p.stdout + p.stderr
+    assert re.search(r"^b?'?hi'? -> \{", p.stdout, re.M), p.stdout

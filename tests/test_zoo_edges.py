@@ -594,3 +594,16 @@ def test_lock_code_that_cannot_be_imported_is_an_error_per_check_never_a_crash(m
     jobs = [{"record": {"dtype": d}} for d in ("float64", "float32")]
     assert executors.Inline().run(jobs, 10) == \
         [{"error": "the lock check raised ModuleNotFoundError: No module named 'torch'"}] * 2
+
+
+@pytest.mark.parametrize("programs", ["none", "empty"])
+def test_a_zoo_with_no_programs_fails_its_run_and_says_so(tmp_path, programs):
+    # a programs/ moved away, or a dodo placed where there is none, must not read as a green run
+    z = make_zoo(tmp_path / "zoo", {})
+    if programs == "none":
+        (z / "programs").rmdir()
+    rc, ran, out = doit(z)
+    assert rc == 1 and "report" in ran, out
+    assert f"no programs: {z / 'programs'}/ holds no NAME.logos: nothing was checked" in out
+    assert (z / "build/summary.md").read_text().startswith("## ❌ LOGOS lock: 0 programs, 0 checks")
+    assert json.loads((z / "build/report.json").read_text())["results"] == []

@@ -7,6 +7,7 @@ import json
 import os
 import pprint
 import sqlite3
+from dbm import whichdb
 
 from doit.cmd_dumpdb import DumpDB as DoitDumpDB
 from doit.exceptions import InvalidCommand
@@ -26,6 +27,8 @@ class DumpDB(DoitDumpDB):
             with open(path, "rb") as f:
                 magic = f.read(len(SQLITE_MAGIC))
         except OSError as e:
+            if whichdb(path):   # another dbm's files beside the name (dbm.dumb's .dat, .dir)
+                return super().execute(opt_values, pos_args)
             raise InvalidCommand(f"dumpdb: {path}: cannot be read ({e.strerror}); no run has "
                                  "made it yet?") from None
         if magic != SQLITE_MAGIC:

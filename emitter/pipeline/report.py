@@ -33,8 +33,7 @@ def _slim(r):
     return {"verdict": r.get("verdict", "error"), "reason": r.get("reason"),
             "unmatched_weights": list(r.get("unmatched_weights") or [])[:50],
             "version": r.get("version"), "first_divergence": r.get("first_divergence"),
-            "worst": r.get("worst"),
-            "output": {k: out.get(k) for k in _OUTPUT if k in out} if out else None,
+            "worst": r.get("worst"), "output": {k: out.get(k) for k in _OUTPUT if k in out} if out else None,
             "hashes": {k: (r.get("hashes") or {}).get(k) for k in _HASHES},
             "driver_environment": (r.get("execution") or {}).get("driver_environment"),
             "bf16": {k: r["bf16"].get(k) for k in _GATE} if isinstance(r.get("bf16"), dict) else None,
@@ -45,9 +44,8 @@ def _slim(r):
 
 
 def _row(name, source, check, verdict, reason, path=None, **extra):
-    return {"name": name, "source": source, "check": check, "verdict": verdict,
-            "reason": reason, "first_divergence": None, "worst": None, "output": None,
-            "seconds": None, "result": path, **extra}
+    return {"name": name, "source": source, "check": check, "verdict": verdict, "reason": reason,
+            "first_divergence": None, "worst": None, "output": None, "seconds": None, "result": path, **extra}
 
 
 def _elsewhere(r):
@@ -116,6 +114,8 @@ def make_report(entries, out_dir, threads, failures=None):
     # only a report of every check passing is ever current: a failing one runs (and fails) again
     write_reports(rows, out_dir, os.path.join(out_dir, ".report-plots.json"),
                   key=None if bad or failures else key, threads=threads)
+    if not rows:   # (a moved programs/ or a misplaced dodo must not read as a green run)
+        return TaskFailed(f"no programs: {os.path.abspath('programs')}/ holds no NAME.logos: nothing was checked")
     if bad:
         names = ", ".join(f"{r['name']}[{r['check']}]={r['verdict']}" for r in bad[:10])
         more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
@@ -320,7 +320,7 @@ def _code(text):
 
 def render_summary(rows, _plots=None, header=None):
     c = counts(rows)
-    mark = "✅" if c["fail"] == c["error"] == 0 else "❌"
+    mark = "✅" if rows and c["fail"] == c["error"] == 0 else "❌"
     out = [f"## {mark} LOGOS lock: {headline(rows)}", ""]
     if (header or {}).get("threads"):
         at = header.get("commit")   # (a report says when its currency was judged: `logos results` says now)
