@@ -10,13 +10,14 @@ import sys
 def main(argv, commands=()):
     """Run doit over the zoo with `argv`; `commands`: logos's own, named by the completion script."""
     from .pipeline.zoo_cli import BIN_NAME, enter_zoo, tabcompletion
-    if enter_zoo() is None:
+    asks_help = argv[:1] in (["help"], ["--help"], ["-h"])
+    if enter_zoo() is None and not asks_help:
         print(f"logos doit: no programs/ folder in {os.getcwd()} or any folder above it: a zoo is "
               "programs/NAME.logos (with weights/NAME/ and programs/NAME.yaml where needed)", file=sys.stderr)
         return 3   # as doit's own refusal where it finds no dodo.py
     if os.path.isfile("dodo.py"):
-        print("logos doit: this folder has a dodo.py of its own: run `doit` (a dodo.py gets the zoo's "
-              "tasks with `from emitter.tasks import *`)", file=sys.stderr)
+        print(f"logos doit: the zoo at {os.getcwd()} has a dodo.py of its own: run `doit` there (a dodo.py "
+              "gets the zoo's tasks with `from emitter.tasks import *`)", file=sys.stderr)
         return 3
     from doit.cmd_base import NamespaceTaskLoader
     from doit.doit_cmd import DoitMain

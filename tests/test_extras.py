@@ -71,6 +71,15 @@ def test_the_importers_without_their_packages_name_the_checkpoint_and_the_extra(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_tiny_checkpoint_without_transformers_names_the_tiny_extra(monkeypatch, tmp_path):
+    from emitter.importers import qwen35
+    _missing(monkeypatch, "transformers")
+    with pytest.raises(ProgramError) as e:
+        qwen35.make_tiny_checkpoint(str(tmp_path / "ckpt"), 1)
+    assert str(e.value) == f"{tmp_path / 'ckpt'}: a tiny random checkpoint (--tiny-seed) " + _hint("tiny", "transformers")
+    assert not (tmp_path / "ckpt").exists()
+
+
 # the import names of the extras' packages (a plain `pip install` has none of them)
 EXTRA_MODULES = ("dask", "distributed", "s3fs", "gguf", "safetensors", "ml_dtypes")
 
@@ -106,7 +115,7 @@ def test_every_extra_the_code_names_holds_its_module():
                 for node in ast.walk(ast.parse(open(os.path.join(d, f)).read())):
                     if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "require":
                         named.add((node.args[0].value, node.args[1].value))
-    assert {m for m, _ in named} == {"distributed", "s3fs", "gguf", "safetensors", "ml_dtypes"}
+    assert {m for m, _ in named} == {"distributed", "s3fs", "gguf", "safetensors", "ml_dtypes", "transformers"}
     dists = packages_distributions()
     for module, extra in named:
         listed = set()

@@ -208,3 +208,17 @@ def test_logos_help_says_what_it_does_in_whole_sentences(tmp_path):
     r = logos("--help", cwd=tmp_path)
     text = " ".join(r.stdout.split())
     assert r.returncode == 0 and "read results, import weights, run the zoo's doit tasks." in text, r.stdout
+
+
+def test_every_sentence_form_is_listed_by_check_forms_which_the_reader_points_to(tmp_path):
+    # a wheel's user has no docs/: the message for a sentence of no known start names the command
+    from emitter.ops import OPS
+    forms = logos("check", "--forms", cwd=tmp_path)
+    assert forms.returncode == 0, forms.stderr
+    lines = forms.stdout.splitlines()
+    assert lines[:2] == ["Let V be a R by C tensor of Real.", "Set item N of V to VALUE."]
+    for op in OPS:
+        assert any(op.pattern in ln for ln in lines), op.pattern
+    write(tmp_path, {"programs/p.logos": "Compute y from x.\n"})
+    r = logos("check", cwd=tmp_path)
+    assert r.returncode == 1 and "(every form: `logos check --forms`)" in r.stdout, r.stdout

@@ -231,6 +231,8 @@ def make_tiny_checkpoint(out_dir, seed=0, config=None,
     embeddings N(0, 1), the zero-centred norms N(0, 0.3) (so w + 1 is tested), the gated norm
     1 + N(0, 0.3), conv taps N(0, 0.5), dt_bias N(0, 0.5), A_log = log U(0.1, 1) (decays well
     inside (0, 1), so the memory carries from step to step)."""
+    require("transformers", "tiny", "a tiny random checkpoint (--tiny-seed)",
+            lambda m: ProgramError(m, path=out_dir))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     import transformers

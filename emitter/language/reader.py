@@ -48,7 +48,8 @@ def _form(op):
     return f"Set {op.pattern}." if op is SET_ROW else f"Let OUT be {op.pattern}."
 
 
-_FORMS = [DECL_FORM, FILL_FORM, _form(SET_ROW)] + [_form(op) for op, _ in _PATTERNS]
+# every sentence form, as `logos check --forms` lists them (a wheel's user has no docs/SUGAR.md)
+FORMS = [DECL_FORM, FILL_FORM, _form(SET_ROW)] + [_form(op) for op, _ in _PATTERNS] + ["Show WORDS."]
 _OP_WORDS = {}   # an op's naming word (`matmul`, `rmsnorm`, `row`) -> its ops
 for _op, _items, (_pos, _word) in _KEYS:
     _OP_WORDS.setdefault(_word, []).append(_op)
@@ -95,7 +96,7 @@ def _unknown_start(line, words):
     near = nearest(words[0], ("Let", "Set", "Show"), 0.5)
     head = "not a tensor sentence: a sentence starts with `Let`, `Set` or `Show`"
     return ProgramError(f"`{excerpt(line.text, 60)}`: {head}"
-                        + (f"; did you mean `{near}`?" if near else " (every form: docs/SUGAR.md)"),
+                        + (f"; did you mean `{near}`?" if near else " (every form: `logos check --forms`)"),
                         line.number)
 
 

@@ -23,6 +23,7 @@ def add_arguments(p):
     p.add_argument("paths", nargs="*", metavar="PATH",
                    help="programs (.logos), configs (.yaml) or folders (a zoo, or its programs/); "
                         "default: the programs/ of the zoo this folder is in")
+    p.add_argument("--forms", action="store_true", help="list every sentence form the reader knows")
 
 
 def annotation(path, line, message):
@@ -155,6 +156,10 @@ def main(args):
 
 def _main(args):
     start = time.perf_counter()
+    if args.forms:
+        from ..language.reader import FORMS
+        print("\n".join(FORMS))
+        return 0
     paths = args.paths
     if not paths:
         root = find_zoo_root(os.getcwd())

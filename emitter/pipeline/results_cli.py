@@ -111,7 +111,8 @@ def _main(args):
     if os.path.lexists(args.db) and not os.path.isfile(args.db):
         raise _not_a_file(args.db)
     if not os.path.isfile(args.db) or not os.path.getsize(args.db):   # (an emptied one: a run refills it)
-        print(f"{args.db}: no lock history yet (run `doit`)", file=sys.stderr)
+        run = "doit" if os.path.isfile("dodo.py") else "logos doit"
+        print(f"{args.db}: no lock history yet (run `{run}`)", file=sys.stderr)
         return 2
     if args.history and args.names:
         print("`--history NAME` shows one program's runs: give no other NAME", file=sys.stderr)

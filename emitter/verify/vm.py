@@ -157,7 +157,8 @@ def load_leaves(program, weights_dir=None, ignore=(), allow_nonfinite=()):
             what = f"the {program.roles[name]} `{name}`"
             if weights_dir is None:   # the program's own line (its path: the caller's, `at`)
                 raise ProgramError(f"{what} is read but has no declared value (no `Set item` fills "
-                                   "it), and no weights directory was given", line=program.decls[name].line)
+                                   "it), and no weights directory was given (`--weights DIR`; in a zoo, the folder "
+                                   "weights/NAME/ or a config's `weights:`)", line=program.decls[name].line)
             raise ProgramError(f"{what} (line {program.decls[name].line}) is read but has no declared "
                                "value (no `Set item` fills it), and no file in the weights directory "
                                f"holds it ({name}.f64, .f32, .npy or a tensor of a .safetensors file)",
