@@ -13,7 +13,7 @@ Excluded, and asserted to be exactly these:
   setup.sh installs from PyPI and Debian (network, minutes), the main job locks the real models,
   and the second runs this whole suite; CI runs it through .ci/run, asserted here to hold it as the
   README says.
-- `pip install .`, `pip install '.[dask,cache,import]'`, `pip wheel --no-deps . -w dist/`: they need the
+- `pip install .`, `pip install '.[dask,cache,import,tiny]'`, `pip wheel --no-deps . -w dist/`: they need the
   registry and would change the environment the tests run in; tests/test_package.py builds the
   wheel, installs it into a clean venv and runs `logos doit`, tests/test_extras.py the refusals.
 """
@@ -32,7 +32,7 @@ EXCLUDED = [
     "bash setup.sh && .venv/bin/doit",
     "bash setup.sh --tests && .venv/bin/python -m pytest -q",
     "pip install .",
-    "pip install '.[dask,cache,import]'",
+    "pip install '.[dask,cache,import,tiny]'",
     "pip wheel --no-deps . -w dist/",
 ]
 COMMAND_WORDS = ("logos", "doit", "pip", "python", "bash", ".venv/bin/")
