@@ -222,3 +222,15 @@ def test_every_sentence_form_is_listed_by_check_forms_which_the_reader_points_to
     write(tmp_path, {"programs/p.logos": "Compute y from x.\n"})
     r = logos("check", cwd=tmp_path)
     assert r.returncode == 1 and "(every form: `logos check --forms`)" in r.stdout, r.stdout
+
+
+def test_check_names_every_sentence_emission_refuses(tmp_path):
+    # read, but no torch call spells it: the pre-commit hook must not pass a sure failure
+    write(tmp_path, {"programs/p.logos": "Let x be a 1 by 2 tensor of Real.\nSet item 1 of x to 1.\n"
+                                         "Let y be selective scan of x.\nLet z be moe of y.\n"})
+    r = logos("check", cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        f"programs/p.logos:{n}: `Let {v} be {op} of {x}.`: `{op}` has no torch spelling in the SambaFlow "
+        "emitter: anything outside the tensor sugar is refused, never dropped"
+        for n, v, op, x in ((3, "y", "selective scan", "x"), (4, "z", "moe", "y"))], r.stdout

@@ -51,6 +51,7 @@ def test_each_sentence_form_is_read():
      {"Q": "a", "K": "a", "V": "a", "H": 3}),
     ("Let y be row 1 of a.", "embedding", {"TOK": 1, "TABLE": "a"}),
     ("Let y be selective scan of a.", "selective scan", {"X": "a"}),
+    ("Let y be moe of a.", "moe", {"X": "a"}),
     ("Let y be softmax routing of a choosing 2.", "softmax routing", {"L": "a", "K": 2}),
     ("Let y be softmax routing of a choosing 2 renormalised.", "softmax routing",
      {"L": "a", "K": 2, "renormalised": True}),

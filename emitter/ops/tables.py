@@ -1,5 +1,5 @@
 """Tables and indices: a row of a table (embedding), a row written back (set row), argmax, and
-`selective scan`, which the reader knows and nothing can spell (yet): refused by name."""
+`selective scan` and `moe`, which the reader knows and nothing can spell: refused by name."""
 
 import math
 
@@ -87,14 +87,19 @@ def refused_shape(a):
     return a.shape("X")
 
 
-def refused_vm(a):
-    raise ShapeError("`selective scan` has no meaning the VM or the emitter can give it")
+def refused_vm(name, instead=""):
+    def vm(a):
+        raise ShapeError(f"`{name}` has no meaning the VM or the emitter can give it{instead}")
+    return vm
 
 
 OPS = (
-    # Mamba's selective state-space scan: read, then refused by name at emission and in the VM
-    Op("selective scan", "selective scan of X", shape=refused_shape, vm=refused_vm, call=None,
-       spelling=None),
+    # Mamba's selective state-space scan, and the original emitter's `moe of X` (SEMANTICS.md):
+    # read, then refused by name at emission and in the VM
+    Op("selective scan", "selective scan of X", shape=refused_shape, vm=refused_vm("selective scan"),
+       call=None, spelling=None),
+    Op("moe", "moe of X", shape=refused_shape, call=None, spelling=None, vm=refused_vm(
+        "moe", ": a mixture of experts is a routing sentence and `experts` (`logos check --forms`)")),
     Op("argmax", "argmax of X", shape=argmax_shape, vm=argmax_vm, call=argmax_call,
        spelling="torch.argmax(x).reshape(1, 1).to(x.dtype)", integer=True, precision=(FP32, FP32)),
     Op("embedding", "row TOK of TABLE", shape=row_shape, vm=row_vm, call=row_call,

@@ -99,8 +99,12 @@ def _targets(paths):
 def _read(report, path, limit=None):
     """Read one program: its refusal reported, else the Program."""
     from ..language.reader import read_file
+    from ..sambaflow.emit import unspelled
     try:
-        return read_file(path, limit) if limit else read_file(path)
+        program = read_file(path, limit) if limit else read_file(path)
+        for e in unspelled(program):   # (read, but refused at emission: no commit of a sure failure)
+            report.error(e)
+        return program
     except ProgramError as e:
         report.error(e)
     except OSError as e:
