@@ -607,3 +607,51 @@ def test_a_zoo_with_no_programs_fails_its_run_and_says_so(tmp_path, programs):
     assert f"no programs: {z / 'programs'}/ holds no NAME.logos: nothing was checked" in out
     assert (z / "build/summary.md").read_text().startswith("## ❌ LOGOS lock: 0 programs, 0 checks")
     assert json.loads((z / "build/report.json").read_text())["results"] == []
+
+
+@pytest.mark.parametrize("jobs", [(), ("-n", "2")])
+def test_a_bundle_that_ends_its_process_costs_its_own_check_alone(tmp_path, jobs):
+    # an op spelt (in this zoo's copy of the emitter) to end the process it runs in, as a native
+    # crash does: its checks are errors saying so, every other program is locked, the report made
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None), "c": (PROG_B, None),
+                                    "g": (PROG_B.replace("rmsnorm of x", "exact gelu of x"), None)})
+    ops = z / "emitter/ops/activations.py"
+    ops.write_text(ops.read_text().replace('return f"F.gelu({a.name(\'X\')})"',
+                                           'return f"(__import__(\'os\')._exit(7) or F.gelu({a.name(\'X\')}))"'))
+    rc, ran, out = doit(z, *jobs)
+    assert rc == 1 and {"lock:b", "lock:c", "lock:g", "report"} <= ran, out
+    rows = _report(z)
+    assert {k: r["verdict"] for k, r in rows.items()} == {
+        ("b", "float64"): "pass", ("b", "float32"): "pass", ("c", "float64"): "pass",
+        ("c", "float32"): "pass", ("g", "float64"): "error", ("g", "float32"): "error"}, out
+    for dt in ("float64", "float32"):
+        assert rows["g", dt]["reason"] == \
+            f"the {dt} lock check's process ended with exit status 7 before the check ended", out
+
+
+def test_a_check_stalled_where_no_signal_reaches_is_killed_and_the_others_run(monkeypatch):
+    # a native call past limits.seconds: its own limit cannot end it, its child is killed
+    import signal
+    import time
+    from emitter.pipeline import executors, isolated
+
+    def fake(job):
+        if job["k"] == "exit":
+            os._exit(3)
+        if job["k"] == "stall":   # (SIGALRM held off, as a call in C holds off Python's handler)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            time.sleep(120)
+        return {"result": {"k": job["k"], "pid": os.getpid()}}
+    monkeypatch.setattr(executors, "run_check", fake)
+    monkeypatch.setattr(isolated, "GRACE", 1)
+    jobs = [{"k": k, "record": {"dtype": dt}} for k, dt in
+            (("ok", "float64"), ("stall", "float32"), ("ok", "bfloat16"), ("exit", "float16"), ("ok", "x"))]
+    start = time.monotonic()
+    out = executors.Inline().run(jobs, 1)
+    assert time.monotonic() - start < 60
+    assert [o.get("error") or o["result"]["k"] for o in out] == [
+        "ok", "the float32 lock check took over 1 s (limits.seconds) in a call no signal stops: its process "
+        "was killed 1 s later", "ok", "the float16 lock check's process ended with exit status 3 before "
+        "the check ended", "ok"]
+    pids = [o["result"]["pid"] for o in out if "result" in o]
+    assert os.getpid() not in pids and len(set(pids)) == 3   # (a new child after each loss)

@@ -64,7 +64,9 @@ class Executor:
 
 
 class Inline(Executor):
-    """Each check in this process, one after another, each under limits.seconds."""
+    """Each check on this machine, one after another, each under limits.seconds, in a forked
+    child of this process (`isolated`): a bundle that ends or stalls its process costs its own
+    check alone."""
     kind = "inline"
     FORMS = ("inline",)
 
@@ -79,16 +81,18 @@ class Inline(Executor):
             loaded_code()   # would leave torch half made for every later check of this process
         except Exception as e:
             return [{"error": f"the lock check raised {type(e).__name__}: {e}"}] * len(jobs)
-        out = []
-        for job in jobs:
+
+        def one(job):
             try:
                 with deadline(seconds, f"the {job['record']['dtype']} lock check"):
-                    out.append(run_check(job))
+                    return run_check(job)
             except TimeLimit as e:
-                out.append({"error": str(e)})
+                return {"error": str(e)}
             except Exception as e:   # a lock that crashes is this program's error, not the run's
-                out.append({"error": f"the lock check raised {type(e).__name__}: {e}"})
-        return out
+                return {"error": f"the lock check raised {type(e).__name__}: {e}"}
+        from .isolated import run_isolated
+        out = run_isolated(one, jobs, seconds)
+        return out if out is not None else [one(job) for job in jobs]
 
 
 def executor_class(scheme):

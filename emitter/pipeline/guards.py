@@ -167,9 +167,10 @@ def own_fork():
 
 
 def fork_safe():
-    """Whether no thread but the main one and the worker watch runs: the watch holds no lock a
-    forked child could wait on (it sleeps and reads a set), any other thread might."""
-    return all(t is threading.main_thread() or (_WATCHED and t is _WATCHED[0])
+    """Whether no thread but the main one, the worker watch and a `-n` worker's queue feeder runs:
+    the watch holds no lock a forked child could wait on (it sleeps and reads a set), the feeder
+    only its queue's, which no child uses; any other thread might."""
+    return all(t is threading.main_thread() or (_WATCHED and t is _WATCHED[0]) or t.name == "QueueFeederThread"
                for t in threading.enumerate())
 
 
