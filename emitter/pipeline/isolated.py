@@ -16,7 +16,8 @@ import sys
 import time
 
 from .. import fingerprint
-from .guards import fork_safe, own_fork
+from .guards import fork_safe
+from .spread import fork_piped
 
 GRACE = 10   # seconds past a check's limit before its child is killed (its own limit says it first)
 _LEN = struct.Struct("<Q")
@@ -42,28 +43,15 @@ def run_isolated(one, jobs, seconds):
 
 
 def _fork(one, jobs):
-    try:
-        r, w = os.pipe()
-    except OSError:
-        return None
+    """(pid, read end) of a child handing back one(job) for each of `jobs` as each comes, or None
+    where none can start."""
     for stream in (sys.stdout, sys.stderr):   # (empty, so the child's own lines alone are flushed)
         stream.flush()
+    forked = fork_piped()
+    if forked is None or forked[0]:
+        return forked
+    w, code = forked[1], 1
     try:
-        with own_fork():
-            pid = os.fork()
-    except OSError:
-        os.close(r)
-        os.close(w)
-        return None
-    if pid:
-        os.close(w)
-        return pid, r
-    code = 1   # the child: no handler of the parent's runs here (its buffers were emptied before)
-    try:
-        os.close(r)
-        for sig in (signal.SIGTERM, signal.SIGINT):   # (one the parent ignores stays ignored)
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                signal.signal(sig, signal.SIG_DFL)
         with os.fdopen(w, "wb") as f:
             for job in jobs:
                 before = fingerprint.snapshot()

@@ -47,8 +47,10 @@ def spread(fn, items, least=MIN_PER_CHILD):
     return out
 
 
-def _fork(fn, items):
-    """(pid, read end) of a child computing fn over `items`, or None where it cannot start."""
+def fork_piped():
+    """(pid, the pipe's read end) in the parent, (0, its write end) in a child this process waits
+    for itself, or None where none can start. The child runs none of the parent's signal handlers
+    (one the parent ignores stays ignored); it must end by os._exit."""
     try:
         r, w = os.pipe()
     except OSError:
@@ -63,13 +65,24 @@ def _fork(fn, items):
     if pid:
         os.close(w)
         return pid, r
-    # the child: no handler of the parent's runs here, nothing of the parent's is flushed or saved
-    code = 1
     try:
         os.close(r)
-        for sig in (signal.SIGTERM, signal.SIGINT):   # (one the parent ignores stays ignored)
+        for sig in (signal.SIGTERM, signal.SIGINT):
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 signal.signal(sig, signal.SIG_DFL)
+    except BaseException:
+        os._exit(1)   # (never the parent's code, in the child)
+    return 0, w
+
+
+def _fork(fn, items):
+    """(pid, read end) of a child computing fn over `items`, or None where it cannot start."""
+    forked = fork_piped()
+    if forked is None or forked[0]:
+        return forked
+    w = forked[1]   # the child: nothing of the parent's is flushed or saved
+    code = 1
+    try:
         before = fingerprint.snapshot()
         results = [fn(x) for x in items]
         body = pickle.dumps((results, fingerprint.added_since(before)), pickle.HIGHEST_PROTOCOL)
