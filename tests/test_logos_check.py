@@ -234,3 +234,18 @@ def test_check_names_every_sentence_emission_refuses(tmp_path):
         f"programs/p.logos:{n}: `Let {v} be {op} of {x}.`: `{op}` has no torch spelling in the SambaFlow "
         "emitter: anything outside the tensor sugar is refused, never dropped"
         for n, v, op, x in ((3, "y", "selective scan", "x"), (4, "z", "moe", "y"))], r.stdout
+
+
+def test_a_programs_weights_name_that_is_no_folder_is_said_so(tmp_path):
+    # read as "no weights", the program's error said no weights directory was given
+    prog = "Let x be a 1 by 2 tensor of Real.\nLet w be a 2 by 2 tensor of Real.\nLet y be x matmul w.\n"
+    write(tmp_path, {"programs/f.logos": prog, "programs/p.logos": prog, "programs/l.logos": prog,
+                     "weights/f": "not a folder\n"})
+    os.mkfifo(tmp_path / "weights/p")
+    os.symlink("nowhere", tmp_path / "weights/l")
+    r = logos("check", cwd=tmp_path)
+    assert r.returncode == 1 and r.stdout.splitlines() == [
+        "programs/f.logos: `weights/f` is there but is not a folder of weights (a file)",
+        "programs/l.logos: `weights/l` is there but is not a folder of weights (No such file or "
+        "directory (a link to nowhere))",
+        "programs/p.logos: `weights/p` is there but is not a folder of weights (a FIFO)"], r.stdout

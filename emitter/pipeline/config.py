@@ -11,6 +11,7 @@ program, so only its tasks fail.
 from __future__ import annotations   # (annotations unevaluated: `typing` is not loaded)
 
 import os
+import stat
 import re
 from dataclasses import dataclass, field
 
@@ -192,6 +193,9 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
     else:
         default = f"weights/{name}"
         pc.weights = default if tree.is_dir("weights", name) else None
+        if pc.weights is None and name in tree.entries("weights"):   # (read as none: a misleading error)
+            p.errors.append(ConfigError(f"`{default}` is there but is not a folder of weights "
+                                        f"({_not_folder(os.path.join(root, default))})", None, source))
         if pc.weights and inside(root, default, tree, roots) is None:
             p.errors.append(ConfigError(f"{leaves_message(default, roots)} (a link?)", None,
                                         cfg_rel if has_cfg else source))
@@ -201,6 +205,15 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
 def _linked_out(rel, roots):
     """The ConfigError of a config that is a link out of the repository and every root."""
     return ConfigError(f"`{rel}` is a link that {leaves_message(rel, roots).split(' ', 1)[1]}", None, rel)
+
+
+def _not_folder(path):
+    """What `path`, listed but no folder, is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return _unreadable(path)
+    return "a file" if stat.S_ISREG(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a folder"
 
 
 def _unreadable(path):
