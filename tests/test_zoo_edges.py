@@ -147,6 +147,20 @@ def test_a_config_spelt_yml_is_named_as_not_read(tmp_path):
     assert "warning: programs/b.yml: not read (a config is NAME.yaml" in out and "rename it to b.yaml" in out
 
 
+def test_a_hidden_program_file_is_named_as_not_read(tmp_path):
+    # no task and no row: said, by the run and by `logos check` alike (an editor's lock is not)
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    for hidden in (".b2.logos", "..logos"):
+        (z / "programs" / hidden).write_text(PROG_B)
+    os.symlink("user@host.1234", z / "programs" / ".#b.logos")
+    said = ["warning: programs/..logos: a hidden file is not a program: ignored",
+            "warning: programs/.b2.logos: a hidden file is not a program: ignored"]
+    rc, ran, out = doit(z)
+    assert rc == 0 and [ln for ln in out.splitlines() if "hidden" in ln or ".#" in ln] == said, out
+    r = logos("check", cwd=z)
+    assert r.returncode == 0 and r.stderr.splitlines()[:-1] == said, r.stderr
+
+
 def test_results_from_a_folder_inside_the_zoo_reads_the_zoos(tmp_path):
     z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
     assert doit(z)[0] == 0

@@ -227,13 +227,16 @@ def _unreadable(path):
 
 
 def stray_configs(files, names, programs_dir="programs"):
-    """The warnings of a programs folder's configs that no program reads: a YAML file with no
-    program beside it (`names`: the programs of `files`, the folder's entries), a `.yml` one."""
+    """The warnings of a programs folder's files that no run reads: a YAML file with no program
+    beside it (`names`: the programs of `files`, the folder's entries), a `.yml` one, a hidden
+    `.NAME.logos` (not an editor's `.#NAME.logos` lock)."""
     orphans = {f[:-5] for f in files if f.endswith(".yaml") and f != DEFAULTS_FILE} - set(names)
     return [f"{programs_dir}/{excerpt(n, 80)}.yaml: a config with no program beside it (no "
             f"{programs_dir}/{excerpt(n, 80)}.logos): ignored" for n in sorted(orphans)] + \
            [f"{programs_dir}/{excerpt(f, 80)}: not read (a config is NAME.yaml, {DEFAULTS_FILE} the "
-            f"zoo's): rename it to {excerpt(f[:-4], 80)}.yaml" for f in sorted(files) if f.endswith(".yml")]
+            f"zoo's): rename it to {excerpt(f[:-4], 80)}.yaml" for f in sorted(files) if f.endswith(".yml")] + \
+           [f"{programs_dir}/{excerpt(f, 80)}: a hidden file is not a program: ignored" for f in sorted(files)
+            if f.endswith(".logos") and f.startswith(".") and not f.startswith(".#")]
 
 
 def slug(name):

@@ -59,7 +59,7 @@ class Report:
 
 
 def _programs_in(folder):
-    return {f[:-6] for f in os.listdir(folder) if f.endswith(".logos")}
+    return {f[:-6] for f in os.listdir(folder) if f.endswith(".logos") and not f.startswith(".")}
 
 
 def _targets(paths):
