@@ -670,6 +670,41 @@ def test_leaves_a_dtype_cannot_hold_are_an_error_naming_them(tmp_path, dtype):
     assert lock_bundle(str(tmp_path / "b_over"), str(path), None, dtype, 1)["verdict"] == "pass"
 
 
+INT_PAST_FLOAT32 = """Let t be a 1 by 2 tensor of Int.
+Set item 1 of t to {big}.
+Set item 2 of t to 16777216.
+Let one be a 1 by 2 tensor of Int.
+Set item 1 of one to 1.
+Let y be t plus one.
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_int_leaves_the_module_cannot_hold_exactly_are_an_error_naming_them(tmp_path, dtype):
+    """An Int leaf past 2^24 that float32 (where Int leaves are held, under bfloat16 too) rounds is
+    an error naming the fill's line or the file and the leaf (it failed a correct bundle, blaming
+    its output); one float32 holds exactly (2^25) runs."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    path = tmp_path / "p.logos"
+    path.write_text(INT_PAST_FLOAT32.format(big=16777217))
+    bundle = str(tmp_path / "b")
+    write_bundle(emit_program(read_file(str(path)), {}), bundle)
+    assert lock_bundle(bundle, str(path), None, "float64", 1)["verdict"] == "pass"
+    r = lock_bundle(bundle, str(path), None, dtype, 1)
+    assert r["verdict"] == "error" and r["reason"] == (
+        f"{path}: `t` (declared at line 1) is filled with the integer 16777217, which float32 rounds (it "
+        f"holds every integer up to 2^24 only): a {dtype} check cannot run on it"), r["reason"]
+    w = tmp_path / "w"
+    w.mkdir()
+    np.array([[3.0, -16777219.0]]).astype("<f8").tofile(w / "t.f64")
+    r = lock_bundle(bundle, str(path), str(w), dtype, 1)
+    assert r["verdict"] == "error" and r["reason"].startswith(
+        f"{w / 't.f64'}: `t` holds the integer -16777219, which float32 rounds"), r["reason"]
+    path.write_text(INT_PAST_FLOAT32.format(big=2 ** 25).replace("of one to 1.", "of one to 4."))
+    write_bundle(emit_program(read_file(str(path)), {}), str(tmp_path / "b2"))
+    assert lock_bundle(str(tmp_path / "b2"), str(path), None, dtype, 1)["verdict"] == "pass"
+
+
 def test_a_stage_that_overflows_in_float32_fails_saying_so(tmp_path):
     """1e20 squared is 1e40: float32's module computes Inf where the VM has a number. A fail whose
     first divergence counts the values NaN or Inf on one side only (no other figure does)."""

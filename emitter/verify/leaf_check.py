@@ -26,13 +26,35 @@ def unholdable(torch, program, weights_dir, leaves, dtype):
     module of that dtype computes it (an error of the check, not the bundle's fault)."""
     for name, peak in leaves.peaks.items():
         held = _held(torch, program, name, dtype)
-        if held != torch.float64 and math.isinf(torch.tensor(peak, dtype=torch.float64).to(held).item()):
-            source = leaves.sources[name]
-            where = (f"{program.path or 'the program'}: `{name}` (declared at line {program.decls[name].line}) "
-                     "is filled with" if source == "declared" else f"{os.path.join(weights_dir, source)}: `{name}` holds")
+        if held == torch.float64:
+            continue
+        source = leaves.sources[name]
+        where = (f"{program.path or 'the program'}: `{name}` (declared at line {program.decls[name].line}) "
+                 "is filled with" if source == "declared" else f"{os.path.join(weights_dir, source)}: `{name}` holds")
+        check = f"a {str(dtype).split('.')[-1]} check cannot run on it"
+        if math.isinf(torch.tensor(peak, dtype=torch.float64).to(held).item()):
             return (f"{where} {peak:.4g}, beyond what {held} holds (its largest value is "
-                    f"{torch.finfo(held).max:.4g}): a {str(dtype).split('.')[-1]} check cannot run on it")
+                    f"{torch.finfo(held).max:.4g}): {check}")
+        inexact = _inexact_integer(program, name, leaves, held, torch)
+        if inexact is not None:   # (an Int leaf: a token id, a position, compared exactly)
+            return (f"{where} the integer {inexact}, which {str(held).split('.')[-1]} rounds (it holds every integer "
+                    f"up to 2^{_whole_bits(torch, held)} only): {check}")
     return None
+
+
+def _whole_bits(torch, dtype):
+    """n where `dtype` holds every integer up to 2^n (its significand's bits: 24 for float32)."""
+    return round(math.log2(2 / torch.finfo(dtype).eps))
+
+
+def _inexact_integer(program, name, leaves, held, torch):
+    """An Int leaf's first value that `held` does not hold exactly, or None (looked for only where
+    its largest magnitude is past the integers `held` holds all of)."""
+    if program.decls[name].real or abs(leaves.peaks[name]) <= 2 ** _whole_bits(torch, held):
+        return None
+    v = np.array(leaves.values[name], dtype=np.float64).reshape(-1)   # (a copy: small, writable)
+    bad = np.flatnonzero(torch.from_numpy(v).to(held).to(torch.float64).numpy() != v)
+    return int(v[bad[0]]) if bad.size else None
 
 
 def _same_bytes(torch, got, want, name, resident):
