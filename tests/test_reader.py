@@ -168,10 +168,17 @@ def test_set_row_writes_back_and_output_skips_it():
     assert not p.stages[-1].binds
 
 
-def test_int_result_follows_first_input():
+def test_an_int_result_only_where_integers_stay_integers():
+    # Real where the first input is (SEMANTICS.md); Int tensors hold integers, so an op of an Int
+    # tensor that makes non-integers (sigmoid, a product with a Real) is Real too
     p = read_program("Let t be a 1 by 2 tensor of Int.\nLet r be a 1 by 2 tensor of Real.\n"
-                     "Let a be t plus r.\nLet b be r plus t.\n")
-    assert p.real["a"] is False and p.real["b"] is True
+                     "Let T be a 3 by 2 tensor of Int.\nLet i be a 1 by 1 tensor of Int.\n"
+                     "Let a be t plus r.\nLet b be r plus t.\nLet c be t plus t.\nLet d be sigmoid of t.\n"
+                     "Let e be t hadamard r.\nLet f be row i of T.\nLet g be argmax of r.\nLet h be row g of T.\n"
+                     "Let k be argmax of t.\nLet m be transpose of t.\nLet n be t matmul m.\nLet o be softmax of c.\n")
+    assert {v: p.real[v] for v in "abcdefghkmno"} == {
+        "a": True, "b": True, "c": False, "d": True, "e": True, "f": False, "g": True, "h": False,
+        "k": False, "m": False, "n": False, "o": True}
 
 
 def test_crlf_and_headings():

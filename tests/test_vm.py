@@ -267,3 +267,17 @@ def test_a_weights_scan_is_kept_by_the_bytes_sha_and_never_outlives_them(tmp_pat
         os.chmod(os.path.dirname(record), 0o755)
         fingerprint._CURRENT[0] = kept
         vm._PASSED.clear()
+
+
+def test_non_integers_written_back_into_an_int_state_are_an_error_at_the_writing_line():
+    # an Int tensor holds integers: a file of the state written back would be refused when read
+    src = ("Let t be a 1 by 1 tensor of Int.\nSet item 1 of t to 1.\nLet h be a 1 by 1 tensor of Real.\n"
+           "Set item 1 of h to {h}.\nLet y be t hadamard h.\nSet row 0 of t to y.\nLet z be t plus t.\n")
+    p = read_program(src.format(h="0.5"))
+    with pytest.raises(ProgramError) as e:
+        vm.run(p, vm.load_leaves(p).values, steps=2)
+    assert e.value.line == 6 and e.value.message == \
+        "`Set row 0 of t to y.`: writes 0.5 into `t`, an Int tensor, which holds integers only"
+    p = read_program(src.format(h="3"))   # integers, though Real-typed: written, and read back
+    out = vm.run(p, vm.load_leaves(p).values, steps=2)
+    assert out[-1].states["t"].tolist() == [[9.0]] and out[-1].output.tolist() == [[18.0]]

@@ -308,7 +308,7 @@ class _Checker:
         for name in inputs:
             self.read_at.setdefault(name, s.line)
         if s.op is not SET_ROW:  # `Let S be … state S …` rebinds S: refused like any rebinding
-            self.bind(s, s.out, tuple(shape), self.real[inputs[0]])
+            self.bind(s, s.out, tuple(shape), s.op.result_real(s.bound, self.real))
         if writes is not None:
             self.written.add(writes)
         self.stages.append(Stage(len(self.stages), s.out, s.op, s.bound, s.line, s.text, inputs,

@@ -143,6 +143,7 @@ class Op:
     view: bool = False                      # the torch call may return a view of its input
     widens: tuple = ()                      # operands the torch call widens itself, a block at a time
     integer: bool = False                   # the result holds integers (an index), whatever its type
+    keeps_int: bool = False                 # integers in, integers out (a sum, a product, a gather)
     # in bfloat16: (compute, output) by default, as SambaNova's model zoo runs it (an elementwise op
     # bf16 in and out, computing in fp32 between); its bf16 gate's bound on the excess over its
     # rounding floor (None: the gate's bound for the rest); whether the gate tests its gain
@@ -159,6 +160,17 @@ class Op:
         order = self.inputs_order or _order(self.pattern)
         return [bound[p] for p in order
                 if p in bound and p not in self.ints and isinstance(bound[p], str)]
+
+    def result_real(self, bound, real):
+        """Whether the result is Real (`real`: {name: whether it is Real}): an index's (argmax) as
+        its first input is; one that keeps integers Int where every input it takes values from
+        (an index aside) is Int; any other Real, since it makes non-integers (SEMANTICS.md: Real
+        where the first input is; Int tensors hold integers)."""
+        inputs = self.tensor_inputs(bound)
+        if self.integer:
+            return real[inputs[0]]
+        return not self.keeps_int or any(real[bound[p]] for p in self.inputs_order or _order(self.pattern)
+                                         if p in bound and p not in self.index and bound[p] in inputs)
 
     def data_inputs(self, bound):
         """The tensor names this op reads in a data slot (not in one of its `params`)."""

@@ -84,11 +84,11 @@ def transpose_call(a):
 # gate bounds the excess of both at 4 (an op that declares no bound gets the gate's EXCESS_OTHER)
 OPS = (
     Op("matmul", "A matmul B", shape=matmul_shape, vm=matmul_vm, call=matmul_call, spelling="a @ b",
-       params=("B",), widens=("B",), excess=4.0),
+       params=("B",), widens=("B",), excess=4.0, keeps_int=True),
     Op("plus", "A plus B", shape=broadcast_shape, vm=plus_vm, call=plus_call, spelling="a + b",
-       params=("B",), precision=(FP32, FP32), excess=4.0),   # a residual add: its sum kept in fp32
+       params=("B",), precision=(FP32, FP32), excess=4.0, keeps_int=True),   # a residual add: its sum kept in fp32
     Op("hadamard", "A hadamard B", shape=hadamard_shape, vm=hadamard_vm, call=hadamard_call,
-       spelling="a * b", params=("B",)),
+       spelling="a * b", params=("B",), keeps_int=True),
     Op("transpose", "transpose of X", shape=transpose_shape, vm=transpose_vm, call=transpose_call,
-       spelling="x.transpose(0, 1)", view=True),
+       spelling="x.transpose(0, 1)", view=True, keeps_int=True),
 )

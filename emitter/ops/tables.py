@@ -104,7 +104,7 @@ OPS = (
        spelling="torch.argmax(x).reshape(1, 1).to(x.dtype)", integer=True, precision=(FP32, FP32)),
     Op("embedding", "row TOK of TABLE", shape=row_shape, vm=row_vm, call=row_call,
        spelling="table[tok]", index=("TOK",), params=("TABLE",),
-       inputs_order=("TABLE", "TOK"), view=True),
+       inputs_order=("TABLE", "TOK"), view=True, keeps_int=True),
 )
 
 # `Set row P of TABLE to ROW.` is a sentence of its own (no `Let`): the op that writes TABLE back.

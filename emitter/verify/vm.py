@@ -203,6 +203,16 @@ def bind_result(stage, env, result):
         env[stage.writes] = result
 
 
+def _holds_integers(program, stage, value):
+    """An Int state written back holds integers (a file of it would be refused when read back:
+    `--state-out`, then `--weights`): else a ProgramError at the writing line."""
+    flat = np.asarray(value).reshape(-1)
+    bad = flat[~(np.isfinite(flat) & (flat == np.round(flat)))]
+    if bad.size:
+        raise ProgramError(f"`{stage.text}`: writes {float(bad[0])!r} into `{stage.writes}`, an Int tensor, "
+                           "which holds integers only", stage.line, program.path)
+
+
 def step(program, leaves, keep_stages=True):
     """Run every stage once on `leaves`; returns the StepTrace (its states are the next leaves')."""
     start = time.perf_counter()
@@ -214,6 +224,8 @@ def step(program, leaves, keep_stages=True):
             for name in stage.inputs:     # a weight read is paged out of this process again
                 release(env[name])
             bind_result(stage, env, result)
+            if stage.writes is not None and not program.real[stage.writes]:
+                _holds_integers(program, stage, env[stage.writes])
             if keep_stages:
                 stages.append(result)
     return StepTrace(stages, env[program.output], {s: env[s] for s in program.states},
