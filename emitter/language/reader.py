@@ -146,10 +146,18 @@ def _bind(line, op, bound):
         elif p in op.reals:
             out[p] = _positive_real(line, w, f"`{p}` in `{_form(op)}`")
         elif p in op.index:
-            out[p] = int(w) if _UINT.fullmatch(w) else _name(line, w, "the row index")
+            out[p] = int(w) if _UINT.fullmatch(w) else _row_index(line, w)
         else:
             out[p] = _name(line, w)
     return out
+
+
+def _row_index(line, w):
+    """A row index that is no whole number up to 15 digits: a tensor's name, or said as expected."""
+    if re.fullmatch(r"[-+]?[0-9][0-9.eE+-]*", w):
+        raise line.error(f"the row index `{excerpt(w, 40)}` is no row number: a whole number from 0 "
+                         "(of at most 15 digits, inside the table) or a 1 by 1 tensor's name")
+    return _name(line, w, "the row index")
 
 
 def _op_sentence(line, out, op, bound):
@@ -254,8 +262,10 @@ class _Checker:
 
     def bind(self, s, name, shape, real):
         if name in self.bound_at:
-            raise ProgramError(f"`{name}` is bound here and already on line {self.bound_at[name]}; "
-                               "a name is bound once", s.line)
+            text = getattr(s, "text", None) or \
+                f"Let {s.var} be a {s.rows} by {s.cols} tensor of {'Real' if s.real else 'Int'}."
+            raise ProgramError(f"`{text}`: `{name}` is bound here and already on line "
+                               f"{self.bound_at[name]}; a name is bound once", s.line)
         self.bound_at[name], self.shapes[name], self.real[name] = s.line, shape, real
 
     def decl(self, s):

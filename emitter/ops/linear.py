@@ -30,7 +30,7 @@ def broadcast_shape(a):
     (r, c), (rb, cb) = a.shape("A"), a.shape("B")
     if (rb, cb) != (r, c) and not (rb == 1 and cb == c):
         raise ShapeError(f"`{a.name('B')}` is {fmt((rb, cb))}: it must be {fmt((r, c))} like "
-                         f"`{a.name('A')}`, or 1 by {c} to broadcast over its rows")
+                         f"`{a.name('A')}`" + (f", or 1 by {c} to broadcast over its rows" if r > 1 else ""))
     return r, c
 
 
@@ -44,8 +44,8 @@ def hadamard_shape(a):
         return broadcast_shape(a)
     except ShapeError:
         raise ShapeError(f"`{a.name('B')}` is {fmt((rb, cb))}: it must be {fmt((r, c))} like "
-                         f"`{a.name('A')}`, 1 by {c} to broadcast over its rows, or {r} by 1 to "
-                         "scale each row") from None
+                         f"`{a.name('A')}`" + (f", 1 by {c} to broadcast over its rows," if r > 1 else "")
+                         + f" or {r} by 1 to scale each row") from None
 
 
 def plus_vm(a):
