@@ -597,6 +597,17 @@ def test_a_mistyped_variable_is_named_with_the_one_it_is_near(tmp_path):
     assert rc == 0 and "warning: workers=3 is read by executor=dask:local only; executor=inline ignores it" in out, out
 
 
+def test_a_mistyped_task_is_named_with_the_one_it_is_near(tmp_path):
+    # doit's own refusal names no task; a dodo's own task and a pattern pass unremarked
+    z = make_zoo(tmp_path / "zoo", {"mlp": (PROG_B, None)})
+    for typed, near in (("lock:mlpp", "lock:mlp"), ("lokc:mlp", "lock:mlp"), ("reprot", "report")):
+        rc, ran, out = doit(z, typed)
+        assert rc == 3 and not ran, out
+        assert f"warning: `{typed}` is no task of the zoo's; did you mean `{near}`?" in out, out
+    rc, ran, out = doit(z, "lock:*")
+    assert rc == 0 and "no task of the zoo's" not in out, out
+
+
 def test_lock_code_that_cannot_be_imported_is_an_error_per_check_never_a_crash(monkeypatch):
     """The inline executor imports the lock code before any limit runs; an import that fails is
     each check's error (recorded as such), not an exception out of the lock task."""

@@ -225,6 +225,20 @@ def near_variables(args):
     return out
 
 
+def near_tasks(sel, entries, own_basenames):
+    """A task `sel` names that the zoo has not, near one it has (`lock:mlpp`): a warning, said
+    before doit's own refusal, which names none. A dodo's own task, or a pattern, passes."""
+    base = {"report", "cache", *ZOO_TASKS}
+    odd = [n for n in sel if not set(n) & set("*?[") and n.split(":")[0] not in (own_basenames or ())
+           and n not in base]
+    if not odd:   # (a plain run's: checked for nothing)
+        return []
+    from ..language.hints import did_you_mean
+    known = base | {f"{k}:{e.name}" for e in entries for k in ZOO_TASKS}
+    return [f"`{n}` is no task of the zoo's{hint}" for n in odd if n not in known
+            for hint in (did_you_mean(n, known, 0.75),) if hint]
+
+
 def ignored(name):
     """Whether `doit ignore NAME` marked the task (in doit's DB, open by the time tasks load)."""
     from types import SimpleNamespace

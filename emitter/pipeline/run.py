@@ -177,6 +177,8 @@ class Run:
         if not sel:   # the default tasks: the dodo's own list where it sets one
             cfg = getattr(handing.dodo(), "DOIT_CONFIG", None)
             sel = list((cfg.get("default_tasks") if isinstance(cfg, dict) else None) or ["report"])
+        for w in handing.near_tasks(sel, self.entries, self.own_basenames):
+            LOG.warning(f"warning: {w}")
         follows = any(fnmatch("report", n) for n in sel) and not handing.ignored("report")
         self.settings["report_follows"] = follows
         if not follows:
