@@ -242,16 +242,25 @@ def known(entries):
 
 
 def snapshot():
-    return dict(_CURRENT[0].files)
+    """What the record holds now: its hashes and the findings `remember` kept."""
+    fp = _CURRENT[0]
+    return dict(fp.files), dict(fp.findings or {})
 
 
 def added_since(before):
-    """{path: entry} recorded since `snapshot` gave `before`."""
-    return {p: e for p, e in _CURRENT[0].files.items() if before.get(p) != e}
+    """({path: entry}, {key: finding}) recorded since `snapshot` gave `before` (a forked child's,
+    handed to the process it was forked from)."""
+    fp, (files, found) = _CURRENT[0], before
+    return ({p: e for p, e in fp.files.items() if files.get(p) != e},
+            {k: v for k, v in (fp.findings or {}).items() if k not in found or found[k] != v})
 
 
-def merge(entries):
+def merge(added):
+    """What `added_since` gave in another process of this run, kept as this one's own."""
+    entries, found = added
     _CURRENT[0].merge(entries)
+    for k, v in found.items():
+        _CURRENT[0].remember(k, v)
 
 
 def sha256_text(text):

@@ -120,7 +120,8 @@ def _pins(name):
 
 def test_each_dependency_has_one_pin_inside_its_range():
     """requirements.txt pins the dependencies and the [dask], [cache] and [import] extras,
-    requirements-test.txt the [test] extra's own; every pin is a package the project names, in its
+    requirements-test.txt the [test] extra's own and the [tiny] extra (tiny checkpoints: only the
+    tests and a checkpoint's recipe make them); every pin is a package the project names, in its
     range, and so is what the running environment has (the tests ran with the pins)."""
     from importlib.metadata import version
     project = _pyproject()
@@ -129,7 +130,7 @@ def test_each_dependency_has_one_pin_inside_its_range():
     wanted = {"requirements.txt": project["dependencies"] + sum(
         (project["optional-dependencies"][e] for e in ("dask", "cache", "import")), []),
         "requirements-test.txt": [r for r in project["optional-dependencies"]["test"]
-                                  if not r.startswith(DIST)]}
+                                  if not r.startswith(DIST)] + project["optional-dependencies"]["tiny"]}
     for name, pins in (("requirements.txt", runtime), ("requirements-test.txt", test)):
         names = set()
         for line in wanted[name]:

@@ -48,8 +48,11 @@ def _form(op):
     return f"Set {op.pattern}." if op is SET_ROW else f"Let OUT be {op.pattern}."
 
 
-# every sentence form, as `logos check --forms` lists them (a wheel's user has no docs/SUGAR.md)
-FORMS = [DECL_FORM, FILL_FORM, _form(SET_ROW)] + [_form(op) for op, _ in _PATTERNS] + ["Show WORDS."]
+# every sentence form, as `logos check --forms` lists them (a wheel's user has no docs/SUGAR.md);
+# one the reader knows but no torch call spells is marked so, and never offered as a hint
+FORMS = [DECL_FORM, FILL_FORM, _form(SET_ROW)] + [
+    _form(op) + ("   (read, then refused: no torch spelling)" if op.call is None else "")
+    for op, _ in _PATTERNS] + ["Show WORDS."]
 _OP_WORDS = {}   # an op's naming word (`matmul`, `rmsnorm`, `row`) -> its ops
 for _op, _items, (_pos, _word) in _KEYS:
     _OP_WORDS.setdefault(_word, []).append(_op)
@@ -84,7 +87,8 @@ def _unknown_let(line, rest):
         _, word, near = best
         return _hint(line, f"`{excerpt(word, 40)}` is no op; did you mean `{near}`, as in ",
                      [_form(op) for op in _OP_WORDS[near]], "?")
-    bodies = {"a R by C tensor of Real": DECL_FORM, **{op.pattern: _form(op) for op, _ in _PATTERNS}}
+    bodies = {"a R by C tensor of Real": DECL_FORM, **{op.pattern: _form(op) for op, _ in _PATTERNS
+                                                        if op.call is not None}}
     return _hint(line, "no op the reader knows; the nearest forms: ",
                  [bodies[b] for b in ranked(" ".join(rest), list(bodies))])
 

@@ -70,29 +70,43 @@ class Inline(Executor):
     kind = "inline"
     FORMS = ("inline",)
 
+    def __init__(self, ex=None):
+        super().__init__(ex)
+        self.child = None
+
     @classmethod
     def parse(cls, spec, workers):
         return {"kind": "inline", "address": None, "workers": None, "spec": spec} if spec == "inline" else None
 
     def run(self, jobs, seconds):
         from .check_worker import loaded_code
-        from .timelimit import TimeLimit, deadline
+        from .isolated import Child
         try:   # the lock code and torch imported before any limit runs: one cut mid-import
             loaded_code()   # would leave torch half made for every later check of this process
         except Exception as e:
             return [{"error": f"the lock check raised {type(e).__name__}: {e}"}] * len(jobs)
+        self.child = self.child or Child(_within)
+        out = []
+        for job in jobs:
+            o = self.child.run(job, seconds)
+            out.append(o if o is not None else _within(job, seconds))
+        return out
 
-        def one(job):
-            try:
-                with deadline(seconds, f"the {job['record']['dtype']} lock check"):
-                    return run_check(job)
-            except TimeLimit as e:
-                return {"error": str(e)}
-            except Exception as e:   # a lock that crashes is this program's error, not the run's
-                return {"error": f"the lock check raised {type(e).__name__}: {e}"}
-        from .isolated import run_isolated
-        out = run_isolated(one, jobs, seconds)
-        return out if out is not None else [one(job) for job in jobs]
+    def close(self):
+        if self.child is not None:
+            self.child.close()
+
+
+def _within(job, seconds):
+    """One check under its wall-time limit: run_check's outcome, or {"error"} naming what stopped it."""
+    from .timelimit import TimeLimit, deadline
+    try:
+        with deadline(seconds, f"the {job['record']['dtype']} lock check"):
+            return run_check(job)
+    except TimeLimit as e:
+        return {"error": str(e)}
+    except Exception as e:   # a lock that crashes is this program's error, not the run's
+        return {"error": f"the lock check raised {type(e).__name__}: {e}"}
 
 
 def executor_class(scheme):

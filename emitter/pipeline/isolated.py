@@ -1,11 +1,16 @@
 """The inline executor's checks in a forked child of the process that runs them (doit's, or one of
 its `-n` workers): a bundle that ends its process (os._exit, a segfault in a native call, the OOM
 killer) or hangs where no signal reaches Python (a long native call past limits.seconds) ends or
-stalls that child alone. Its check is an error verdict that says so, the checks after it run in a
-new child, and the run goes on to its report. The child is forked after the lock code and torch
-are imported and before any of it ran in the parent, so it starts warm and no thread pool is
-copied mid-work; it dies with its parent (guards.bind_children). Where fork is not there or other
-threads run (a fork would copy a lock one of them holds), the caller runs the checks itself."""
+stalls that child alone. Its check is an error verdict that says so, the next check gets a new
+child, and the run goes on to its report.
+
+One child serves every check of the process while it lives, as the process itself did: forked
+once the lock code and torch are imported and before any of it ran here, so no thread pool is
+copied mid-work, and what a check warms (torch's first ops, the leaves a program's checks share)
+stays warm for the next. Jobs go to it and outcomes come back pickled through two pipes, each
+with what it added to the hash record and its findings. It ends when this process closes its
+pipe, or dies with it (guards.bind_children). Where fork is not there or other threads run (a
+fork would copy a lock one of them holds), the caller runs the checks itself."""
 
 import os
 import pickle
@@ -19,48 +24,95 @@ from .. import fingerprint
 from .guards import fork_safe
 from .spread import fork_piped
 
-GRACE = 10   # seconds past a check's limit before its child is killed (its own limit says it first)
+GRACE = 10   # seconds past a check's limit, with nothing coming back, before its child is killed
 _LEN = struct.Struct("<Q")
 
 
-def run_isolated(one, jobs, seconds):
-    """[one(job) for job in jobs], each computed in a forked child (one child for as many checks as
-    it lives through); a check whose child ended or stalled gets {"error"} naming what happened.
-    None where no child can be forked (the caller runs them itself)."""
+class Lost(Exception):
+    """The child ended or stalled before it handed a check's outcome back (the message: how,
+    `{}` standing for the check)."""
+
+
+class Child:
+    """The forked child that runs `one(job, seconds)` for this process's checks."""
+
+    def __init__(self, one):
+        self.one, self.proc = one, None   # proc: (pid, outcomes' read end, jobs' write end, owner)
+
+    def run(self, job, seconds):
+        """one(job, seconds) computed in the child; {"error"} where the child ended or stalled on
+        it (killed; the next job forks a new one); None where none can be forked."""
+        for attempt in (0, 1):
+            if self.proc is None or self.proc[3] != os.getpid():   # (one forked from a parent's)
+                self.proc = _start(self.one)
+                if self.proc is None:
+                    return None
+            try:
+                _send(self.proc[2], pickle.dumps((job, seconds), pickle.HIGHEST_PROTOCOL))
+            except OSError:   # it ended between two checks (the OOM killer): one more, new
+                self.close()
+                if attempt:
+                    return None
+                continue
+            try:
+                outcome, added = pickle.loads(_receive(self.proc, seconds))
+            except Lost as e:
+                self.close()
+                return {"error": str(e).format(f"the {job['record']['dtype']} lock check")}
+            except BaseException:   # (the run interrupted: the child goes with it)
+                self.close(kill=True)
+                raise
+            fingerprint.merge(added)
+            return outcome
+
+    def close(self, kill=False):
+        """End the child (it ends itself once its jobs' pipe closes) and reap it."""
+        if self.proc is None or self.proc[3] != os.getpid():
+            self.proc = None
+            return
+        pid, r, w, _ = self.proc
+        self.proc = None
+        if kill:
+            _kill(pid)
+        for fd in (w, r):
+            os.close(fd)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:   # (reaped already: `_ended`)
+            pass
+
+
+def _start(one):
+    """(pid, read end, write end, this pid) of a new child serving jobs, or None."""
     if not hasattr(os, "fork") or not fork_safe():
         return None
-    out = []
-    while len(out) < len(jobs):
-        child = _fork(one, jobs[len(out):])
-        if child is None:
-            return None if not out else out + [one(j) for j in jobs[len(out):]]
-        got, why = _gather(child, len(jobs) - len(out), seconds)
-        out += got
-        if why is not None:
-            job = jobs[len(out)]
-            out.append({"error": why.format(f"the {job['record']['dtype']} lock check")})
-    return out
-
-
-def _fork(one, jobs):
-    """(pid, read end) of a child handing back one(job) for each of `jobs` as each comes, or None
-    where none can start."""
     for stream in (sys.stdout, sys.stderr):   # (empty, so the child's own lines alone are flushed)
         stream.flush()
-    forked = fork_piped()
-    if forked is None or forked[0]:
-        return forked
-    w, code = forked[1], 1
+    forked = fork_piped(inbound=True)
+    if forked is None:
+        return None
+    if forked[0]:
+        return (*forked, os.getpid())
+    _, w, r = forked   # the child: serve until the jobs' pipe closes
+    code = 1
     try:
-        with os.fdopen(w, "wb") as f:
-            for job in jobs:
+        with os.fdopen(r, "rb") as jobs, os.fdopen(w, "wb") as out:
+            while True:
+                head = jobs.read(_LEN.size)
+                if len(head) < _LEN.size:
+                    break
+                job, seconds = pickle.loads(jobs.read(_LEN.unpack(head)[0]))
                 before = fingerprint.snapshot()
-                body = pickle.dumps((one(job), fingerprint.added_since(before)), pickle.HIGHEST_PROTOCOL)
-                f.write(_LEN.pack(len(body)) + body)
-                f.flush()
+                outcome = one(job, seconds)
+                for stream in (sys.stdout, sys.stderr):   # (what the check said, before its outcome)
+                    stream.flush()
+                body = pickle.dumps((outcome, fingerprint.added_since(before)), pickle.HIGHEST_PROTOCOL)
+                out.write(_LEN.pack(len(body)))
+                out.write(body)
+                out.flush()
         code = 0
     finally:
-        for stream in (sys.stdout, sys.stderr):   # (what the checks said: os._exit flushes nothing)
+        for stream in (sys.stdout, sys.stderr):   # (os._exit flushes nothing)
             try:
                 stream.flush()
             except Exception:
@@ -68,46 +120,49 @@ def _fork(one, jobs):
         os._exit(code)
 
 
-def _gather(child, count, seconds):
-    """(the outcomes the child handed back, in order; None when it handed back all `count`, else
-    what became of it: ended, or killed for stalling past `seconds` + GRACE on one check)."""
-    pid, r = child
-    got, buf, why = [], b"", None
+def _send(fd, body):
+    view = memoryview(_LEN.pack(len(body)) + body)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _receive(proc, seconds):
+    """One outcome's bytes from the child: read as they come, into one buffer of the length its
+    prefix gives. A Lost where the child ends first, or sends nothing for `seconds` + GRACE (a
+    transfer going on is no stall)."""
+    pid, r = proc[0], proc[1]
+    head, body, got = bytearray(_LEN.size), None, 0
     deadline = time.monotonic() + seconds + GRACE
-    try:
-        while len(got) < count:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                os.kill(pid, signal.SIGKILL)
-                why = (f"{{}} took over {seconds} s (limits.seconds) in a call no signal stops: its "
+    while True:
+        buf = head if body is None else body
+        if body is not None and got == len(body):
+            return body
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _kill(pid)
+            raise Lost(f"{{}} took over {seconds} s (limits.seconds) in a call no signal stops: its "
                        f"process was killed {GRACE} s later")
-                break
-            if not select.select([r], [], [], left)[0]:
-                continue
-            data = os.read(r, 1 << 20)
-            if not data:
-                break
-            buf += data
-            while len(buf) >= _LEN.size and len(buf) >= _LEN.size + _LEN.unpack_from(buf)[0]:
-                n = _LEN.unpack_from(buf)[0]
-                outcome, hashes = pickle.loads(buf[_LEN.size:_LEN.size + n])
-                buf = buf[_LEN.size + n:]
-                fingerprint.merge(hashes)
-                got.append(outcome)
-                deadline = time.monotonic() + seconds + GRACE
-    except BaseException:   # (the run interrupted: the child goes with it)
+        if not select.select([r], [], [], left)[0]:
+            continue
+        n = os.readv(r, [memoryview(buf)[got:]])
+        if not n:
+            raise Lost(_ended(pid))
+        got += n
+        deadline = time.monotonic() + seconds + GRACE
+        if body is None and got == _LEN.size:
+            body, got = bytearray(_LEN.unpack(head)[0]), 0
+
+
+def _kill(pid):
+    try:
         os.kill(pid, signal.SIGKILL)
-        raise
-    finally:
-        os.close(r)
-        _, status = os.waitpid(pid, 0)
-    if len(got) < count and why is None:
-        why = _ended(status)
-    return got, (why if len(got) < count else None)
+    except ProcessLookupError:
+        pass
 
 
-def _ended(status):
-    """How a child that handed back too little ended, in words ({} for the check)."""
+def _ended(pid):
+    """How a child that handed back too little ended, in words ({} for the check); reaped here."""
+    _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)

@@ -161,6 +161,9 @@ def main(args):
 def _main(args):
     start = time.perf_counter()
     if args.forms:
+        if args.paths:
+            print("logos check: --forms lists the sentence forms and checks nothing: give no PATH", file=sys.stderr)
+            return 2
         from ..language.reader import FORMS
         print("\n".join(FORMS))
         return 0

@@ -47,32 +47,41 @@ def spread(fn, items, least=MIN_PER_CHILD):
     return out
 
 
-def fork_piped():
+def fork_piped(inbound=False):
     """(pid, the pipe's read end) in the parent, (0, its write end) in a child this process waits
-    for itself, or None where none can start. The child runs none of the parent's signal handlers
+    for itself, or None where none can start; `inbound`: a second pipe, the parent's write end
+    and the child's read end added to each. The child runs none of the parent's signal handlers
     (one the parent ignores stays ignored); it must end by os._exit."""
+    pipes = []
     try:
-        r, w = os.pipe()
+        for _ in range(1 + inbound):
+            pipes += os.pipe()
     except OSError:
+        _close(pipes)
         return None
     try:
         with own_fork():
             pid = os.fork()
     except OSError:
-        os.close(r)
-        os.close(w)
+        _close(pipes)
         return None
+    r, w, *more = pipes
     if pid:
-        os.close(w)
-        return pid, r
+        _close([w, *more[:1]])
+        return (pid, r, *more[1:])
     try:
-        os.close(r)
+        _close([r, *more[1:]])
         for sig in (signal.SIGTERM, signal.SIGINT):
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 signal.signal(sig, signal.SIG_DFL)
     except BaseException:
         os._exit(1)   # (never the parent's code, in the child)
-    return 0, w
+    return (0, w, *more[:1])
+
+
+def _close(fds):
+    for fd in fds:
+        os.close(fd)
 
 
 def _fork(fn, items):
