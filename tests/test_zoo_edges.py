@@ -680,3 +680,24 @@ def test_a_check_stalled_where_no_signal_reaches_is_killed_and_the_others_run(mo
         "the check ended", "ok"]
     pids = [o["result"]["pid"] for o in out if "result" in o]
     assert os.getpid() not in pids and len(set(pids)) == 3   # (a new child after each loss)
+
+
+def test_the_inline_child_serves_every_check_and_hands_back_outcomes_and_findings_whole(monkeypatch):
+    # one child for the process's checks (what they warm stays warm); a large outcome comes back
+    # whole; what a check remembered of its leaves and hashed comes back into this process's record
+    from emitter import fingerprint
+    from emitter.pipeline import executors
+
+    def fake(job):
+        fingerprint.remember(f"test:{job['k']}", float(job["k"]))
+        return {"result": {"pid": os.getpid(), "golden": np.arange(job["k"] * (1 << 20), dtype=np.float64)}}
+    monkeypatch.setattr(executors, "run_check", fake)
+    merged = []
+    monkeypatch.setattr(fingerprint, "merge", merged.append)
+    ex = executors.Inline()
+    out = ex.run([{"k": k, "record": {"dtype": "float32"}} for k in (1, 8)], 60)
+    ex.close()
+    assert len({o["result"]["pid"] for o in out}) == 1 and out[0]["result"]["pid"] != os.getpid()
+    assert [o["result"]["golden"].size for o in out] == [1 << 20, 8 << 20]
+    assert np.array_equal(out[1]["result"]["golden"], np.arange(8 << 20, dtype=np.float64))
+    assert [found for _, found in merged] == [{"test:1": 1.0}, {"test:8": 8.0}]
