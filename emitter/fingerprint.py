@@ -241,10 +241,12 @@ def known(entries):
     _CURRENT[0].known(entries)
 
 
-def snapshot():
-    """What the record holds now: its hashes and the findings `remember` kept."""
+def snapshot(findings=False):
+    """What the record holds now: its hashes and the findings `remember` kept (`findings`: read
+    from their file first, where no `checked` has read them yet: else a process that reads them
+    after would take every one on file for its own)."""
     fp = _CURRENT[0]
-    return dict(fp.files), dict(fp.findings or {})
+    return dict(fp.files), dict((fp._findings() if findings else fp.findings) or {})
 
 
 def added_since(before):

@@ -701,3 +701,26 @@ def test_the_inline_child_serves_every_check_and_hands_back_outcomes_and_finding
     assert [o["result"]["golden"].size for o in out] == [1 << 20, 8 << 20]
     assert np.array_equal(out[1]["result"]["golden"], np.arange(8 << 20, dtype=np.float64))
     assert [found for _, found in merged] == [{"test:1": 1.0}, {"test:8": 8.0}]
+
+
+def test_what_a_check_prints_in_the_inline_child_reaches_the_task_that_sent_it(monkeypatch, capsys):
+    # the child's own streams are those of the task it was forked in (doit's capture of it): what
+    # a later check says goes to the task running then, after doit's lines; what escapes a check
+    # (a KeyboardInterrupt it raised) is its error, named
+    import sys
+    from emitter.pipeline import executors
+
+    def fake(job):
+        if job["k"] == "interrupt":
+            raise KeyboardInterrupt("from the bundle")
+        print(f"said {job['k']}")
+        print(f"warned {job['k']}", file=sys.stderr)
+        return {"result": {"k": job["k"]}}
+    monkeypatch.setattr(executors, "run_check", fake)
+    ex = executors.Inline()
+    print("before")
+    out = ex.run([{"k": k, "record": {"dtype": "float32"}} for k in ("one", "interrupt", "two")], 60)
+    ex.close()
+    assert out[1] == {"error": "the lock check raised KeyboardInterrupt: from the bundle"}
+    got = capsys.readouterr()
+    assert got.out == "before\nsaid one\nsaid two\n" and got.err == "warned one\nwarned two\n"

@@ -12,6 +12,8 @@ with what it added to the hash record and its findings. It ends when this proces
 pipe, or dies with it (guards.bind_children). Where fork is not there or other threads run (a
 fork would copy a lock one of them holds), the caller runs the checks itself."""
 
+import contextlib
+import io
 import os
 import pickle
 import select
@@ -48,6 +50,8 @@ class Child:
                 if self.proc is None:
                     return None
             try:
+                for stream in (sys.stdout, sys.stderr):   # (doit's lines before the check's)
+                    stream.flush()
                 _send(self.proc[2], pickle.dumps((job, seconds), pickle.HIGHEST_PROTOCOL))
             except OSError:   # it ended between two checks (the OOM killer): one more, new
                 self.close()
@@ -55,7 +59,7 @@ class Child:
                     return None
                 continue
             try:
-                outcome, added = pickle.loads(_receive(self.proc, seconds))
+                outcome, added, said, warned = pickle.loads(_receive(self.proc, seconds))
             except Lost as e:
                 self.close()
                 return {"error": str(e).format(f"the {job['record']['dtype']} lock check")}
@@ -63,6 +67,8 @@ class Child:
                 self.close(kill=True)
                 raise
             fingerprint.merge(added)
+            sys.stdout.write(said)   # (into the task's own output, as a check here wrote it)
+            sys.stderr.write(warned)
             return outcome
 
     def close(self, kill=False):
@@ -102,11 +108,7 @@ def _start(one):
                 if len(head) < _LEN.size:
                     break
                 job, seconds = pickle.loads(jobs.read(_LEN.unpack(head)[0]))
-                before = fingerprint.snapshot()
-                outcome = one(job, seconds)
-                for stream in (sys.stdout, sys.stderr):   # (what the check said, before its outcome)
-                    stream.flush()
-                body = pickle.dumps((outcome, fingerprint.added_since(before)), pickle.HIGHEST_PROTOCOL)
+                body = _serve(one, job, seconds)
                 out.write(_LEN.pack(len(body)))
                 out.write(body)
                 out.flush()
@@ -118,6 +120,25 @@ def _start(one):
             except Exception:
                 pass
         os._exit(code)
+
+
+def _serve(one, job, seconds):
+    """One job's reply, pickled: its outcome (or {"error"} naming what escaped it), what it added
+    to the hash record, and what it printed (handed to the task that sent it: the streams this
+    child was forked with are the first task's)."""
+    before = fingerprint.snapshot(findings=True)
+    said, warned = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(warned):
+            outcome = one(job, seconds)
+    except BaseException as e:   # (KeyboardInterrupt, SystemExit a check raised: its error)
+        outcome = {"error": f"the lock check raised {type(e).__name__}: {e}"}
+    reply = (outcome, fingerprint.added_since(before), said.getvalue(), warned.getvalue())
+    try:
+        return pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
+    except Exception as e:
+        return pickle.dumps(({"error": f"the lock check's outcome cannot be handed back: {type(e).__name__}: "
+                                       f"{e}"}, *reply[1:]), pickle.HIGHEST_PROTOCOL)
 
 
 def _send(fd, body):
