@@ -246,6 +246,6 @@ def test_a_programs_weights_name_that_is_no_folder_is_said_so(tmp_path):
     r = logos("check", cwd=tmp_path)
     assert r.returncode == 1 and r.stdout.splitlines() == [
         "programs/f.logos: `weights/f` is there but is not a folder of weights (a file)",
-        "programs/l.logos: `weights/l` is there but is not a folder of weights (No such file or "
-        "directory (a link to nowhere))",
+        "programs/l.logos: `weights/l` is there but is not a folder of weights (a link to nowhere: "
+        "No such file or directory)",
         "programs/p.logos: `weights/p` is there but is not a folder of weights (a FIFO)"], r.stdout

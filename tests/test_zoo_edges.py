@@ -708,19 +708,23 @@ def test_what_a_check_prints_in_the_inline_child_reaches_the_task_that_sent_it(m
     # a later check says goes to the task running then, after doit's lines; what escapes a check
     # (a KeyboardInterrupt it raised) is its error, named
     import sys
-    from emitter.pipeline import executors
+    from emitter.pipeline import executors, log
 
     def fake(job):
         if job["k"] == "interrupt":
             raise KeyboardInterrupt("from the bundle")
         print(f"said {job['k']}")
         print(f"warned {job['k']}", file=sys.stderr)
+        log.LOG.warning(f"logged {job['k']}")
         return {"result": {"k": job["k"]}}
     monkeypatch.setattr(executors, "run_check", fake)
+    monkeypatch.setattr(log.LOG, "handlers", [])   # (its handler on this test's stderr)
+    log.setup(1)
     ex = executors.Inline()
     print("before")
     out = ex.run([{"k": k, "record": {"dtype": "float32"}} for k in ("one", "interrupt", "two")], 60)
     ex.close()
     assert out[1] == {"error": "the lock check raised KeyboardInterrupt: from the bundle"}
     got = capsys.readouterr()
-    assert got.out == "before\nsaid one\nsaid two\n" and got.err == "warned one\nwarned two\n"
+    assert got.out == "before\nsaid one\nsaid two\n"
+    assert got.err == "warned one\nlogged one\nwarned two\nlogged two\n"

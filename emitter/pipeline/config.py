@@ -211,8 +211,8 @@ def _not_folder(path):
     """What `path`, listed but no folder, is."""
     try:
         mode = os.stat(path).st_mode
-    except OSError:
-        return _unreadable(path)
+    except OSError as e:
+        return f"a link to {excerpt(os.readlink(path), 120)}: {e.strerror}" if os.path.islink(path) else e.strerror
     return "a file" if stat.S_ISREG(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a folder"
 
 

@@ -59,7 +59,7 @@ class Child:
                     return None
                 continue
             try:
-                outcome, added, said, warned = pickle.loads(_receive(self.proc, seconds))
+                outcome, added, said, warned, logged = pickle.loads(_receive(self.proc, seconds))
             except Lost as e:
                 self.close()
                 return {"error": str(e).format(f"the {job['record']['dtype']} lock check")}
@@ -69,6 +69,9 @@ class Child:
             fingerprint.merge(added)
             sys.stdout.write(said)   # (into the task's own output, as a check here wrote it)
             sys.stderr.write(warned)
+            for h in _log_handlers() if logged else ():
+                h.stream.write(logged)
+                h.flush()
             return outcome
 
     def close(self, kill=False):
@@ -127,18 +130,29 @@ def _serve(one, job, seconds):
     to the hash record, and what it printed (handed to the task that sent it: the streams this
     child was forked with are the first task's)."""
     before = fingerprint.snapshot(findings=True)
-    said, warned = io.StringIO(), io.StringIO()
+    said, warned, logged = io.StringIO(), io.StringIO(), io.StringIO()
+    handlers = _log_handlers()
+    kept = [h.setStream(logged) for h in handlers]   # (the log's lines: to the stream it writes to)
     try:
         with contextlib.redirect_stdout(said), contextlib.redirect_stderr(warned):
             outcome = one(job, seconds)
     except BaseException as e:   # (KeyboardInterrupt, SystemExit a check raised: its error)
         outcome = {"error": f"the lock check raised {type(e).__name__}: {e}"}
-    reply = (outcome, fingerprint.added_since(before), said.getvalue(), warned.getvalue())
+    finally:
+        for h, stream in zip(handlers, kept):
+            h.setStream(stream)
+    reply = (outcome, fingerprint.added_since(before), said.getvalue(), warned.getvalue(), logged.getvalue())
     try:
         return pickle.dumps(reply, pickle.HIGHEST_PROTOCOL)
     except Exception as e:
         return pickle.dumps(({"error": f"the lock check's outcome cannot be handed back: {type(e).__name__}: "
                                        f"{e}"}, *reply[1:]), pickle.HIGHEST_PROTOCOL)
+
+
+def _log_handlers():
+    """The handlers of the pipeline's log (`log.setup`'s, on the stream stderr was then)."""
+    from .log import LOG
+    return [h for h in LOG.handlers if getattr(h, "logos", False)]
 
 
 def _send(fd, body):
