@@ -50,8 +50,7 @@ class Child:
                 if self.proc is None:
                     return None
             try:
-                for stream in (sys.stdout, sys.stderr):   # (doit's lines before the check's)
-                    stream.flush()
+                _flush()   # (doit's lines before the check's)
                 _send(self.proc[2], pickle.dumps((job, seconds), pickle.HIGHEST_PROTOCOL))
             except OSError:   # it ended between two checks (the OOM killer): one more, new
                 self.close()
@@ -95,8 +94,7 @@ def _start(one):
     """(pid, read end, write end, this pid) of a new child serving jobs, or None."""
     if not hasattr(os, "fork") or not fork_safe():
         return None
-    for stream in (sys.stdout, sys.stderr):   # (empty, so the child's own lines alone are flushed)
-        stream.flush()
+    _flush()   # (empty, so the child's own lines alone are flushed)
     forked = fork_piped(inbound=True)
     if forked is None:
         return None
@@ -147,6 +145,11 @@ def _serve(one, job, seconds):
     except Exception as e:
         return pickle.dumps(({"error": f"the lock check's outcome cannot be handed back: {type(e).__name__}: "
                                        f"{e}"}, *reply[1:]), pickle.HIGHEST_PROTOCOL)
+
+
+def _flush():
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
 
 
 def _log_handlers():

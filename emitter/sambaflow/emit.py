@@ -42,7 +42,7 @@ def stage_call(p: Program, stage, cast=False):
     when the op only moves its values (a view, a gather), so that a cast tap undoes is left out,
     and when the op widens the operand itself (so that no whole widened copy is made)."""
     if stage.op.call is None:
-        raise unspelled(p)[0]
+        raise _refusal(p, stage)
     moved = ", moved=True" if stage.op.view else ""
 
     def wrap(name, placeholder):
@@ -54,8 +54,11 @@ def stage_call(p: Program, stage, cast=False):
 def unspelled(p: Program):
     """A ProgramError for each stage of `p` no torch call spells (emission refuses the first;
     `logos check` names them all)."""
-    return [ProgramError(f"`{s.text}`: {_no_spelling(s.op.name)}", s.line, p.path)
-            for s in p.stages if s.op.call is None]
+    return [_refusal(p, s) for s in p.stages if s.op.call is None]
+
+
+def _refusal(p, stage):
+    return ProgramError(f"`{stage.text}`: {_no_spelling(stage.op.name)}", stage.line, p.path)
 
 
 def _no_spelling(name):

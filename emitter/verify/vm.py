@@ -87,8 +87,9 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
             raise ProgramError(f"{what} holds a non-finite value ({flat[bad]}) at flat index {bad}",
                                path=path)
         peak = max(peak, hi, lo, key=abs)
-        if not d.real and (finite.size != block.size or not np.array_equal(block, np.round(block))):   # (nor Inf)
-            bad = start + int(np.flatnonzero((block != np.round(block)) | ~np.isfinite(block))[0])
+        wrong = None if d.real else _non_integers(block)   # (nor Inf)
+        if wrong is not None and wrong.size:
+            bad = start + int(wrong[0])
             raise ProgramError(f"{what} is an Int tensor but the file holds non-integers "
                                f"({flat[bad]} at flat index {bad})", path=path)
         release(value)
@@ -203,14 +204,19 @@ def bind_result(stage, env, result):
         env[stage.writes] = result
 
 
+def _non_integers(flat):
+    """The flat indices of the values of `flat` that are no integer (NaN and Inf among them)."""
+    return np.flatnonzero(~np.isfinite(flat) | (flat != np.round(flat)))
+
+
 def _holds_integers(program, stage, value):
     """An Int state written back holds integers (a file of it would be refused when read back:
     `--state-out`, then `--weights`): else a ProgramError at the writing line."""
     flat = np.asarray(value).reshape(-1)
-    bad = flat[~(np.isfinite(flat) & (flat == np.round(flat)))]
+    bad = _non_integers(flat)
     if bad.size:
-        raise ProgramError(f"`{stage.text}`: writes {float(bad[0])!r} into `{stage.writes}`, an Int tensor, "
-                           "which holds integers only", stage.line, program.path)
+        raise ProgramError(f"`{stage.text}`: writes {float(flat[bad[0]])!r} into `{stage.writes}`, an Int "
+                           "tensor, which holds integers only", stage.line, program.path)
 
 
 def step(program, leaves, keep_stages=True):
