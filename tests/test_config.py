@@ -154,12 +154,16 @@ def test_a_file_the_importer_reads_beside_the_checkpoint_is_held_as_the_checkpoi
 
 
 def test_names_and_orphans(tmp_path):
-    zoo(tmp_path, {"programs/has space.logos": SRC, "programs/ok.logos": SRC,
+    zoo(tmp_path, {"programs/has space.logos": SRC, "programs/ok.logos": SRC, "programs/-rf.logos": SRC,
                    "programs/lonely.yaml": "steps: 1\n"})
     warnings = []
     got = {pc.name: pc for pc in discover(str(tmp_path), warnings=warnings)}
-    bad = [pc for name, pc in got.items() if name.startswith("invalid-")]
-    assert len(bad) == 1 and "`has space` is not a plain program name" in bad[0].error
+    bad = sorted((pc for name, pc in got.items() if name.startswith("invalid-")), key=lambda pc: pc.source)
+    assert [pc.source for pc in bad] == ["programs/-rf.logos", "programs/has space.logos"]
+    # what a plain name is, said so that the name refused breaks it (`-rf` holds only those characters)
+    assert bad[0].error.startswith("programs/-rf.logos: `-rf` is not a plain program name (a letter or digit, "
+                                   "then letters, digits, _ and -, at most 128 in all)"), bad[0].error
+    assert "`has space` is not a plain program name" in bad[1].error
     assert "lonely" not in got                     # a stray config is a warning, not a program
     assert warnings == ["programs/lonely.yaml: a config with no program beside it "
                         "(no programs/lonely.logos): ignored"]

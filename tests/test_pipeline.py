@@ -448,8 +448,11 @@ def test_weights_moved_during_the_check_fail_the_lock_task_so_it_runs_again(tmp_
     assert not isinstance(got, TaskFailed) and r["verdict"] == "pass"
 
     class Editing(executors.Inline):
+        value = 1
+
         def run(self, jobs, seconds):
-            _weights("weights/a/w.f64", 2)     # after the key was taken
+            Editing.value += 1
+            _weights("weights/a/w.f64", Editing.value)     # after the key was taken
             return super().run(jobs, seconds)
     (tmp_path / "zoo/programs/a.yaml").write_text("dtypes: [float64]\nsteps: 2\n")   # a new key
     monkeypatch.setattr(executors, "executor", lambda *a, **k: Editing())
@@ -458,6 +461,16 @@ def test_weights_moved_during_the_check_fail_the_lock_task_so_it_runs_again(tmp_
     r = json.loads((tmp_path / "zoo/build/results/a/float64.json").read_text())
     assert isinstance(got, TaskFailed) and "changed after" in str(got.message)
     assert r["verdict"] == "error" and r["stale_weights"] == ["w.f64"] and r["key"] is None
+    # a run with the report: the lock task stands (a failed one would make the report doit's unmet
+    # dependency, exit 2) and the report fails the run naming the error, exit 1 as for any error
+    (tmp_path / "zoo/programs/a.yaml").write_text("dtypes: [float64]\nsteps: 3\n")
+    entries = _entries(tmp_path / "zoo")
+    got = lock_task.lock_program(entries["a"], {**RUN, "report_follows": True}, "build/results.sqlite")
+    r = json.loads((tmp_path / "zoo/build/results/a/float64.json").read_text())
+    assert got is True and r["verdict"] == "error" and r["stale_weights"] == ["w.f64"], got
+    from emitter.pipeline.report import make_report
+    failed = make_report(list(entries.values()), "build", RUN.get("threads"))
+    assert isinstance(failed, TaskFailed) and "a[float64]=error" in failed.message, failed
 
 
 def test_a_remote_result_that_names_no_code_is_refused(tmp_path, monkeypatch):

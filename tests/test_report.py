@@ -164,6 +164,7 @@ def test_junit_place_comes_from_the_op_or_the_reason():
 
 def test_the_header_names_the_commit_of_a_git_zoo_and_a_reproducible_time(tmp_path, monkeypatch):
     import datetime
+    import os
     import subprocess
     import time
     from emitter.pipeline.report_facts import context
@@ -187,6 +188,15 @@ def test_the_header_names_the_commit_of_a_git_zoo_and_a_reproducible_time(tmp_pa
     assert f"commit <code>{head[:12]}</code> · 2023-11-14T22:13:20 UTC" in page
     # a page is about the run that made it: it never claims its verdicts are current now
     assert "as they are now" not in page and "<code>logos results</code> says whether each still is" in page
+    (tmp_path / ".gitignore").write_text("build/\n")   # what git ignores is no local change
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "x").write_text("x")
+    subprocess.run([*git, "add", ".gitignore"], check=True)
+    subprocess.run([*git, "commit", "-qm", "i"], check=True)
+    assert not context(str(tmp_path))["dirty"]
+    (tmp_path / "b.logos").write_text("Let y be a 1 by 1 tensor of Real.\n")   # a new program: no commit's
+    assert context(str(tmp_path))["dirty"]
+    os.unlink(tmp_path / "b.logos")
     (tmp_path / "a.logos").write_text("changed\n")
     assert context(str(tmp_path))["dirty"]
     junit = ET.fromstring(render_junit([GATED], header=c))

@@ -137,8 +137,9 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
     cfg_path = os.path.join(root, cfg_rel)
     has_cfg = tree.is_file(programs_dir, f"{name}.yaml")
     if not NAME_RE.fullmatch(name):
-        raise ConfigError(f"`{excerpt(name, 60)}` is not a plain program name (letters, digits, _ "
-                          "and -, at most 128)", None, excerpt(cfg_rel if has_cfg else source, 200))
+        raise ConfigError(f"`{excerpt(name, 60)}` is not a plain program name (a letter or digit, then "
+                          "letters, digits, _ and -, at most 128 in all)", None,
+                          excerpt(cfg_rel if has_cfg else source, 200))
     if name == DEFAULTS_FILE[:-len(".yaml")]:   # its config would be every program's
         raise ConfigError(f"a program cannot be named `{name}`: {programs_dir}/{DEFAULTS_FILE} is the "
                           "zoo-wide config, not its own; rename the program", None, source)

@@ -9,8 +9,9 @@ reads) and the history.
 A result is recorded under its key only when it is about that key: the code that ran is the code
 the key names (a worker reports what it loaded), and the program, bundle and weights files it read
 are those the key hashed; else it is recorded with no key, so the next run checks it again.
-A cluster that lost a check (a dead worker, no scheduler) records an error and fails the task; in
-a run without the report, a check that fails or errors fails it too (`ChecksFailed`: exit 1)."""
+A cluster that lost a check (a dead worker, no scheduler) records an error, as a check that fails
+or errs does: the report fails the run (exit 1); in a run without the report, the lock task fails
+(`ChecksLost`, `ChecksFailed`: exit 1). An error is never current: the next run tries again."""
 
 import contextlib
 import os
@@ -38,7 +39,8 @@ class ChecksFailed(TaskFailed):
 class ChecksLost(ChecksFailed):
     """A lock some of whose checks could not run through no fault of the bundle (a dead worker, an
     unreachable cluster, weights changed under it): each recorded as an error of its own, its
-    siblings' verdicts standing; the task fails, so the run does not pass."""
+    siblings' verdicts standing; in a run without the report the task fails, so the run does not
+    pass (with it, the report fails it)."""
 
 
 def error_result(name, source, dtype, steps, reason):
@@ -285,7 +287,8 @@ def lock_program(entry, run, db):
         if isinstance(e, history.HistoryHeld):   # (its rows go in at the next run's start)
             with contextlib.suppress(OSError):
                 open(history.behind(db), "a").close()
-    if lost:
+    if lost and not run.get("report_follows"):   # (else the report fails the run naming it: exit 1,
+        # as for any check that errs; a failed lock would make the report doit's unmet dependency, 2)
         return ChecksLost(f"lock:{pc.name}: {lost} (recorded as an error; the next run tries again)")
     bad = [f"{c.dtype} {done[c.dtype]['verdict']}" for c in entry.checks if done[c.dtype]["verdict"] != "pass"]
     if bad and not run.get("report_follows"):   # (else the report fails the run, naming them)

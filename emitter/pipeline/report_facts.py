@@ -74,11 +74,12 @@ def git_head(root="."):
 
 def context(root="."):
     """What the headers say beyond the rows: the zoo's commit (None outside a git checkout) and
-    whether tracked files differ from it, the time (UTC; SOURCE_DATE_EPOCH where set), the host
+    whether the checkout differs from it (a tracked file edited, or a file git does not ignore
+    added: a new program's verdict is no commit's), the time (UTC; SOURCE_DATE_EPOCH where set), the host
     and the environment's fingerprint and digest (the one the run's keys use)."""
     from ..verify import environment
     commit = _git(root, "rev-parse", "--verify", "-q", "HEAD")
-    dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no")) if commit else False
+    dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=normal")) if commit else False
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
     try:   # (one that is no time this platform holds, past year 9999 or time_t, is no epoch)
         when = datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) \

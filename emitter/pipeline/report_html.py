@@ -141,7 +141,7 @@ def _header(rows, header):
     out = [f"<header><h1>LOGOS lock: {html.escape(headline(rows))}</h1>"]
     when = f"{html.escape(header['time'])} UTC on <code>{html.escape(header['hostname'])}</code>"
     if header.get("commit"):
-        dirty = " (tracked files changed since)" if header.get("dirty") else ""
+        dirty = " (files changed or added since)" if header.get("dirty") else ""
         out.append(f'<p class="meta">commit <code>{html.escape(header["commit"][:12])}</code>{dirty} · {when}</p>')
     else:
         out.append(f'<p class="meta">{when}</p>')
