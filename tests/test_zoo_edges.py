@@ -296,6 +296,33 @@ def test_compile_py_test_names_weights_other_than_golden_was_made_from(tmp_path)
     assert p.returncode == 1 and "w.f64 (edited since)" in p.stderr, p.stdout + p.stderr
 
 
+def test_compile_py_test_runs_model_py_as_it_is_not_a_cached_copy(tmp_path):
+    """An edit of model.py that keeps its size and mtime (a sign flipped, the time put back) after
+    `compile.py test` ran once (Python then keeps a __pycache__ copy it trusts by those two): the
+    test runs the edited bytes and fails."""
+    import re
+    import sys
+    from test_pipeline import _weights
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 0
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+    def test():
+        return subprocess.run([sys.executable, "build/bundles/a/compile.py", "test"], cwd=z,
+                              capture_output=True, text=True, env=env)
+    p = test()
+    assert p.returncode == 0, p.stdout + p.stderr
+    model = z / "build/bundles/a/model.py"
+    st, text = model.stat(), model.read_text()
+    edited = re.sub(r"self\.tap\(0, (\w+) @ ", r"self.tap(0, \1 @-", text, count=1)
+    assert edited != text and len(edited) == len(text)
+    model.write_text(edited)
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
+    p = test()
+    assert p.returncode == 1 and "FAIL" in p.stdout, p.stdout + p.stderr
+
+
 GEN = "import numpy as np, os, sys\nos.makedirs(os.path.dirname(sys.argv[2]), exist_ok=True)\n" \
       "np.random.default_rng(int(sys.argv[1])).standard_normal((4, 4)).tofile(sys.argv[2])\n"
 

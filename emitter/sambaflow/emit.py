@@ -177,6 +177,13 @@ def _weight_readers(after_constant):
     return tuple(out)
 
 
+def _with_types(imports):
+    """app.py's imports and `types` (which loads model.py), among the standard library's."""
+    lines = list(imports)
+    lines.insert(lines.index("import time") + 1, "import types")
+    return lines
+
+
 def render_compile(name):
     app = source("app")
     out = [
@@ -189,10 +196,15 @@ def render_compile(name):
         "are fixed-shape SDK tensors. Every line that touches the vendor SDK carries the TEMPLATE mark:",
         "nobody here has run it.",
         '"""',
-        *app.imports,
+        *_with_types(app.imports),
         "",
-        "sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))",
-        "import model as bundle  # noqa: E402",
+        "# model.py beside this file, run from its bytes as they are now: an import would run a",
+        "# __pycache__ copy whose source kept its size and mtime through an edit",
+        "bundle = types.ModuleType(\"model\")",
+        "bundle.__file__ = os.path.join(os.path.dirname(os.path.abspath(__file__)), \"model.py\")",
+        "sys.modules[\"model\"] = bundle",
+        "with open(bundle.__file__, \"rb\") as _source:",
+        "    exec(compile(_source.read(), bundle.__file__, \"exec\"), bundle.__dict__)",
     ]
     for n in app.closure(app.defs):
         out += ["", "", app.defs[n]]
