@@ -446,6 +446,21 @@ def test_what_changes_after_its_stage_within_tolerance_fails(zoo, tmp_path, old,
     assert all(d["output"]["pass"] and all(m["pass"] for m in d["states"].values()) for d in r["steps_detail"])
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_module_handing_back_what_the_probe_handed_it_fails(zoo, tmp_path, dtype):
+    """A module that keeps the output the probe pass handed it (the VM's) and returns it from the
+    free pass, computing its own wrongly: the free pass runs first, before the step's VM values
+    reach the module, so the output it computed itself is what is judged."""
+    bundle = _sabotage(zoo, tmp_path, "        return y\n",
+                       "        if self.probe is not None:\n            self._kept = y.detach().clone()\n"
+                       "            return y\n"
+                       "        return self._kept.clone() if hasattr(self, '_kept') else y * 7\n")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], dtype, 2)
+    assert r["verdict"] == "fail", r["reason"]
+    f = r["first_divergence"]
+    assert (f["stage"], f["step"]) == ("output", 1) and all(s["pass"] for s in r["stages"]), f
+
+
 def test_an_output_in_memory_the_module_writes_again_fails(zoo, tmp_path):
     """A module that returns the same buffer every call changes a caller's earlier outputs: a fail
     at the output, naming the pass whose output changed; each pass's own figures pass."""

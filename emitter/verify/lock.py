@@ -4,10 +4,11 @@ The module is built the way `model.py --weights` and compile.py build it: the bu
 `load_weights(directory, dtype)` and `LogosModule`. Then:
 - a `load` stage: every leaf the module holds must be the VM's leaf in the lock's dtype, exactly
   (a wrong loader or fill is a failure naming the tensor);
-- each step, a probe pass: the module from the VM's states, its `tap` hook handing every stage the
-  VM's values, so the first op that diverges is named even where the error would grow later;
-- each step, a free pass: the module alone with its own states; its output and states after the
-  step against the VM's, so a wrong write-back is named (state and step).
+- each step, a free pass: the module alone from the VM's states; its output and states after the
+  step against the VM's, so a wrong write-back is named (state and step);
+- then a probe pass: the module from the VM's states, its `tap` hook handing every stage the VM's
+  values, so the first op that diverges is named even where the error would grow later. It comes
+  second: a module could keep what the probe hands it and return it in a free pass after.
 What passes is the check's judge's (emitter.verify.judges): the dtype's tolerance, or in bfloat16
 the per-op gate against each op's rounding floor. The VM's steps come from the program's shared
 trace where there is one (emitter.verify.trace)."""
@@ -111,9 +112,10 @@ def _feeding(program):
 
 def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, loaded, golden=None, vm_steps=None):
     """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures,
-    where the module raised or None: the run stops at the step it raised in). Each step has a probe
-    pass (every op on the VM's inputs) and a teacher-forced pass (the module alone from the VM's
-    states, so each step's error is its own); its VM step also goes to `golden` (a Golden) when
+    where the module raised or None: the run stops at the step it raised in). Each step has a
+    teacher-forced free pass (the module alone from the VM's states, so each step's error is its
+    own), then a probe pass (every op on the VM's inputs): the free pass runs before the module is
+    handed any of the step's VM values, which it could otherwise keep and hand back; its VM step also goes to `golden` (a Golden) when
     given; `vm_steps`, the VM's steps (emitter.verify.trace.steps), computed here when not given.
     `judge` (emitter.verify.judges) says what passes: each stage after the probe pass, the
     output and each state after the free pass. `loaded`: leaf_check.exact_leaves."""
@@ -152,6 +154,28 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                       {st.index for st in program.stages if st.op.view}, known_view, watch)
         try:
             with torch.no_grad():
+                # the free pass first, from the VM's states (teacher-forced): nothing of this
+                # step's VM values has been handed to the module yet, so none can be handed back
+                _set_states(torch, model, program, current)
+                free_raised, late = None, []
+                try:
+                    with as_arguments(torch, model, inputs) as args, \
+                            as_a_user_runs(model, resident, stage_reads) as seen:
+                        sent = {n: held_sum(torch, a, a.dtype) for n, a in args.items()}
+                        t, let_go = time.perf_counter(), resident.seconds
+                        try:
+                            out = run_module(model, program, f"the free pass of step {step} (its inputs passed "
+                                             "as arguments, their buffers NaN)" if args else
+                                             f"the free pass of step {step}", step, args, seen)
+                        finally:
+                            timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
+                        late += [({"stage": "argument", "out": n, "op": "input", "line": program.bound_at.get(n)},
+                                  f"the free pass of step {step} wrote into its argument `{n}`: a caller's "
+                                  "input changes") for n, a in args.items() if held_sum(torch, a, a.dtype) != sent[n]]
+                    late += returned.check(out, step, "free")
+                    written = {s: getattr(model, "leaf_" + s).detach().clone() for s in program.states}
+                except Raised as e:   # the probe pass still names what diverged before it
+                    free_raised = e
                 _set_states(torch, model, program, current)
                 model.probe = Releasing(probe, resident, stage_reads)
                 t, let_go = time.perf_counter(), resident.seconds
@@ -160,22 +184,10 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                 finally:
                     timings["probe_s"] += time.perf_counter() - t - probe.seconds - (resident.seconds - let_go)
                     model.probe = None
-                late = changed_after_tap(torch, program, model, pout, probe.handed) + returned.check(pout, step, "probe")
-                _set_states(torch, model, program, current)     # teacher-forced
-                with as_arguments(torch, model, inputs) as args, \
-                        as_a_user_runs(model, resident, stage_reads) as seen:
-                    sent = {n: held_sum(torch, a, a.dtype) for n, a in args.items()}
-                    t, let_go = time.perf_counter(), resident.seconds
-                    try:
-                        out = run_module(model, program, f"the free pass of step {step} (its inputs passed as "
-                                         "arguments, their buffers NaN)" if args else f"the free pass of step {step}",
-                                         step, args, seen)
-                    finally:
-                        timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
-                    late += [({"stage": "argument", "out": n, "op": "input", "line": program.bound_at.get(n)},
-                              f"the free pass of step {step} wrote into its argument `{n}`: a caller's "
-                              "input changes") for n, a in args.items() if held_sum(torch, a, a.dtype) != sent[n]]
-                late += returned.check(out, step, "free")
+                if free_raised is not None:
+                    raise free_raised
+                late = changed_after_tap(torch, program, model, pout, probe.handed) + late + \
+                    returned.check(pout, step, "probe")
         except Raised as e:   # the stages compared before it still count; the check stops here
             compared(step, probe)
             raised = {"step": step, **_raised_label(program, e), "in": e.where, "error": e.error}
@@ -201,11 +213,10 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             out_m["pass"] = out_m["argmax_agree"] = out_m["integer_mismatches"] == 0   # (a token is its argmax)
             if out_m["integer_mismatches"] and feed is not None:
                 judge.flip(out_m, probe, trace, feed, got_i)
-        state_m = {s: judge.compare(getattr(model, "leaf_" + s).detach(), trace.states[s], not program.real[s])
-                   for s in program.states}
+        state_m = {s: judge.compare(written[s], trace.states[s], not program.real[s]) for s in program.states}
         for s, m in state_m.items():   # a token written back as the output flipped it: excused as it is
             if out_m.get("flip_excused") and not m["pass"] and not program.real[s] and np.array_equal(
-                    getattr(model, "leaf_" + s).detach().double().numpy().reshape(-1), got_i.reshape(-1)):
+                    written[s].double().numpy().reshape(-1), got_i.reshape(-1)):
                 m.update(**{"pass": True, "flip_excused": True})
         compared(step, probe)
         for s, m in state_m.items():
