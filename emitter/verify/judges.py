@@ -8,7 +8,8 @@ its check's judge, which it does not tell apart, for the verdict on each of them
 - `settled(...)`: after the steps, the load stage's record as the judge stands on it;
 - `report(stages, load)`: the result's fields the judge adds (the worst stage, a summary).
 
-`Flat` (float64, float32): every tensor within the check's tolerance (compare's own pass). Both:
+`Flat` (float64, float32): every tensor within the check's tolerance (compare's own pass), and
+the constant leaves, once the steps ran, still as loaded. Both:
 an Int state (a token, a position) passes only where it is the VM's, value for value. `Bf16`
 (bfloat16): the per-op gate of emitter.verify.bf16, each op against its rounding floor under the
 program's precision policy, which the bundle's PRECISION table must be; a real output or state
@@ -27,12 +28,21 @@ from .probe import CouldNotRun
 
 
 class Flat:
-    """float64 / float32: every tensor passes within the tolerance `tol`."""
+    """float64 / float32: every tensor passes within the tolerance `tol`. `model`: the module whose
+    leaves passed the load stage, or None; its constant leaves are checked again once the steps
+    ran: one the module wrote while it ran fails, named, where torch counted the write (in place,
+    through any view) or the leaf maps its file; a write behind torch's back (`.data`, NumPy) into
+    a leaf of its own memory is the bf16 lock's to find (a CRC-32 of every weight after every
+    step: at float64, smollm2's 1.2 GB read twice more would be half the check again)."""
 
     precisions = None   # the module runs in the lock's dtype: no precision per stage
+    each_step = False   # the constant leaves checked again after every step, not once at the end
 
-    def __init__(self, tol):
-        self.tol = tol
+    def __init__(self, tol, model=None):
+        self.tol, self.model = tol, model
+        self.watched = self.load = None   # (watch: what the weights are checked against)
+        self.sums = {}       # (watch: the constant leaves as they passed the load stage)
+        self.last = 0        # the last step judged
 
     def compare(self, got, want, integer=False):
         """A tensor's figures (the module's against the VM's) and its pass; an Int one (`integer`:
@@ -46,18 +56,37 @@ class Flat:
             m["pass"] = m["integer_mismatches"] == 0
         return m
 
+    def watch(self, torch, program, leaves, dtype, resident, load):
+        """The run's leaves and its load stage's record, before the steps."""
+        self.watched = (torch, program, leaves, dtype, resident)
+        self.load = load
+        if self.model is not None and load["pass"]:
+            self.sums = leaf_sums(torch, self.model, [n for n in program.leaves if n not in program.states], resident,
+                                  self.each_step)
+
     def step(self, torch, program, current, trace, probe, step, label):
         """One step's probe pass judged: each stage's pass is the tolerance's, as the probe set it."""
+        self.last = step
+        if self.each_step:
+            self._again(step)
+
+    def _again(self, step):
+        """The load stage again over the constant leaves (leaf_check.still_loaded): one the module
+        wrote in its passes (in place, through `.data` or NumPy) fails, named, `written` at `step`."""
+        if self.model is not None and self.load is not None and self.load["pass"]:
+            t, program, leaves, dtype, resident = self.watched
+            self.load = still_loaded(t, self.model, program, leaves, dtype, self.tol, resident, self.load, step,
+                                     self.sums)
 
     def flip(self, out_m, probe, trace, feed, got):
         """A token the module got wrong stays wrong."""
 
-    def watch(self, torch, program, leaves, dtype, resident, load):
-        """The run's leaves and its load stage's record, before the steps."""
-
     def settled(self, load):
-        """The load stage's record after the steps: every figure was judged against the VM."""
-        return load
+        """The load stage's record after the steps: every figure was judged against the VM, the
+        constant leaves checked again (once here, unless after every step)."""
+        if not self.each_step and self.last:
+            self._again(self.last)
+        return load if self.load is None else self.load
 
     def report(self, stages, load):
         """The result's fields this judge gives: the stage furthest from its tolerance."""
@@ -70,16 +99,15 @@ class Bf16(Flat):
     `bf16:` bounds; `model`, the module whose leaves passed the load stage (the floors read its
     weights), or None."""
 
+    each_step = True   # the floors read the module's own weights: checked before each step's
+
     def __init__(self, tol, module, program, policy=None, overrides=None, model=None):
-        super().__init__(tol)
+        super().__init__(tol, model)
         self.precisions = _precisions(module, program, policy)
         self.bounds = bf16.bounds(overrides)
-        self.model = model
         self.shared = {}     # the floors' float64 weights, kept across the lock's steps
         self.seen, self.flips, self.excused = [], 0, 0
         self.routing = []    # each routing flip: its stage, step, token, expert sets, margin, noise
-        self.watched = self.load = None   # (watch: what the weights are checked against each step)
-        self.sums = {}       # (watch: the constant leaves as they passed the load stage)
 
     def compare(self, got, want, integer=False):
         """An Int tensor exactly (the policy holds it in fp32); a real one on its cosine and, as a
@@ -91,26 +119,14 @@ class Bf16(Flat):
             m["nmse"] <= self.bounds["nmse"]
         return m
 
-    def watch(self, torch, program, leaves, dtype, resident, load):
-        self.watched = (torch, program, leaves, dtype, resident)
-        self.load = load
-        if self.model is not None and load["pass"]:
-            self.sums = leaf_sums(torch, self.model, [n for n in program.leaves if n not in program.states], resident)
-
     def step(self, torch, program, current, trace, probe, step, label):
         """The floors read the module's own weights: before they do, the load stage again over
         the constant leaves, so one the module wrote behind torch's back (through `.data` or
         NumPy) in this step's passes, which the floors would follow, fails, named, whether or not
         the module puts it back later (leaf_check.still_loaded)."""
-        if self.model is not None and self.load is not None and self.load["pass"]:
-            t, program, leaves, dtype, resident = self.watched
-            self.load = still_loaded(t, self.model, program, leaves, dtype, self.tol, resident, self.load, step,
-                                     self.sums)
+        super().step(torch, program, current, trace, probe, step, label)
         # looked up on the module each step: bench/bench_bf16.py puts its spy there
         bf16.gate_step(torch, program, current, trace, probe, self, step, label)
-
-    def settled(self, load):
-        return load if self.load is None else self.load
 
     def flip(self, out_m, probe, trace, feed, got):
         """A flipped token (`got`: the module's tokens) passes only where the VM's own logits hold
@@ -202,4 +218,4 @@ def judge_for(dtype, tol, module=None, program=None, policy=None, overrides=None
     """The judge of a check in `dtype` with tolerance `tol` (the rest: Bf16's)."""
     if dtype in JUDGES:
         return JUDGES[dtype](tol, module, program, policy, overrides, model)
-    return Flat(tol)
+    return Flat(tol, model)

@@ -186,21 +186,26 @@ def bytes_crc(torch, t):
     return zlib.crc32(flat.view(torch.uint8).numpy())
 
 
-def _sum(torch, t):
-    return None if t is None else (t, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, bytes_crc(torch, t))
+def _sum(torch, t, crc=True):
+    """A leaf's tensor, where its values start, shape, strides, dtype, and its bytes' CRC-32 or
+    (`crc` False) torch's count of its in-place writes."""
+    return None if t is None else (t, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype,
+                                   bytes_crc(torch, t) if crc else ("version", t._version))
 
 
-def leaf_sums(torch, model, names, resident):
-    """{leaf: (its tensor, where its values start, shape, strides, dtype, its bytes' CRC-32)} of
-    the module's leaves `names` that are its own memory, what still_loaded holds such a leaf to,
-    to know it unchanged with one read of its bytes, not a cast and a comparison of the VM's
-    values. (A leaf that maps its file is known unchanged from its pages: resident.maps_as.)"""
-    return {n: _sum(torch, getattr(model, "leaf_" + n, None)) for n in names if n not in resident.ranges}
+def leaf_sums(torch, model, names, resident, crc=True):
+    """{leaf: _sum} of the module's leaves `names` that are its own memory, what still_loaded holds
+    such a leaf to, to know it unchanged with one read of its bytes (`crc`), or none (a write torch
+    counts, in place through any view of it, a leaf rebound or its storage swapped), not a cast
+    and a comparison of the VM's values. (A leaf that maps its file is known unchanged from its
+    pages, whatever wrote it: resident.maps_as.)"""
+    return {n: _sum(torch, getattr(model, "leaf_" + n, None), crc) for n in names if n not in resident.ranges}
 
 
 def _unchanged(torch, model, name, was):
     t = getattr(model, "leaf_" + name, None)
-    return was is not None and t is was[0] and was[5] is not None and _sum(torch, t) == was
+    return was is not None and t is was[0] and was[5] is not None and \
+        _sum(torch, t, not isinstance(was[5], tuple)) == was
 
 
 def still_loaded(torch, model, program, leaves, dtype, tol, resident, load, step, sums):
@@ -215,6 +220,7 @@ def still_loaded(torch, model, program, leaves, dtype, tol, resident, load, step
     moved = [n for n in program.leaves if n not in program.states and not _unchanged(torch, model, n, sums.get(n))]
     again = load_stage(torch, model, program, leaves, dtype, tol, resident, moved)
     if again["pass"]:
-        sums.update(leaf_sums(torch, model, moved, resident))
+        crc = not any(isinstance(w[5], tuple) for w in sums.values() if w)
+        sums.update(leaf_sums(torch, model, moved, resident, crc))
         return load
     return {**load, "pass": False, "failed": [{**f, "written": step} for f in again["failed"]]}

@@ -174,7 +174,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                                   "input changes") for n, a in args.items() if held_sum(torch, a, a.dtype) != sent[n]]
                     late += returned.check(out, step, "free")
                     written = {s: getattr(model, "leaf_" + s).detach().clone() for s in program.states}
-                except Raised as e:   # the probe pass still names what diverged before it
+                except (Raised, BundleFault) as e:   # the probe pass still names what diverged before it
                     free_raised = e
                 _set_states(torch, model, program, current)
                 model.probe = Releasing(probe, resident, stage_reads)
