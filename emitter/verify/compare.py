@@ -41,6 +41,24 @@ def _blocks(got, want, widen=True):
         release(want)
 
 
+def row_length(got, want):
+    """How many values a row holds as compare reads it: a 2-D value's rows (a transposed view's
+    are the rows of what it transposes: the VM computed each as one), a 1-D value one row."""
+    if getattr(want, "ndim", 0) == 2 and want.flags.f_contiguous and not want.flags.c_contiguous:
+        return max(1, got.shape[0])
+    return max(1, math.prod(got.shape[1:]) if got.ndim >= 2 else math.prod(got.shape))
+
+
+def _row_ratio(diff, aw, length, tol):
+    """max over rows of (the row's largest |a − b|) / (abs + rel · the row's largest |b|), of flat
+    float64 blocks of whole rows `length` long; 0 where a row's values are equal, inf past a
+    bound of 0."""
+    d, b = (x.reshape(-1, length).max(axis=1) for x in (diff, aw))
+    b *= tol["rel"]
+    b += tol["abs"]
+    return float(np.divide(d, b, out=np.where(d > 0, np.inf, 0.0), where=b > 0).max()) if d.size else 0.0
+
+
 def same_in_dtype(got, want):
     """Whether `got` (a torch tensor) is `want` rounded to got's dtype, bit for bit, compared a
     block at a time (a mapped want's pages released after each)."""
@@ -87,7 +105,7 @@ def compare_many(pairs, tol):
     figures to the bit (a maximum does not depend on its order). A pair whose difference is not
     finite everywhere, or that is empty, goes through compare()."""
     out = [None] * len(pairs)
-    todo = [i for i, (g, _) in enumerate(pairs) if g.size]
+    todo = [i for i, (g, _, _) in enumerate(pairs) if g.size]
     if todo:
         sizes = np.array([pairs[i][0].size for i in todo], dtype=np.int64)
         ends = np.cumsum(sizes)
@@ -103,28 +121,40 @@ def compare_many(pairs, tol):
             guard = np.divide(diff, bound) if tol["abs"] > 0 else \
                 np.divide(diff, bound, out=np.zeros_like(diff), where=diff != 0)
             top, scale, max_rel, guarded = (np.maximum.reduceat(x, starts).tolist() for x in (diff, aw, rel, guard))
+            # each row's largest difference over its bound (abs + rel · its largest |b|), then each pair's
+            lengths = [pairs[i][2] for i in todo]
+            row_starts = np.concatenate([np.arange(lo, hi, n) for lo, hi, n in zip(starts.tolist(), ends.tolist(), lengths)])
+            rd, rb = (np.maximum.reduceat(x, row_starts) for x in (diff, aw))
+            rb *= tol["rel"]
+            rb += tol["abs"]
+            rows = np.divide(rd, rb, out=np.where(rd > 0, np.inf, 0.0), where=rb > 0)
+            firsts = np.cumsum([0] + [(hi - lo) // n for lo, hi, n in zip(starts.tolist(), ends.tolist(), lengths)])[:-1]
+            worst = np.maximum.reduceat(rows, firsts).tolist()
             dot = np.dot
             for k, (i, lo, hi) in enumerate(zip(todo, starts.tolist(), ends.tolist())):
                 if math.isfinite(top[k]):
                     d, gi, wi = diff[lo:hi], g[lo:hi], w[lo:hi]
                     out[i] = _figures(top[k], max_rel[k], guarded[k], scale[k], (float(dot(d, d)), float(dot(wi, wi)),
-                                      float(dot(gi, gi)), float(dot(gi, wi))), 0, hi - lo, tol)
-    return [m if m is not None else compare(*pairs[i], tol) for i, m in enumerate(out)]
+                                      float(dot(gi, gi)), float(dot(gi, wi))), 0, hi - lo, tol, worst[k])
+    return [m if m is not None else compare(pairs[i][0].reshape(-1, pairs[i][2]), pairs[i][1].reshape(-1, pairs[i][2]),
+                                            tol) for i, m in enumerate(out)]
 
 
 def flat_pair(got, want):
-    """A small (got, want), float64 and flat, in compare's order (a transposed VM value's columns
-    first, as _blocks reads it), for compare_many."""
+    """A small (got, want, row length), float64 and flat, in compare's order (a transposed VM
+    value's columns first, as _blocks reads it), for compare_many."""
     want = np.asarray(want, dtype=np.float64)
+    got = np.asarray(got, dtype=np.float64)
+    length = row_length(got, want)
     if want.ndim == 2 and want.flags.f_contiguous and not want.flags.c_contiguous:
         got, want = got.T, want.T
-    return np.asarray(got, dtype=np.float64).reshape(-1), want.reshape(-1)
+    return got.reshape(-1), want.reshape(-1), length
 
 
-def _figures(max_abs, max_rel, guarded, scale, sums, mismatch, size, tol):
-    """A comparison's figures from its maxima and its sums (|d|², |w|², |g|², g·w)."""
+def _figures(max_abs, max_rel, guarded, scale, sums, mismatch, size, tol, worst):
+    """A comparison's figures from its maxima, its sums (|d|², |w|², |g|², g·w) and its rows'
+    worst ratio to their bounds (`worst`)."""
     sq, power, gg, gw = sums
-    bound = tol["abs"] + tol["rel"] * scale
     norms = math.sqrt(gg) * math.sqrt(power)
     m = {
         "max_abs": max_abs,
@@ -134,7 +164,7 @@ def _figures(max_abs, max_rel, guarded, scale, sums, mismatch, size, tol):
         "nmse": sq / power if power > 0 else sq,
         "cosine": gw / norms if norms > 0 else (1.0 if max_abs == 0 else 0.0),
         "nonfinite_mismatch": mismatch,
-        "worst_ratio": 0.0 if max_abs == 0 else (max_abs / bound if bound > 0 else math.inf),
+        "worst_ratio": 0.0 if max_abs == 0 else worst,
     }
     m["pass"] = bool(mismatch == 0 and m["worst_ratio"] <= 1.0)
     return m
@@ -144,7 +174,12 @@ def compare(got, want, tol):
     """Figures of `got` (the module's: a torch tensor or an array) against `want` (the VM's),
     widened to float64 a block at a time.
 
-    - worst_ratio: max |a − b| / (abs + rel · max|b|), the check's own bound (1.0 = at the limit);
+    - worst_ratio: max over rows of max |a − b| / (abs + rel · max|b|), the maxima the row's, the
+      check's own bound (1.0 = at the limit): rounding in a sum scales with its terms, so a small
+      value carries its row's absolute error; each row is a computation of its own (a token, a
+      position, a head's query), so one row's large values (an unwritten cache row's mask of
+      -1e9) loosen no other row's bound. A 1-D value is one row; a transposed view's rows are
+      those of what it transposes;
     - guarded_rel: max |a − b| / (abs + rel · |b|), element by element, guarded where |b| is tiny;
     - max_rel: the raw element-wise max |a − b| / |b| (meaningless near zero; kept for reference);
     - cosine over the whole tensor in float64; NaN/Inf on one side only are counted apart.
@@ -156,27 +191,32 @@ def compare(got, want, tol):
                 "shape": [list(got.shape), list(want.shape)]}
     if _identical(got, want):   # exactly the VM's (a table's view, a copied leaf): nothing to widen
         return dict(EXACT)
-    mismatch, size = 0, 0
-    max_abs = max_rel = guarded = scale = 0.0
+    mismatch, size, length = 0, 0, row_length(got, want)
+    max_abs = max_rel = guarded = scale = worst = 0.0
     sq = power = gg = gw = 0.0
     with np.errstate(all="ignore"):
         for g, w in _blocks(got, want):
             diff = np.subtract(g, w)
             np.abs(diff, out=diff)
             top = diff.max() if diff.size else 0.0
-            if not np.isfinite(top):   # NaN/Inf on one side only, or of another kind: counted apart
-                fin_g, fin_w = np.isfinite(g), np.isfinite(w)
+            finite = g.size
+            if not np.isfinite(top):   # NaN/Inf on one side only, or of another kind: counted apart,
+                fin_g, fin_w = np.isfinite(g), np.isfinite(w)   # the rest as 0 (rows kept whole)
                 same = (g == w) | (np.isnan(g) & np.isnan(w))
                 mismatch += int(np.count_nonzero(fin_g != fin_w) + np.count_nonzero(~fin_g & ~fin_w & ~same))
-                g, w = g[fin_g & fin_w], w[fin_g & fin_w]
+                both = fin_g & fin_w
+                finite = int(np.count_nonzero(both))
+                g, w = np.where(both, g, 0.0), np.where(both, w, 0.0)
                 diff = np.abs(g - w)
                 top = diff.max() if diff.size else 0.0
-            if not g.size:
+            if not finite:
                 continue
-            size += g.size
+            size += finite
             aw = np.abs(w)
             max_abs = max(max_abs, float(top))
             scale = max(scale, float(aw.max()))
+            if top > 0:
+                worst = max(worst, _row_ratio(diff, aw, length, tol))
             if top > 0:   # (all equal: no element's relative error is above 0)
                 max_rel = max(max_rel, _ratio_max(diff, aw, None if aw.min() > 0 else aw > 0))
                 np.multiply(aw, tol["rel"], out=aw)
@@ -186,7 +226,7 @@ def compare(got, want, tol):
             power += float(np.dot(w, w))
             gg += float(np.dot(g, g))
             gw += float(np.dot(g, w))
-    return _figures(max_abs, max_rel, guarded, scale, (sq, power, gg, gw), mismatch, size, tol)
+    return _figures(max_abs, max_rel, guarded, scale, (sq, power, gg, gw), mismatch, size, tol, worst)
 
 
 def worse(a, b):
