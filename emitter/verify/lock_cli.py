@@ -66,6 +66,59 @@ def zoo_record():
         here = up
 
 
+def apart(run):
+    """(run(), None) computed in a forked child, so that a bundle ending its process (os._exit, a
+    crash, an exit handler of its own) ends the child alone; (None, why) where it ended before its
+    value came back, or where what escaped the check was no exception a check can be (GeneratorExit).
+    A KeyboardInterrupt (Ctrl-C, or the bundle raising one) is raised here. Where fork is not
+    there, run() here."""
+    if not hasattr(os, "fork"):
+        return run(), None
+    import pickle
+    import signal
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: its value (or what escaped) through the pipe, then os._exit
+        os.close(r)
+        try:
+            before = fingerprint.snapshot(findings=True)
+            try:
+                body = pickle.dumps(("done", run(), fingerprint.added_since(before)), pickle.HIGHEST_PROTOCOL)
+            except BaseException as e:   # (the bundle's KeyboardInterrupt, GeneratorExit)
+                body = pickle.dumps(("raised", type(e).__name__, str(e)), pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(w, "wb") as out:
+                out.write(body)
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(0)
+    os.close(w)
+    try:
+        with os.fdopen(r, "rb") as f:
+            body = f.read()
+        status = os.waitpid(pid, 0)[1]
+    except BaseException:   # (Ctrl-C here: the child goes with it)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    try:
+        reply = pickle.loads(body)
+    except Exception:
+        code = os.waitstatus_to_exitcode(status)
+        how = f"killed by signal {-code}" if code < 0 else f"ended with exit status {code}"
+        return None, (f"the lock check's process {how} before its verdict (the bundle's own exit, a crash in "
+                      "a native call, or the OOM killer)")
+    if reply[0] == "raised":
+        if reply[1] == "KeyboardInterrupt":
+            raise KeyboardInterrupt
+        return None, f"the lock check raised {reply[1]}: {reply[2]}"
+    fingerprint.merge(reply[2])
+    return reply[1], None
+
+
 def main(args):
     if not 1 <= args.threads <= MAX_THREADS:
         print(f"--threads must be from 1 to {MAX_THREADS}, got {args.threads}", file=sys.stderr)
@@ -90,11 +143,19 @@ def main(args):
     record = zoo_record()
     if record:   # run inside a zoo: a weights file it hashed is not read again
         fingerprint.bind(record)
-    golden = {}
+    def check():
+        golden = {}
+        return lock_bundle(args.bundle, args.program, args.weights, args.dtype, args.steps, args.atol,
+                           args.rtol, tuple(args.allow_nonfinite), golden_files=golden, precision=policy,
+                           golden={args.dtype: tolerance(args.dtype, args.atol, args.rtol)}), golden
     with thread_limits(args.threads) as threads:
-        r = lock_bundle(args.bundle, args.program, args.weights, args.dtype, args.steps, args.atol,
-                        args.rtol, tuple(args.allow_nonfinite), golden_files=golden, precision=policy,
-                        golden={args.dtype: tolerance(args.dtype, args.atol, args.rtol)})
+        done, ended = apart(check)
+    if done is None:   # no verdict came back: an error that says how its process ended
+        r, golden = unfinished(args.bundle, args.program, args.weights, args.dtype, args.steps, args.atol,
+                               args.rtol), {}
+        r["reason"] = ended
+    else:
+        r, golden = done
     r["execution"] = {"executor": "logos lock", "pid": os.getpid(), **threads}
     try:
         write_result(r, args.out)
