@@ -272,11 +272,11 @@ def test_an_error_recorded_on_inputs_that_moved_since_says_it_is_not_current(tmp
     for dtype in ("float64", "float32"):
         r = row(dtype)
         assert r["verdict"] == "error" and not r["current"], r
-        assert r["reason"].startswith("not current: recorded by an earlier run, on inputs that have "
-                                      "moved since (run doit to lock it again): "), r
+        assert r["reason"].startswith("not current: recorded on inputs that have moved since (before "
+                                      "this run's end, or after it; run doit to lock it again): "), r
     summary = (z / "build/summary.md").read_text()
-    assert "not current: recorded by an earlier run" in summary, summary
-    assert "not current: recorded by an earlier run" in (z / "build/junit.xml").read_text()
+    assert "not current: recorded on inputs that have moved since" in summary, summary
+    assert "not current: recorded on inputs that have moved since" in (z / "build/junit.xml").read_text()
     assert doit(z, "forget", "lock:a")[0] == 0 and doit(z)[0] == 0   # locked again: it passes
 
 

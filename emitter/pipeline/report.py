@@ -73,8 +73,8 @@ def _check_rows(e, status, now, parts_now, written):
         as_written = c.dtype not in written or sha256_or_none(c.result) == written[c.dtype]
         r["current"] = as_written and bool(now.get(c.dtype)) and r.get("key") == now[c.dtype]
         if r["verdict"] == "error" and about != now.get(c.dtype):
-            r["reason"] = (f"not current: recorded by an earlier run, on inputs that have moved "
-                           f"since (run doit to lock it again): {r['reason']}")
+            r["reason"] = (f"not current: recorded on inputs that have moved since (before this run's "
+                           f"end, or after it; run doit to lock it again): {r['reason']}")
         if not r["current"] and r["verdict"] in ("pass", "fail"):
             if refused:
                 why = f"the program has no bundle now ({status.get('reason')})"
