@@ -96,6 +96,26 @@ def test_each_planted_bug_is_caught_and_named(qwen, bug, token):
         assert flat["verdict"] == "pass", bug
 
 
+@pytest.mark.parametrize("how", ["-", "1.5 * "])
+def test_a_kv_cache_row_written_wrong_fails_at_its_write_under_bf16(qwen, how):
+    """qwen38's KV caches hold a mask of -1e9 in their unwritten rows, whose bf16 rounding (7e5) was
+    the whole cache's noise: a key row written negated or scaled by 1.5 passed the gate at its
+    `set row` (and, scaled, the whole lock). An op that only moves values has an exact floor: the
+    module's write is judged value for value, and fails at that stage, step 1."""
+    import re
+    text = (qwen["tmp"] / "good" / "model.py").read_text()
+    m = re.search(r"set_row\(self\.cast\((\d+), Kc\w+\), Pos, (self\.cast\(\d+, \w+\))", text)
+    assert m, "qwen38's first K cache write"
+    bad = qwen["tmp"] / f"kv{len(how)}"
+    if not bad.exists():
+        shutil.copytree(qwen["tmp"] / "good", bad)
+        (bad / "model.py").write_text(text.replace(m.group(0), m.group(0).replace(m.group(2), how + m.group(2)), 1))
+    r = _lock(bad, str(qwen["weights"]))
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f["op"], f["step"]) == (int(m.group(1)), "set row", 1), f
+    assert r["worst"]["by"] == "floor" and r["worst"]["stage"] == int(m.group(1)), r["worst"]
+
+
 def _program(tmp_path, src):
     """The program `src`, written to tmp_path/p.logos and read from there."""
     (tmp_path / "p.logos").write_text(src)

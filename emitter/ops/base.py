@@ -150,6 +150,8 @@ class Op:
     precision: tuple = (FP32, BF16)
     excess: Optional[float] = None
     gain_test: bool = True
+    moves: bool = False                     # computes nothing (it moves values): its floor is exact,
+    #                                         so the gate passes it only where the module is its floor
     # the float64 values the op holds at its peak beside its inputs and output (the VM's meaning
     # or the module's call, the larger), where they can outgrow the program's tensors (attention's
     # T×T scores): what limits.tensor_bytes counts before anything is allocated

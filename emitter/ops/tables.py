@@ -111,4 +111,4 @@ OPS = (
 # Its pattern is matched after the leading `Set`.
 SET_ROW = Op("set row", "row P of TABLE to ROW", shape=set_row_shape, vm=set_row_vm,
              call=set_row_call, spelling="set_row(table, pos, row)",
-             index=("P",), writes="TABLE", inputs_order=("TABLE", "P", "ROW"))
+             index=("P",), writes="TABLE", inputs_order=("TABLE", "P", "ROW"), moves=True)

@@ -25,7 +25,10 @@ op, in the probe pass (each op on the VM's inputs, so upstream error does not co
   `gain_test`). On the floor, not on the VM as the design's sentence has it: bf16 weights carry
   gains of their own (a conv tap of 0.3 everywhere is 0.30078 in bf16, +0.26% on every value,
   which qwen38's conv taps show at |z| up to 22 on the VM), and the floor holds exactly those;
-- cosine(module, VM) at least COSINE_MIN.
+- cosine(module, VM) at least COSINE_MIN;
+- an op that computes nothing (`moves`: a row written into a table) has an exact floor: it passes
+  only where the module is its floor value for value (its tensor's noise may be another row's: a
+  KV cache's unwritten rows' mask of -1e9, rounded to bf16, hid a negated row written beside them).
 
 An argmax the module flips is excused only where the VM's logit of the module's token lies within
 the bf16 noise of the logits (MARGIN_NOISE times their rms error) of the VM's top; a router's
@@ -292,6 +295,12 @@ def judge_many(items, b):
     return [j if j is not None else judge(*items[i][:4], b, items[i][4]) for i, j in enumerate(out)]
 
 
+def _on_floor(module, floor):
+    """Whether an op that moves values moved them as its floor did: value for value (NaN for NaN)."""
+    m, f = _flat(module), _flat(floor)
+    return m.size == f.size and bool(np.array_equal(m, f, equal_nan=True))
+
+
 def judge_values(op_name, module, vm, floor, b, compute="fp32"):
     """judge() of a stage's value, or of each of a stage's values (gated delta's output and the
     memory it writes back): the first that fails, else the one nearest its excess bound, with
@@ -322,6 +331,10 @@ def gate_step(torch, program, current, trace, probe, gate, step, label):
             vm, floor, flips = judge_router(torch, program, st, env, probe.values[i], gate, step)
         j = judged[i] if i in judged else \
             judge_values(st.op.name, probe.values[i], vm, floor, gate.bounds, gate.precisions[i][0])
+        if st.op.moves and not isinstance(vm, tuple) and not _on_floor(probe.values[i], floor):
+            # (a row written into a KV cache whose unwritten rows hold a mask of -1e9: their rounding
+            # is the whole tensor's noise, under which a wrong row's error hides)
+            j = {**j, "pass": False, "off_floor": True}
         if flips:
             wrong = [f for f in flips if not f["excused"]]
             j.update(routing_flips=len(flips), routing_excused=len(flips) - len(wrong))

@@ -170,9 +170,9 @@ class Bf16(Flat):
         if worst is not None:
             worst["limit"] = max(seen, key=lambda s: s["excess"] / s["excess_limit"])["excess_limit"]
         furthest = None
-        if seen:
-            s = max(seen, key=lambda s: _share(s, b)[0])
-            ratio, by = _share(s, b)
+        if seen:   # (one failing first; an op off its exact floor has no share of a bound)
+            s = max(seen, key=lambda s: (not s["pass"], math.inf if s.get("off_floor") else _share(s, b)[0]))
+            ratio, by = (None, "floor") if s.get("off_floor") else _share(s, b)
             furthest = {**{k: s[k] for k in ("step", "stage", "out", "op", "line")}, "ratio": ratio, "by": by}
         return {"bounds": b, "worst": furthest, "worst_excess": worst, "worst_z": pick(lambda s: s["z"], "z"),
                 "worst_deviation": pick(lambda s: s["deviation"], "deviation"),

@@ -60,7 +60,8 @@ def describe(r, limit=240):
     if w and not (w.get("ratio") is None and f and f.get("raised")):   # (a raise ranks no figures)
         # under the bf16 gate, the op furthest towards any bound, `by` naming which
         bound = f"its {w['by']} bound" if w.get("by") else "its tolerance"
-        parts.append(f"worst: {where(w)} at {number(w.get('ratio'))}× {bound}")
+        parts.append(f"worst: {where(w)}, not its exact floor value for value (it only moves values)"
+                     if w.get("by") == "floor" else f"worst: {where(w)} at {number(w.get('ratio'))}× {bound}")
     g = r.get("bf16")
     if g:
         we, wz, mc = g.get("worst_excess") or {}, g.get("worst_z") or {}, g.get("min_cosine") or {}
