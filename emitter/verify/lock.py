@@ -151,8 +151,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             golden.add(step, trace)
 
         probe = Probe(torch, dtype, trace.stages, judge.tol, judge.precisions,
-                      {st.index for st in program.stages if st.op.view}, known_view, watch,
-                      {st.index for st in program.stages if st.op.integer or not program.real.get(st.out, True)})
+                      {st.index for st in program.stages if st.op.view}, known_view, watch)
         try:
             with torch.no_grad():
                 # the free pass first, from the VM's states (teacher-forced): nothing of this

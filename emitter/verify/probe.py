@@ -142,12 +142,8 @@ def run_module(model, program, what, step=0, args=None, hook=None):
 class Probe:
     """The module's `tap` hook in the probe pass: compare each stage with the VM, hand back the VM's."""
 
-    def __init__(self, torch, dtype, vm_stages, tol, precisions=None, views=(), known=None, watch=(), integers=()):
+    def __init__(self, torch, dtype, vm_stages, tol, precisions=None, views=(), known=None, watch=()):
         self.torch, self.dtype, self.vm_stages, self.tol, self.views = torch, dtype, vm_stages, tol, views
-        # the stages whose values are integers (a token, an index): passing only where each is the
-        # VM's (a token one off is inside float32's tolerance of a 49152-row vocabulary); under
-        # bf16 the gate judges them
-        self.integers = frozenset(integers) if precisions is None else frozenset()
         # known(index, value, want): the module's view is the VM's by where it points (no read)
         self.known = known or (lambda index, value, want: False)
         self.precisions = precisions   # bf16: each stage's (compute, output); its values are kept
@@ -166,22 +162,16 @@ class Probe:
         if self._pending:
             start = time.perf_counter()
             figured = compare_many([flat_pair(g, w) for g, w in self._pending.values()], self.tol)
-            self._results.update((i, self._whole(i, m)) for i, m in zip(self._pending, figured))
+            self._results.update(zip(self._pending, figured))
             self._pending = {}
             self.seconds += time.perf_counter() - start
         return self._results
-
-    def _whole(self, index, m):
-        """`m`, an Int stage's passing only where it is the VM's value for value."""
-        if m is not None and index in self.integers:
-            return {**m, "pass": m["max_abs"] == 0 and m["nonfinite_mismatch"] == 0}
-        return m
 
     def _settled(self, index, m):
         """A stage's figures known now (a tapped stage's last tap is what counts: one it was
         queued with before is dropped)."""
         self._pending.pop(index, None)
-        self._results[index], self.last = self._whole(index, m), index
+        self._results[index], self.last = m, index
 
     def out_dtype(self, index):
         """The dtype a stage's value goes on in: the lock's, or under bf16 its output precision."""
