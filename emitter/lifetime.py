@@ -25,14 +25,21 @@ def prctl():
     return _PRCTL[0]
 
 
+def die_with(pid):
+    """Be SIGKILLed when the process `pid` (this one's parent) ends; already gone: end now. Linux
+    only (elsewhere nothing is bound)."""
+    call = prctl() if sys.platform.startswith("linux") else None
+    if call is None or call(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return
+    if os.getppid() != pid:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def die_with_parent():
     """In a program a run started with `DIE_WITH` naming the starting process (`subprocess`
     children are not bound by the run's fork hook: no Python runs between their fork and exec):
     be SIGKILLed when that process ends, so a killed run leaves no import going on under
     build/tmp. Already gone: end now."""
     pid = os.environ.pop(DIE_WITH, "")
-    call = prctl() if pid.isdigit() and sys.platform.startswith("linux") else None
-    if call is None or call(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-        return
-    if os.getppid() != int(pid):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if pid.isdigit():
+        die_with(int(pid))

@@ -143,6 +143,42 @@ def test_a_forward_that_exits_or_is_interrupted(zoo, tmp_path):
         assert "Traceback" not in p.stderr, p.stderr
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the child's life is bound to its parent's on Linux")
+def test_a_lock_by_hand_ended_by_sigterm_ends_its_check_too(zoo, tmp_path):
+    """`logos lock` runs its check in a forked child: a SIGTERM (a CI step's timeout, `kill`) or a
+    SIGKILL of the lock leaves no check running on under PID 1."""
+    import signal
+    import time
+    from conftest import ROOT
+    bundle = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    import time; time.sleep(600)\n")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        p = subprocess.Popen([sys.executable, "-m", "emitter", "lock", bundle, "--program", zoo["program"],
+                              "--weights", zoo["weights"], "-o", str(tmp_path / "r.json")], cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": ROOT}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        children = f"/proc/{p.pid}/task/{p.pid}/children"
+        child, end = None, time.monotonic() + 120
+        while child is None and time.monotonic() < end and p.poll() is None:
+            kids = open(children).read().split() if os.path.exists(children) else []
+            child = int(kids[0]) if kids else None
+            time.sleep(0.1)
+        assert child is not None, "the lock forked no child"
+        time.sleep(1.0)   # (into the check: the forward sleeps)
+        os.kill(p.pid, sig)
+        p.wait(timeout=60)
+        def running():   # (a zombie of PID 1's until it reaps it: gone all the same)
+            try:
+                return open(f"/proc/{child}/stat").read().split(") ")[1][0] != "Z"
+            except OSError:
+                return False
+        end = time.monotonic() + 30
+        while running() and time.monotonic() < end:
+            time.sleep(0.1)
+        alive = running()
+        if alive:
+            os.kill(child, signal.SIGKILL)
+        assert not alive, f"the check went on after its lock got {sig.name}"
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_a_module_writing_in_place_into_what_the_probe_handed_it_fails(zoo, tmp_path, dtype):
     """What the probe hands the module is a copy of the VM's value: a module scaling it in place

@@ -6,6 +6,7 @@ import os
 import sys
 
 from .. import fingerprint
+from ..lifetime import die_with
 from ..files import own_folder, private, streamed, unwritable, write_files
 from ..ops.precision import parse_policy
 from . import verdict
@@ -67,20 +68,23 @@ def zoo_record():
 
 
 def apart(run):
-    """(run(), None) computed in a forked child, so that a bundle ending its process (os._exit, a
-    crash, an exit handler of its own) ends the child alone; (None, why) where it ended before its
-    value came back, or where what escaped the check was no exception a check can be (GeneratorExit).
+    """(run(), None, the pid it ran in) computed in a forked child (which dies with this process),
+    so that a bundle ending its process (os._exit, a crash, an exit handler of its own) ends the
+    child alone; (None, why, pid) where it ended before its value came back, or where what
+    escaped the check was no exception a check can be (GeneratorExit).
     A KeyboardInterrupt (Ctrl-C, or the bundle raising one) is raised here. Where fork is not
     there, run() here."""
     if not hasattr(os, "fork"):
-        return run(), None
+        return run(), None, os.getpid()
     import pickle
     import signal
     r, w = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:   # the child: its value (or what escaped) through the pipe, then os._exit
         os.close(r)
         try:
+            die_with(parent)   # (a SIGTERM or SIGKILL of `logos lock` ends its check too)
             before = fingerprint.snapshot(findings=True)
             try:
                 body = pickle.dumps(("done", run(), fingerprint.added_since(before)), pickle.HIGHEST_PROTOCOL)
@@ -110,13 +114,13 @@ def apart(run):
         code = os.waitstatus_to_exitcode(status)
         how = f"killed by signal {-code}" if code < 0 else f"ended with exit status {code}"
         return None, (f"the lock check's process {how} before its verdict (the bundle's own exit, a crash in "
-                      "a native call, or the OOM killer)")
+                      "a native call, or the OOM killer)"), pid
     if reply[0] == "raised":
         if reply[1] == "KeyboardInterrupt":
             raise KeyboardInterrupt
-        return None, f"the lock check raised {reply[1]}: {reply[2]}"
+        return None, f"the lock check raised {reply[1]}: {reply[2]}", pid
     fingerprint.merge(reply[2])
-    return reply[1], None
+    return reply[1], None, pid
 
 
 def main(args):
@@ -149,14 +153,14 @@ def main(args):
                            args.rtol, tuple(args.allow_nonfinite), golden_files=golden, precision=policy,
                            golden={args.dtype: tolerance(args.dtype, args.atol, args.rtol)}), golden
     with thread_limits(args.threads) as threads:
-        done, ended = apart(check)
+        done, ended, ran_in = apart(check)
     if done is None:   # no verdict came back: an error that says how its process ended
         r, golden = unfinished(args.bundle, args.program, args.weights, args.dtype, args.steps, args.atol,
                                args.rtol), {}
         r["reason"] = ended
     else:
         r, golden = done
-    r["execution"] = {"executor": "logos lock", "pid": os.getpid(), **threads}
+    r["execution"] = {"executor": "logos lock", "pid": ran_in, **threads}
     try:
         write_result(r, args.out)
     except OSError as e:
