@@ -325,23 +325,33 @@ def test_a_lock_by_hand_inside_a_zoo_takes_the_zoos_hashes(tmp_path, monkeypatch
         fingerprint.bind(None)
     want = hashlib.sha256("".join(f"{f}\0{'d' * 64}\n" for f in sorted(os.listdir("w"))).encode()).hexdigest()
     assert json.load(open("r.json"))["hashes"]["weights"] == want
-    read, digest = [], hashlib.file_digest   # the weights named by absolute paths: their entries, none read
-    monkeypatch.setattr(hashlib, "file_digest", lambda f, *a: read.append(f.name) or digest(f, *a))
+    # the weights named by absolute paths: their entries, none read (the check runs in a forked
+    # child: what it reads goes to a file)
+    log, digest = tmp_path / "read.log", hashlib.file_digest
+
+    def reads():
+        return log.read_text().splitlines() if log.exists() else []
+
+    def reading(f, *a):
+        with open(log, "a") as out:
+            out.write(f.name + "\n")
+        return digest(f, *a)
+    monkeypatch.setattr(hashlib, "file_digest", reading)
     try:
         main(["lock", str(tmp_path / "b"), "--program", str(tmp_path / "p.logos"), "--weights",
               str(tmp_path / "w"), "-o", str(tmp_path / "r2.json")])
     finally:
         fingerprint.bind(None)
     assert json.load(open("r2.json"))["hashes"]["weights"] == want
-    assert read and not [f for f in read if f.startswith(str(tmp_path / "w"))], read   # (the bundle's: fresh)
-    read.clear()   # run in a folder of the zoo, its paths relative to there: the zoo's record all the same
+    assert reads() and not [f for f in reads() if f.startswith(str(tmp_path / "w"))], reads()   # (the bundle's: fresh)
+    log.write_text("")   # run in a folder of the zoo, its paths relative to there: the zoo's record all the same
     monkeypatch.chdir(tmp_path / "b")
     try:
         main(["lock", ".", "--program", "../p.logos", "--weights", "../w", "-o", "../r3.json"])
     finally:
         fingerprint.bind(None)
     assert json.load(open("../r3.json"))["hashes"]["weights"] == want
-    assert not [f for f in read if "/w/" in os.path.abspath(f)], read
+    assert not [f for f in reads() if "/w/" in os.path.abspath(f)], reads()
     os.chmod(tmp_path / "build", 0o777)   # a build/ others may write names no hashes, keeps nothing
     try:
         main(["lock", ".", "--program", "../p.logos", "--weights", "../w", "-o", "../r4.json"])

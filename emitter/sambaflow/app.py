@@ -63,18 +63,13 @@ def forward(model):
 
 
 def ratio(got, want, tol):
-    """|got − want| as a share of the check's bound, the lock's: abs + rel · the largest |want| of
-    its row (each row a computation of its own), the worst row's; 1 is at the limit."""
+    """|got − want| as a share of the check's bound (abs + rel · max |want|): 1 is at the limit."""
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     if got.shape != want.shape:
         return float("inf")
-    if not want.size:
-        return 0.0
-    g, w = (x.reshape(x.shape[0], -1) if x.ndim >= 2 else x.reshape(1, -1) for x in (got, want))
-    diff = np.abs(g - w).max(axis=1)
-    bound = tol["abs"] + tol["rel"] * np.abs(w).max(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return float(np.where(diff == 0, 0.0, np.where(bound > 0, diff / bound, np.inf)).max())
+    bound = tol["abs"] + tol["rel"] * (float(np.abs(want).max()) if want.size else 0.0)
+    diff = float(np.abs(got - want).max()) if want.size else 0.0
+    return 0.0 if diff == 0 else diff / bound if bound > 0 else float("inf")
 
 
 def other_weights(record, weights):

@@ -41,22 +41,36 @@ def _blocks(got, want, widen=True):
         release(want)
 
 
-def row_length(got, want):
-    """How many values a row holds as compare reads it: a 2-D value's rows (a transposed view's
-    are the rows of what it transposes: the VM computed each as one), a 1-D value one row."""
+def _frame(got, want):
+    """(rows, columns) of a 2-D value as compare reads it (a transposed view's, those of what it
+    transposes), or None for a value of one row or one column, or not 2-D: its bound is its
+    largest |b| (every value shares a row or a column with it)."""
+    if got.ndim != 2:
+        return None
+    r, c = got.shape
     if getattr(want, "ndim", 0) == 2 and want.flags.f_contiguous and not want.flags.c_contiguous:
-        return max(1, got.shape[0])
-    return max(1, math.prod(got.shape[1:]) if got.ndim >= 2 else math.prod(got.shape))
+        r, c = c, r
+    return (r, c) if r > 1 and c > 1 else None
 
 
-def _row_ratio(diff, aw, length, tol):
-    """max over rows of (the row's largest |a − b|) / (abs + rel · the row's largest |b|), of flat
-    float64 blocks of whole rows `length` long; 0 where a row's values are equal, inf past a
-    bound of 0."""
-    d, b = (x.reshape(-1, length).max(axis=1) for x in (diff, aw))
-    b *= tol["rel"]
-    b += tol["abs"]
-    return float(np.divide(d, b, out=np.where(d > 0, np.inf, 0.0), where=b > 0).max()) if d.size else 0.0
+def _column_max(want, frame):
+    """Each column's largest finite |b| in compare's reading (one pass over `want` alone)."""
+    out = np.zeros(frame[1])
+    for _, w in _blocks(want, want, widen=False):
+        w = np.abs(_f64(w).reshape(-1, frame[1]))
+        w[~np.isfinite(w)] = 0.0
+        np.maximum(out, w.max(axis=0), out=out)
+    return out
+
+
+def _cell_ratio(diff, aw, columns, tol):
+    """max over the values of a block of whole rows of |a − b| / (abs + rel · the larger of its
+    row's and its column's largest |b|): 0 where equal, inf past a bound of 0."""
+    d = diff.reshape(-1, columns.size)
+    bound = np.maximum(aw.reshape(-1, columns.size).max(axis=1)[:, None], columns[None, :])
+    bound *= tol["rel"]
+    bound += tol["abs"]
+    return float(np.divide(d, bound, out=np.where(d > 0, np.inf, 0.0), where=bound > 0).max()) if d.size else 0.0
 
 
 def same_in_dtype(got, want):
@@ -121,40 +135,35 @@ def compare_many(pairs, tol):
             guard = np.divide(diff, bound) if tol["abs"] > 0 else \
                 np.divide(diff, bound, out=np.zeros_like(diff), where=diff != 0)
             top, scale, max_rel, guarded = (np.maximum.reduceat(x, starts).tolist() for x in (diff, aw, rel, guard))
-            # each row's largest difference over its bound (abs + rel · its largest |b|), then each pair's
-            lengths = [pairs[i][2] for i in todo]
-            row_starts = np.concatenate([np.arange(lo, hi, n) for lo, hi, n in zip(starts.tolist(), ends.tolist(), lengths)])
-            rd, rb = (np.maximum.reduceat(x, row_starts) for x in (diff, aw))
-            rb *= tol["rel"]
-            rb += tol["abs"]
-            rows = np.divide(rd, rb, out=np.where(rd > 0, np.inf, 0.0), where=rb > 0)
-            firsts = np.cumsum([0] + [(hi - lo) // n for lo, hi, n in zip(starts.tolist(), ends.tolist(), lengths)])[:-1]
-            worst = np.maximum.reduceat(rows, firsts).tolist()
             dot = np.dot
             for k, (i, lo, hi) in enumerate(zip(todo, starts.tolist(), ends.tolist())):
-                if math.isfinite(top[k]):
+                if math.isfinite(top[k]) and pairs[i][2] is None:   # (2-D ones: compare's own bound)
                     d, gi, wi = diff[lo:hi], g[lo:hi], w[lo:hi]
                     out[i] = _figures(top[k], max_rel[k], guarded[k], scale[k], (float(dot(d, d)), float(dot(wi, wi)),
-                                      float(dot(gi, gi)), float(dot(gi, wi))), 0, hi - lo, tol, worst[k])
-    return [m if m is not None else compare(pairs[i][0].reshape(-1, pairs[i][2]), pairs[i][1].reshape(-1, pairs[i][2]),
+                                      float(dot(gi, gi)), float(dot(gi, wi))), 0, hi - lo, tol)
+    return [m if m is not None else compare(*(x if pairs[i][2] is None else x.reshape(pairs[i][2]) for x in pairs[i][:2]),
                                             tol) for i, m in enumerate(out)]
 
 
 def flat_pair(got, want):
-    """A small (got, want, row length), float64 and flat, in compare's order (a transposed VM
-    value's columns first, as _blocks reads it), for compare_many."""
+    """A small (got, want, its rows and columns where it has several of each, else None), float64
+    and flat, in compare's order (a transposed VM value's columns first, as _blocks reads it),
+    for compare_many."""
     want = np.asarray(want, dtype=np.float64)
     got = np.asarray(got, dtype=np.float64)
-    length = row_length(got, want)
+    frame = _frame(got, want)
     if want.ndim == 2 and want.flags.f_contiguous and not want.flags.c_contiguous:
         got, want = got.T, want.T
-    return got.reshape(-1), want.reshape(-1), length
+    return got.reshape(-1), want.reshape(-1), frame
 
 
-def _figures(max_abs, max_rel, guarded, scale, sums, mismatch, size, tol, worst):
-    """A comparison's figures from its maxima, its sums (|d|², |w|², |g|², g·w) and its rows'
-    worst ratio to their bounds (`worst`)."""
+def _figures(max_abs, max_rel, guarded, scale, sums, mismatch, size, tol, worst=None):
+    """A comparison's figures from its maxima, its sums (|d|², |w|², |g|², g·w) and its values'
+    worst ratio to their bounds (`worst`; None: the largest |b|, `scale`, is every value's)."""
     sq, power, gg, gw = sums
+    if worst is None:
+        bound = tol["abs"] + tol["rel"] * scale
+        worst = max_abs / bound if bound > 0 else math.inf
     norms = math.sqrt(gg) * math.sqrt(power)
     m = {
         "max_abs": max_abs,
@@ -174,12 +183,12 @@ def compare(got, want, tol):
     """Figures of `got` (the module's: a torch tensor or an array) against `want` (the VM's),
     widened to float64 a block at a time.
 
-    - worst_ratio: max over rows of max |a − b| / (abs + rel · max|b|), the maxima the row's, the
-      check's own bound (1.0 = at the limit): rounding in a sum scales with its terms, so a small
-      value carries its row's absolute error; each row is a computation of its own (a token, a
-      position, a head's query), so one row's large values (an unwritten cache row's mask of
-      -1e9) loosen no other row's bound. A 1-D value is one row; a transposed view's rows are
-      those of what it transposes;
+    - worst_ratio: max |a − b| / (abs + rel · max|b|), max|b| the larger of the value's row's and
+      its column's largest (a value of one row or one column: the whole value's), the check's own
+      bound (1.0 = at the limit): rounding in a sum scales with its terms, so a small value carries
+      the absolute error of the values it is computed beside; a few large values confined to some
+      rows and columns (a KV cache's unwritten rows' mask of -1e9, in one column of each head)
+      loosen no bound outside them. The rule is the same for a value and its transpose;
     - guarded_rel: max |a − b| / (abs + rel · |b|), element by element, guarded where |b| is tiny;
     - max_rel: the raw element-wise max |a − b| / |b| (meaningless near zero; kept for reference);
     - cosine over the whole tensor in float64; NaN/Inf on one side only are counted apart.
@@ -191,7 +200,8 @@ def compare(got, want, tol):
                 "shape": [list(got.shape), list(want.shape)]}
     if _identical(got, want):   # exactly the VM's (a table's view, a copied leaf): nothing to widen
         return dict(EXACT)
-    mismatch, size, length = 0, 0, row_length(got, want)
+    mismatch, size, frame = 0, 0, _frame(got, want)
+    columns = None if frame is None else _column_max(want, frame)
     max_abs = max_rel = guarded = scale = worst = 0.0
     sq = power = gg = gw = 0.0
     with np.errstate(all="ignore"):
@@ -215,8 +225,8 @@ def compare(got, want, tol):
             aw = np.abs(w)
             max_abs = max(max_abs, float(top))
             scale = max(scale, float(aw.max()))
-            if top > 0:
-                worst = max(worst, _row_ratio(diff, aw, length, tol))
+            if top > 0 and columns is not None:
+                worst = max(worst, _cell_ratio(diff, aw, columns, tol))
             if top > 0:   # (all equal: no element's relative error is above 0)
                 max_rel = max(max_rel, _ratio_max(diff, aw, None if aw.min() > 0 else aw > 0))
                 np.multiply(aw, tol["rel"], out=aw)
@@ -226,7 +236,8 @@ def compare(got, want, tol):
             power += float(np.dot(w, w))
             gg += float(np.dot(g, g))
             gw += float(np.dot(g, w))
-    return _figures(max_abs, max_rel, guarded, scale, (sq, power, gg, gw), mismatch, size, tol, worst)
+    return _figures(max_abs, max_rel, guarded, scale, (sq, power, gg, gw), mismatch, size, tol,
+                    None if columns is None else worst)
 
 
 def worse(a, b):
