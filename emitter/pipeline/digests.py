@@ -18,7 +18,7 @@ from ..verify import environment
 _BASE = ("__init__.py", "bytecode.py", "files.py")
 CODE = {
     "emit": _BASE + ("ops", "language", "sambaflow"),
-    "lock": _BASE + ("fingerprint.py", "yamlfile.py", "ops", "language", "sambaflow", "verify",
+    "lock": _BASE + ("fingerprint.py", "yamlfile.py", "lifetime.py", "ops", "language", "sambaflow", "verify",
                      "pipeline/__init__.py", "pipeline/check_worker.py", "pipeline/digests.py",
                      "pipeline/worker_code.py"),
     "import": _BASE + ("extras.py", "importers", "language", "ops", "sambaflow/__init__.py",
