@@ -116,6 +116,35 @@ def test_a_kv_cache_row_written_wrong_fails_at_its_write_under_bf16(qwen, how):
     assert r["worst"]["by"] == "floor" and r["worst"]["stage"] == int(m.group(1)), r["worst"]
 
 
+def test_a_row_written_into_a_table_holding_nan_passes_on_its_exact_floor(tmp_path):
+    """A table the program allows NaN and Inf in (allow_nonfinite), a row written into it: the
+    write is on its exact floor, value for value, NaN for NaN, and passes (the gate's excess, inf
+    where NaN meets NaN, failed it); the same write of a row one bf16 step off fails there."""
+    src = ("Let tok be a 1 by 1 tensor of Int.\nLet pos be a 1 by 1 tensor of Int.\n"
+           "Let emb be a 600 by 16 tensor of Real.\nLet K be a 6 by 16 tensor of Real.\n"
+           "Let x be row tok of emb.\nSet row pos of K to x.\nLet y be silu of x.\n")
+    program = _program(tmp_path, src)
+    w = tmp_path / "w"
+    w.mkdir()
+    np.array([[513.0]]).astype("<f8").tofile(w / "tok.f64")
+    np.array([[1.0]]).astype("<f8").tofile(w / "pos.f64")
+    np.random.default_rng(3).standard_normal((600, 16)).tofile(w / "emb.f64")
+    k = np.random.default_rng(4).standard_normal((6, 16))
+    k[4:, :] = np.nan
+    k[3, 5] = np.inf
+    k.tofile(w / "K.f64")
+    write_bundle(emit_program(program, {}), str(tmp_path / "b"))
+    r = lock_bundle(str(tmp_path / "b"), str(tmp_path / "p.logos"), str(w), "bfloat16", 1, allow_nonfinite=("K",))
+    assert r["verdict"] == "pass", (r["reason"], r["first_divergence"])
+    text = (tmp_path / "b" / "model.py").read_text()
+    assert text.count("set_row(") >= 2
+    i = text.index("self.tap(1, set_row(")
+    (tmp_path / "b" / "model.py").write_text(text[:i] + text[i:].replace(", x", ", x * 1.01", 1))
+    r = lock_bundle(str(tmp_path / "b"), str(tmp_path / "p.logos"), str(w), "bfloat16", 1, allow_nonfinite=("K",))
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f["op"]) == (1, "set row"), f
+
+
 def _program(tmp_path, src):
     """The program `src`, written to tmp_path/p.logos and read from there."""
     (tmp_path / "p.logos").write_text(src)

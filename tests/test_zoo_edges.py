@@ -313,6 +313,11 @@ def test_compile_py_test_runs_model_py_as_it_is_not_a_cached_copy(tmp_path):
                               capture_output=True, text=True, env=env)
     p = test()
     assert p.returncode == 0, p.stdout + p.stderr
+    (tmp_path / "ln").mkdir()   # run through a link to it: model.py is the one beside what it links to
+    os.symlink(z / "build/bundles/a/compile.py", tmp_path / "ln" / "compile.py")
+    p = subprocess.run([sys.executable, str(tmp_path / "ln" / "compile.py"), "test"], cwd=z, capture_output=True,
+                       text=True, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
     model = z / "build/bundles/a/model.py"
     st, text = model.stat(), model.read_text()
     edited = re.sub(r"self\.tap\(0, (\w+) @ ", r"self.tap(0, \1 @-", text, count=1)

@@ -41,20 +41,26 @@ def _blocks(got, want, widen=True):
         release(want)
 
 
+def _transposed(want):
+    """Whether `want` is a transposed view (its columns contiguous): compare reads it by columns."""
+    return getattr(want, "ndim", 0) == 2 and want.flags.f_contiguous and not want.flags.c_contiguous
+
+
 def _frame(got, want):
     """(rows, columns) of a 2-D value as compare reads it (a transposed view's, those of what it
     transposes), or None for a value of one row or one column, or not 2-D: its bound is its
-    largest |b| (every value shares a row or a column with it)."""
+    largest |b|."""
     if got.ndim != 2:
         return None
     r, c = got.shape
-    if getattr(want, "ndim", 0) == 2 and want.flags.f_contiguous and not want.flags.c_contiguous:
+    if _transposed(want):
         r, c = c, r
     return (r, c) if r > 1 and c > 1 else None
 
 
-def _column_max(want, frame):
-    """Each column's largest finite |b| in compare's reading (one pass over `want` alone)."""
+def _row_max(want, frame):
+    """The largest finite |b| of each of the value's own rows, where compare reads them as the
+    columns of what a transposed view transposes (one pass over `want` alone)."""
     out = np.zeros(frame[1])
     for _, w in _blocks(want, want, widen=False):
         w = np.abs(_f64(w).reshape(-1, frame[1]))
@@ -63,13 +69,13 @@ def _column_max(want, frame):
     return out
 
 
-def _cell_ratio(diff, aw, columns, tol):
-    """max over the values of a block of whole rows of |a − b| / (abs + rel · the larger of its
-    row's and its column's largest |b|): 0 where equal, inf past a bound of 0."""
-    d = diff.reshape(-1, columns.size)
-    bound = np.maximum(aw.reshape(-1, columns.size).max(axis=1)[:, None], columns[None, :])
-    bound *= tol["rel"]
-    bound += tol["abs"]
+def _cell_ratio(diff, aw, length, rows, tol):
+    """max over a block of whole rows (`length` long, as compare reads them) of |a − b| / (abs +
+    rel · the largest |b| of the value's row: each read row's own, or `rows` where compare reads
+    the value's rows as columns): 0 where equal, inf past a bound of 0."""
+    d = diff.reshape(-1, length)
+    bound = (aw.reshape(-1, length).max(axis=1)[:, None] if rows is None else rows[None, :]) * tol["rel"]
+    bound = bound + tol["abs"]
     return float(np.divide(d, bound, out=np.where(d > 0, np.inf, 0.0), where=bound > 0).max()) if d.size else 0.0
 
 
@@ -141,20 +147,30 @@ def compare_many(pairs, tol):
                     d, gi, wi = diff[lo:hi], g[lo:hi], w[lo:hi]
                     out[i] = _figures(top[k], max_rel[k], guarded[k], scale[k], (float(dot(d, d)), float(dot(wi, wi)),
                                       float(dot(gi, gi)), float(dot(gi, wi))), 0, hi - lo, tol)
-    return [m if m is not None else compare(*(x if pairs[i][2] is None else x.reshape(pairs[i][2]) for x in pairs[i][:2]),
-                                            tol) for i, m in enumerate(out)]
+    return [m if m is not None else compare(*(_shaped(x, pairs[i][2]) for x in pairs[i][:2]), tol)
+            for i, m in enumerate(out)]
+
+
+def _shaped(flat, table):
+    """A flat_pair's value as the table it was (`table`: its (rows, columns) as read, and whether
+    it was a transposed view), or flat where it is no table."""
+    if table is None:
+        return flat
+    (r, c), transposed = table
+    x = flat.reshape(r, c)
+    return x.T if transposed else x
 
 
 def flat_pair(got, want):
-    """A small (got, want, its rows and columns where it has several of each, else None), float64
-    and flat, in compare's order (a transposed VM value's columns first, as _blocks reads it),
-    for compare_many."""
+    """A small (got, want, ((rows, columns) as read, transposed) where it is a table of several of
+    each, else None), float64 and flat, in compare's order (a transposed VM value's columns first,
+    as _blocks reads it), for compare_many."""
     want = np.asarray(want, dtype=np.float64)
     got = np.asarray(got, dtype=np.float64)
-    frame = _frame(got, want)
-    if want.ndim == 2 and want.flags.f_contiguous and not want.flags.c_contiguous:
+    frame, transposed = _frame(got, want), _transposed(want)
+    if transposed:
         got, want = got.T, want.T
-    return got.reshape(-1), want.reshape(-1), frame
+    return got.reshape(-1), want.reshape(-1), frame and (frame, transposed)
 
 
 def _figures(max_abs, max_rel, guarded, scale, sums, mismatch, size, tol, worst=None):
@@ -183,12 +199,11 @@ def compare(got, want, tol):
     """Figures of `got` (the module's: a torch tensor or an array) against `want` (the VM's),
     widened to float64 a block at a time.
 
-    - worst_ratio: max |a − b| / (abs + rel · max|b|), max|b| the larger of the value's row's and
-      its column's largest (a value of one row or one column: the whole value's), the check's own
-      bound (1.0 = at the limit): rounding in a sum scales with its terms, so a small value carries
-      the absolute error of the values it is computed beside; a few large values confined to some
-      rows and columns (a KV cache's unwritten rows' mask of -1e9, in one column of each head)
-      loosen no bound outside them. The rule is the same for a value and its transpose;
+    - worst_ratio: max |a − b| / (abs + rel · max|b|), max|b| its row's largest (a value of one
+      row or one column: the whole value's), the check's own bound (1.0 = at the limit): rounding
+      in a sum scales with its terms, so a small value carries the absolute error of its row; the
+      rows of a table are values of their own (a KV cache's positions, a batch's tokens), so one
+      row's large values (an unwritten cache row's mask of -1e9) loosen no other row's bound;
     - guarded_rel: max |a − b| / (abs + rel · |b|), element by element, guarded where |b| is tiny;
     - max_rel: the raw element-wise max |a − b| / |b| (meaningless near zero; kept for reference);
     - cosine over the whole tensor in float64; NaN/Inf on one side only are counted apart.
@@ -201,7 +216,7 @@ def compare(got, want, tol):
     if _identical(got, want):   # exactly the VM's (a table's view, a copied leaf): nothing to widen
         return dict(EXACT)
     mismatch, size, frame = 0, 0, _frame(got, want)
-    columns = None if frame is None else _column_max(want, frame)
+    rows = _row_max(want, frame) if frame is not None and _transposed(want) else None
     max_abs = max_rel = guarded = scale = worst = 0.0
     sq = power = gg = gw = 0.0
     with np.errstate(all="ignore"):
@@ -225,8 +240,8 @@ def compare(got, want, tol):
             aw = np.abs(w)
             max_abs = max(max_abs, float(top))
             scale = max(scale, float(aw.max()))
-            if top > 0 and columns is not None:
-                worst = max(worst, _cell_ratio(diff, aw, columns, tol))
+            if top > 0 and frame is not None:
+                worst = max(worst, _cell_ratio(diff, aw, frame[1], rows, tol))
             if top > 0:   # (all equal: no element's relative error is above 0)
                 max_rel = max(max_rel, _ratio_max(diff, aw, None if aw.min() > 0 else aw > 0))
                 np.multiply(aw, tol["rel"], out=aw)
@@ -237,7 +252,7 @@ def compare(got, want, tol):
             gg += float(np.dot(g, g))
             gw += float(np.dot(g, w))
     return _figures(max_abs, max_rel, guarded, scale, (sq, power, gg, gw), mismatch, size, tol,
-                    None if columns is None else worst)
+                    None if frame is None else worst)
 
 
 def worse(a, b):

@@ -1,8 +1,9 @@
 """The lock's default tolerance per dtype (standard library only: the pipeline's config reads it).
 
-A check passes where |module − VM| ≤ abs + rel · (the larger of the largest magnitudes of the VM
-value's row and column) everywhere: rounding in a float32 sum scales with its terms, so a small
-element carries the absolute error of the values beside it (emitter.verify.compare)."""
+A check passes where |module − VM| ≤ abs + rel · (the largest magnitude of the VM value's row, or
+of the whole value where it is one row or one column) everywhere: rounding in a float32 sum
+scales with its terms, so a small element carries the absolute error of the values beside it
+(emitter.verify.compare)."""
 
 # bfloat16's flat tolerance is for the figures only: its verdict is the per-op gate (verify/bf16.py)
 DEFAULT_TOLERANCES = {"float64": {"abs": 1e-9, "rel": 1e-9}, "float32": {"abs": 1e-4, "rel": 1e-3},
