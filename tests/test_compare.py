@@ -39,7 +39,7 @@ def reference(got, want, tol):
     W = np.asarray(want, dtype=np.float64)
     G = np.asarray(got, dtype=np.float64)
     if W.ndim == 2 and min(W.shape) > 1:
-        A = np.where(np.isfinite(W), np.abs(W), 0.0)
+        A = np.where(np.isfinite(W) & np.isfinite(G), np.abs(W), 0.0)
         D = np.where(np.isfinite(W) & np.isfinite(G), np.abs(G - W), 0.0)
         bound = tol["abs"] + tol["rel"] * A.max(axis=1)[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):
