@@ -27,8 +27,9 @@ op, in the probe pass (each op on the VM's inputs, so upstream error does not co
   which qwen38's conv taps show at |z| up to 22 on the VM), and the floor holds exactly those;
 - cosine(module, VM) at least COSINE_MIN;
 - an op that computes nothing (`moves`: a row written into a table) has an exact floor: it passes
-  where, and only where, the module is its floor value for value (its tensor's noise may be another row's: a
-  KV cache's unwritten rows' mask of -1e9, rounded to bf16, hid a negated row written beside them).
+  where, and only where, the module is its floor value for value (its tensor's noise may be
+  another row's: a KV cache's unwritten rows' mask of -1e9, rounded to bf16, hid a negated row
+  written beside them).
 
 An argmax the module flips is excused only where the VM's logit of the module's token lies within
 the bf16 noise of the logits (MARGIN_NOISE times their rms error) of the VM's top; a router's

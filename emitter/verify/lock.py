@@ -115,8 +115,9 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     where the module raised or None: the run stops at the step it raised in). Each step has a
     teacher-forced free pass (the module alone from the VM's states, so each step's error is its
     own), then a probe pass (every op on the VM's inputs): the free pass runs before the module is
-    handed any of the step's VM values, which it could otherwise keep and hand back; its VM step also goes to `golden` (a Golden) when
-    given; `vm_steps`, the VM's steps (emitter.verify.trace.steps), computed here when not given.
+    handed any of the step's VM values, which it could otherwise keep and hand back. Its VM step
+    also goes to `golden` (a Golden) when given; `vm_steps`, the VM's steps
+    (emitter.verify.trace.steps), computed here when not given.
     `judge` (emitter.verify.judges) says what passes: each stage after the probe pass, the
     output and each state after the free pass. `loaded`: leaf_check.exact_leaves."""
     current = dict(leaves)

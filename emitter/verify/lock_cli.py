@@ -6,8 +6,8 @@ import os
 import sys
 
 from .. import fingerprint
-from ..lifetime import die_with
 from ..files import own_folder, private, streamed, unwritable, write_files
+from ..lifetime import die_with
 from ..ops.precision import parse_policy
 from . import verdict
 from .lock import lock_bundle
