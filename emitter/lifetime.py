@@ -43,3 +43,23 @@ def die_with_parent():
     pid = os.environ.pop(DIE_WITH, "")
     if pid.isdigit():
         die_with(int(pid))
+
+
+def ended(status):
+    """How a process ended, in words, from its wait status (os.waitpid's)."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
+        return f"was killed by signal {sig} ({name}{': the OOM killer?' if sig == signal.SIGKILL else ''})"
+    return f"ended with exit status {os.WEXITSTATUS(status)}"
+
+
+def leave(code):
+    """End this (forked) process now with `code`, what it printed flushed first (os._exit flushes
+    nothing, and runs none of the exit handlers a bundle may have set)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)

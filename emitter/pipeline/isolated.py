@@ -23,6 +23,7 @@ import sys
 import time
 
 from .. import fingerprint
+from ..lifetime import ended, leave
 from .guards import fork_safe
 from .spread import fork_piped
 
@@ -115,12 +116,7 @@ def _start(one):
                 out.flush()
         code = 0
     finally:
-        for stream in (sys.stdout, sys.stderr):   # (os._exit flushes nothing)
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code)
+        leave(code)
 
 
 def _serve(one, job, seconds):
@@ -200,11 +196,4 @@ def _kill(pid):
 
 def _ended(pid):
     """How a child that handed back too little ended, in words ({} for the check); reaped here."""
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
-        how = f"was killed by signal {sig} ({name}{': the OOM killer?' if sig == signal.SIGKILL else ''})"
-    else:
-        how = f"ended with exit status {os.WEXITSTATUS(status)}"
-    return "{}'s process " + how + " before the check ended"
+    return "{}'s process " + ended(os.waitpid(pid, 0)[1]) + " before the check ended"

@@ -72,7 +72,8 @@ class Flat:
 
     def _again(self, step):
         """The load stage again over the constant leaves (leaf_check.still_loaded): one the module
-        wrote in its passes (in place, through `.data` or NumPy) fails, named, `written` at `step`."""
+        wrote in its passes, as `sums` tell it (CRC-32s, or torch's write counts), fails, named,
+        `written` at `step`."""
         if self.model is not None and self.load is not None and self.load["pass"]:
             t, program, leaves, dtype, resident = self.watched
             self.load = still_loaded(t, self.model, program, leaves, dtype, self.tol, resident, self.load, step,

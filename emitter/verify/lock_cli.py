@@ -7,7 +7,7 @@ import sys
 
 from .. import fingerprint
 from ..files import own_folder, private, streamed, unwritable, write_files
-from ..lifetime import die_with
+from ..lifetime import die_with, ended, leave
 from ..ops.precision import parse_policy
 from . import verdict
 from .lock import lock_bundle
@@ -93,12 +93,7 @@ def apart(run):
             with os.fdopen(w, "wb") as out:
                 out.write(body)
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:
-                    pass
-            os._exit(0)
+            leave(0)
     os.close(w)
     try:
         with os.fdopen(r, "rb") as f:
@@ -111,10 +106,8 @@ def apart(run):
     try:
         reply = pickle.loads(body)
     except Exception:
-        code = os.waitstatus_to_exitcode(status)
-        how = f"killed by signal {-code}" if code < 0 else f"ended with exit status {code}"
-        return None, (f"the lock check's process {how} before its verdict (the bundle's own exit, a crash in "
-                      "a native call, or the OOM killer)"), pid
+        return None, (f"the lock check's process {ended(status)} before its verdict (the bundle's own exit, "
+                      "or a crash in a native call)"), pid
     if reply[0] == "raised":
         if reply[1] == "KeyboardInterrupt":
             raise KeyboardInterrupt

@@ -87,8 +87,7 @@ def _read_leaf(program, name, directory, place, nonfinite_ok=False):
             raise ProgramError(f"{what} holds a non-finite value ({flat[bad]}) at flat index {bad}",
                                path=path)
         peak = max(peak, hi, lo, key=abs)
-        wrong = None if d.real else _non_integers(block)   # (nor Inf)
-        if wrong is not None and wrong.size:
+        if not d.real and (wrong := _non_integers(block)).size:   # (nor Inf)
             bad = start + int(wrong[0])
             raise ProgramError(f"{what} is an Int tensor but the file holds non-integers "
                                f"({flat[bad]} at flat index {bad})", path=path)
