@@ -60,6 +60,50 @@ def test_a_refused_program_fails_a_named_lock_every_run(zoo):
         assert "2 checks: 2 error (b float32, b float64) · build/results/ (`logos results`)" in out.splitlines(), out
 
 
+AFTER = '''
+
+def task_deploy():
+    return {"actions": ["touch build/deployed"], "task_dep": [%r], "targets": ["build/deployed"]}
+'''
+
+
+def test_a_dodos_task_that_waits_for_a_lock_never_runs_on_a_check_that_did_not_pass(zoo):
+    """A task of the dodo's own scripted after `lock:a` (or the `lock` group) runs after a passing
+    lock and never after a failing one, whether or not the report follows; the report still
+    covers every check, and the run fails."""
+    for dep in ("lock:a", "lock"):
+        (zoo / "programs/a.yaml").write_text("dtypes: [float64, float32]\n")
+        dodo = (zoo / "dodo.py").read_text()
+        (zoo / "dodo.py").write_text(dodo + AFTER % dep)
+        rc, ran, out = doit(zoo)
+        assert rc == 0 and "deploy" in ran and (zoo / "build/deployed").exists(), out
+        (zoo / "build/deployed").unlink()
+        (zoo / "programs/a.yaml").write_text(EXACT_F32)
+        for args in ((), ("deploy",), ("deploy", "report")):
+            rc, ran, out = doit(zoo, *args)
+            assert rc == 2 and "lock:a" in ran and "deploy" not in ran, (args, out)
+            assert not (zoo / "build/deployed").exists(), (args, out)
+            assert "lock:a [float32] FAIL" in out, out
+        report = json.loads((zoo / "build/report.json").read_text())   # the last run's, whole
+        verdicts = {(r["name"], r["check"]): r["verdict"] for r in report["results"]}
+        assert verdicts[("a", "float32")] == "fail" and verdicts[("a", "float64")] == "pass", verdicts
+        assert verdicts[("b", "float64")] == "pass" and verdicts[("deploy", "task")] == "error", verdicts
+        (zoo / "dodo.py").write_text(dodo)
+    rc, ran, out = doit(zoo)   # no task of the dodo's waits for it: the report fails the run
+    assert rc == 1 and {"lock:a", "report"} <= ran and "a[float32]=fail" in out, out
+
+
+def test_a_dodos_task_that_waits_for_an_emit_never_runs_on_a_refused_program(zoo):
+    (zoo / "dodo.py").write_text((zoo / "dodo.py").read_text() + AFTER % "emit:b")
+    (zoo / "programs/b.logos").write_text("Let y be frobnicate of x.\n")
+    rc, ran, out = doit(zoo)
+    assert rc == 2 and "emit:b" in ran and "deploy" not in ran, out
+    assert not (zoo / "build/deployed").exists() and out.count("frobnicate") == 1, out
+    rows = {(r["name"], r["check"]): r for r in json.loads((zoo / "build/report.json").read_text())["results"]}
+    assert rows[("b", "float64")]["verdict"] == "error" and "frobnicate" in rows[("b", "float64")]["reason"], rows
+    assert rows[("a", "float32")]["verdict"] == "pass", rows
+
+
 def test_the_progress_line_never_counts_past_its_total(zoo):
     rc, ran, out = doit(zoo, "lock:a", env={"LOGOS_PROGRESS": "line"})
     assert rc == 0, out

@@ -28,7 +28,7 @@ def emit_bundle(entry, run=None):
     A refused program or config leaves no bundle (a stale one is removed, so nothing locks it) and
     succeeds as a task where its lock records the error or the report fails the run; in a run
     with neither (`doit emit:NAME`, its lock ignored: `run`'s settings say) it fails, so the run
-    exits 1 as it says. So does any other failure to emit: whatever the file holds, no traceback
+    exits 1 as it says, and so it does where a task of the dodo's own waits for it. So does any other failure to emit: whatever the file holds, no traceback
     stops the zoo."""
     freeze_heap()
     from ..files import write_files
@@ -65,7 +65,8 @@ def emit_bundle(entry, run=None):
             except FileNotFoundError:
                 pass
         state.update(status="error", reason=error, bundle=None)
-        sys.stderr.write(f"emit:{pc.name}: {error}\n")
+        if f"emit:{pc.name}" not in (run or {}).get("waited_on", ()):   # (else its failure says it)
+            sys.stderr.write(f"emit:{pc.name}: {error}\n")
     if error is not None or not entry.locked:   # no lock settles golden/ (golden_store): none
         from .golden_store import remove
         remove(entry.bundle)
@@ -81,6 +82,9 @@ def emit_bundle(entry, run=None):
             and pc.name not in run.get("locks_follow", ()):
         from doit.exceptions import TaskFailed
         return TaskFailed(f"emit:{pc.name}: refused, and no lock or report of this run records it")
+    if error is not None and run is not None and f"emit:{pc.name}" in run.get("waited_on", ()):
+        from doit.exceptions import TaskFailed   # (a task of the dodo's own waits for this emit)
+        return TaskFailed(f"emit:{pc.name}: refused (a task of the dodo's own waits for it): {error}")
     return True
 
 

@@ -287,11 +287,14 @@ def lock_program(entry, run, db):
         if isinstance(e, history.HistoryHeld):   # (its rows go in at the next run's start)
             with contextlib.suppress(OSError):
                 open(history.behind(db), "a").close()
-    if lost and not run.get("report_follows"):   # (else the report fails the run naming it: exit 1,
-        # as for any check that errs; a failed lock would make the report doit's unmet dependency, 2)
+    # with the report following, it fails the run naming them (exit 1, as for any check that errs:
+    # a failed lock would make the report doit's unmet dependency, 2), unless a task of the dodo's
+    # own waits for this lock: it must never run on a verdict that did not pass
+    fails = not run.get("report_follows") or f"lock:{pc.name}" in run.get("waited_on", ())
+    if lost and fails:
         return ChecksLost(f"lock:{pc.name}: {lost} (recorded as an error; the next run tries again)")
     bad = [f"{c.dtype} {done[c.dtype]['verdict']}" for c in entry.checks if done[c.dtype]["verdict"] != "pass"]
-    if bad and not run.get("report_follows"):   # (else the report fails the run, naming them)
+    if bad and fails:
         return ChecksFailed(f"lock:{pc.name}: {len(bad)} of {len(entry.checks)} check(s) did not "
                             f"pass: {', '.join(bad)}")
     return True

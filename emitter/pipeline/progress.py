@@ -67,23 +67,49 @@ def _counted(task):
     return not task.has_subtask and not task.name.startswith("_")
 
 
+def _unmet(message):
+    """Whether a failed task's message (`_message`) is doit's: it could not run after one it waits for."""
+    return bool(message) and message.startswith("UnmetDependency")
+
+
 def _message(fail):
     """A failure as one line: its kind and the last line of its message (a traceback's error)."""
     lines = [x.strip() for x in str(fail.get_msg()).splitlines() if x.strip()]
     return f"{type(fail).__name__}: {lines[-1] if lines else ''}"
 
 
-def _reachable(tasks, selected):
+def _reachable(tasks, selected, groups=False):
+    """The tasks this run reaches from `selected` (the groups among them where `groups`)."""
     seen, todo = set(), list(selected)
+    while todo:
+        n = todo.pop()
+        if n not in seen and n in tasks:
+            seen.add(n)
+            todo.extend((*tasks[n].task_dep, *tasks[n].setup_tasks))
+    return [n for n in seen if groups or _counted(tasks[n])]
+
+
+def _waited_on(tasks, reachable):
+    """The zoo's lock and emit tasks that a task of the dodo's own in this run waits for (through
+    groups such as `lock`): those fail where a check of theirs does not pass, or an emit is
+    refused, so that a task scripted to follow them never runs on a failed verdict, whether or not
+    the report follows (it then writes itself at the run's end: `_report_failures`)."""
+    from .handing import ZOO_TASKS
+    zoo = ZOO_TASKS | {"report", "cache"}
+    out, seen = set(), set()
+    todo = [d for n in reachable if n.partition(":")[0] not in zoo
+            for d in (*tasks[n].task_dep, *tasks[n].setup_tasks, *tasks[n].calc_dep)]
     while todo:
         n = todo.pop()
         if n in seen or n not in tasks:
             continue
         seen.add(n)
-        t = tasks[n]
-        todo.extend(t.task_dep)
-        todo.extend(t.setup_tasks)
-    return [n for n in seen if _counted(tasks[n])]
+        kind = n.partition(":")[0]
+        if kind in ("lock", "emit") and not tasks[n].has_subtask:
+            out.add(n)
+        elif kind not in zoo or tasks[n].has_subtask:   # (a group's sub-tasks; the report fails itself)
+            todo.extend((*tasks[n].task_dep, *tasks[n].setup_tasks, *tasks[n].calc_dep))
+    return out
 
 
 class ProgressReporter(ConsoleReporter):
@@ -125,6 +151,7 @@ class ProgressReporter(ConsoleReporter):
             s = current().settings  # will; a refused emit when neither its lock nor the report will
             s["report_follows"] = "report" in self.reachable and not ignored("report")
             s["locks_follow"] = {n[5:] for n in self.reachable if n.startswith("lock:") and not ignored(n)}
+            s["waited_on"] = _waited_on(tasks, _reachable(tasks, selected_tasks, groups=True))
         self.start = time.monotonic()
 
     def _maybe_line(self):
@@ -267,12 +294,13 @@ class ProgressReporter(ConsoleReporter):
         or found up to date are published here instead, so every run that holds the key shares
         what it settled. Best effort, like the task: the verdicts stand whatever the cache does."""
         task = self.tasks.get("cache")
-        if task is None or "cache" in self.reachable or not task.actions:
+        unmet = "cache" in self.reachable and _unmet(self.failed_tasks.get("cache"))   # (a lock failed)
+        if task is None or ("cache" in self.reachable and not unmet) or not task.actions:
             return
         done = {n[len("lock:"):] for n in self.settled if n.startswith("lock:")}
         try:
             entries, threads, url = task.actions[0].args
-            mine = [e for e in entries if e.name in done]
+            mine = entries if unmet else [e for e in entries if e.name in done]
             if mine:
                 from .cache import publish_all
                 publish_all(mine, threads, url)
@@ -287,9 +315,10 @@ class ProgressReporter(ConsoleReporter):
         failed = self.failed_tasks
         ignored = "report" in self.ignored
         if "report" not in self.reachable or not (failed or ignored or self.verdicts_failed) or (
-                set(failed) == {"report"} and not failed["report"].startswith("UnmetDependency")):
+                set(failed) == {"report"} and not _unmet(failed["report"])):
             return
-        failed = {k: v for k, v in failed.items() if k != "report"}
+        # (the cache, held back by a lock that failed, publishes at the run's end all the same)
+        failed = {k: v for k, v in failed.items() if k != "report" and not (k == "cache" and _unmet(v))}
         from .report import make_report
         action = self.tasks["report"].actions[0]
         entries, build_dir, threads = action.args[:3]
@@ -300,9 +329,10 @@ class ProgressReporter(ConsoleReporter):
             self.unwritten = True
             return
         self.reported = True
-        after = sum(1 for m in failed.values() if m.startswith("UnmetDependency"))
-        why = [f"{len(failed) - after} failed task(s)" + (f" and {after} that could not run after "
-                                                          "one" if after else "") + " as errors"] if failed else []
+        after = sum(1 for m in failed.values() if _unmet(m))
+        why = [" and ".join(([f"{len(failed) - after} failed task(s)"] if len(failed) > after else []) +
+                            ([f"{after} that could not run after one that failed"] if after else [])) +
+               " as errors"] if failed else []
         why += ["the checks that did not pass"] if self.verdicts_failed else []
         why += ["ignored tasks' checks as current or not"] if ignored else []
         LOG.info(f"report: written with {' and '.join(why)} (see {build_dir}/summary.md)")
