@@ -456,6 +456,39 @@ def test_what_changes_after_its_stage_within_tolerance_fails(zoo, tmp_path, old,
     assert all(d["output"]["pass"] and all(m["pass"] for m in d["states"].values()) for d in r["steps_detail"])
 
 
+OWN_CACHE = ("        Kc = self.leaf_Kc\n", "        Kc = self.leaf_Kc if getattr(self, '_kc', None) is None%s else self._kc\n",
+             '        Kc = self.tap(7, set_row(Kc, pos, kr, "pos"))\n',
+             '        Kc = self.tap(7, set_row(Kc, pos, kr, "pos"))\n        self._kc = Kc.detach().clone()\n')
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("probed", ["", " or self.probe is not None"])
+def test_a_module_that_reads_a_cache_of_its_own_fails(tmp_path, dtype, probed):
+    """A module that keeps its own copy of its KV cache (written on as it goes; in its free passes
+    alone, or in every pass) and reads it in place of its buffer matches the VM step by step, each
+    step's cache rows being the VM's, yet a caller who sets the buffer (a new sequence) is not
+    heard: step 1's free pass, run again after the last step, is what gives it away."""
+    from conftest import ROOT
+    program = os.path.join(ROOT, "programs", "rope_attention.logos")
+    weights = os.path.join(ROOT, "weights", "rope_attention")
+    good = emit_bundle(read_file(program).source, tmp_path / "good")
+    a, b, c, d = OWN_CACHE
+    bundle = _sabotage({"bundle": good}, tmp_path, a, b % probed)
+    text = open(os.path.join(bundle, "model.py")).read()
+    assert c in text
+    open(os.path.join(bundle, "model.py"), "w").write(text.replace(c, d))
+    r = lock_bundle(bundle, program, weights, dtype, 2)
+    assert r["verdict"] == "fail" and not r["replay"]["pass"], r["reason"]
+    assert all(d["pass"] for d in r["steps_detail"]) and all(s["pass"] for s in r["stages"])   # step by step: the VM's
+    f = r["first_divergence"]
+    assert (f["step"], f["stage"], f["out"]) == (1, "write-back", "Kc") and \
+        "run again after step 2 from the same states" in f["raised"], f
+    assert r["replay"]["states"]["Kc"]["max_abs"] > 0.01 and r["replay"]["states"]["Vc"]["max_abs"] == 0, r["replay"]
+    ok = lock_bundle(good, program, weights, dtype, 2)
+    assert ok["verdict"] == "pass" and ok["replay"]["pass"], ok["reason"]
+    assert ok["replay"]["output"]["max_abs"] == 0 and all(m["max_abs"] == 0 for m in ok["replay"]["states"].values())
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_a_module_handing_back_what_the_probe_handed_it_fails(zoo, tmp_path, dtype):
     """A module that keeps the output the probe pass handed it (the VM's) and returns it from the

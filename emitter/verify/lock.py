@@ -8,7 +8,9 @@ The module is built the way `model.py --weights` and compile.py build it: the bu
   step against the VM's, so a wrong write-back is named (state and step);
 - then a probe pass: the module from the VM's states, its `tap` hook handing every stage the VM's
   values, so the first op that diverges is named even where the error would grow later. It comes
-  second: a module could keep what the probe hands it and return it in a free pass after.
+  second: a module could keep what the probe hands it and return it in a free pass after;
+- once every step ran, step 1's free pass again against its first (emitter.verify.passes.replay):
+  a module that reads a state of its own, not its buffer, gives other values.
 What passes is the check's judge's (emitter.verify.judges): the dtype's tolerance, or in bfloat16
 the per-op gate against each op's rounding floor. The VM's steps come from the program's shared
 trace where there is one (emitter.verify.trace)."""
@@ -30,9 +32,10 @@ from .compare import KEYS, compare, figures, worse, worst_of  # noqa: F401
 from .leaf_check import exact_leaves, known_view_of, load_stage, unholdable
 from .bundle_module import load_bundle_module, read_model as _read_model
 from .judges import judge_for
-from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, as_arguments, bundles_fault,
-                    changed_after_tap, held_sum, run_module, watched)
-from .resident import Releasing, Resident, Watching, as_a_user_runs, reads, worth_releasing
+from .passes import free_pass, replay as replay_step_1, set_states, writer
+from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, bundles_fault, changed_after_tap,
+                    run_module, watched)
+from .resident import Releasing, Resident, Watching, reads, worth_releasing
 from .result import unfinished
 from .tolerances import DEFAULT_TOLERANCES as TOLERANCES
 from .weights_read import as_manifest as _as_manifest, still_as_read as _still_as_read, weights_digest
@@ -58,12 +61,6 @@ def _load_wins(result):
 def _label(program, index):
     st = program.stages[index]
     return {"stage": st.index, "out": st.out, "op": st.op.name, "line": st.line}
-
-
-def _writer(program, state):
-    """The label of the last stage that writes `state` back."""
-    st = [s for s in program.stages if s.writes == state][-1]
-    return {"stage": "write-back", "out": state, "op": st.op.name, "line": st.line}
 
 
 def _build(torch, module, program, weights_dir, dtype, allow_nonfinite, read=()):
@@ -98,7 +95,7 @@ def _raised_label(program, e):
     if not program.states:   # (no write-back: on its way to the output)
         return {"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)}
     if len(program.states) == 1:
-        return _writer(program, program.states[0])
+        return writer(program, program.states[0])
     return {"stage": "write-back", "out": ", ".join(program.states) or program.output,
             "op": "write-back", "line": None}
 
@@ -130,9 +127,9 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     returned = Returned(torch, program, model)   # what a caller keeps of the outputs
     for s in program.states:
         if not isinstance(getattr(model, "leaf_" + s, None), torch.Tensor):
-            raise BundleFault(_writer(program, s), f"the module holds no buffer `leaf_{s}` for the state `{s}`")
+            raise BundleFault(writer(program, s), f"the module holds no buffer `leaf_{s}` for the state `{s}`")
     watch = watched(program, model)
-    inputs = [n for n in program.leaves if program.roles[n] == "input"]
+    own_first = None
 
     def compared(step, probe):
         nonlocal first
@@ -157,27 +154,16 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             with torch.no_grad():
                 # the free pass first, from the VM's states (teacher-forced): nothing of this
                 # step's VM values has been handed to the module yet, so none can be handed back
-                _set_states(torch, model, program, current)
-                free_raised, late = None, []
+                free_raised = None
                 try:
-                    with as_arguments(torch, model, inputs) as args, \
-                            as_a_user_runs(model, resident, stage_reads) as seen:
-                        sent = {n: held_sum(torch, a, a.dtype) for n, a in args.items()}
-                        t, let_go = time.perf_counter(), resident.seconds
-                        try:
-                            out = run_module(model, program, f"the free pass of step {step} (its inputs passed "
-                                             "as arguments, their buffers NaN)" if args else
-                                             f"the free pass of step {step}", step, args, seen)
-                        finally:
-                            timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
-                        late += [({"stage": "argument", "out": n, "op": "input", "line": program.bound_at.get(n)},
-                                  f"the free pass of step {step} wrote into its argument `{n}`: a caller's "
-                                  "input changes") for n, a in args.items() if held_sum(torch, a, a.dtype) != sent[n]]
+                    out, written, late = free_pass(torch, model, program, current, resident, stage_reads,
+                                                    timings, step, f"the free pass of step {step}")
                     late += returned.check(out, step, "free")
-                    written = {s: getattr(model, "leaf_" + s).detach().clone() for s in program.states}
+                    if step == 1 and program.states:   # what the replay must give again
+                        own_first = (out.detach().double().numpy().copy(), written)
                 except (Raised, BundleFault) as e:   # the probe pass still names what diverged before it
                     free_raised = e
-                _set_states(torch, model, program, current)
+                set_states(torch, model, program, current)
                 model.probe = Releasing(probe, resident, stage_reads)
                 t, let_go = time.perf_counter(), resident.seconds
                 try:
@@ -222,7 +208,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
         compared(step, probe)
         for s, m in state_m.items():
             if first is None and not m["pass"]:
-                first = {"step": step, **_writer(program, s), **figures(m)}
+                first = {"step": step, **writer(program, s), **figures(m)}
         if first is None and not out_m["pass"]:
             first = {"step": step, "stage": "output", "out": program.output, "op": "output",
                      "line": program.bound_at.get(program.output), **figures(out_m)}
@@ -235,18 +221,17 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
         details.append({"step": step, "output": out_m, "states": state_m, "pass": ok,
                         **({"changed_after_tap": [message for _, message in late]} if late else {})})
         current.update(trace.states)
+    replay = None
+    if raised is None and own_first is not None:
+        replay = replay_step_1(torch, model, program, leaves, resident, stage_reads, timings, judge, steps,
+                         own_first, integer)
+        first = first or replay.get("first")
     stages = [{**_label(program, i), **figures(m), "pass": m["pass"]}
               for i, m in sorted(stages_worst.items())]
     output = None if output_worst is None else {**output_worst, "argmax_agree": argmax_all, "integer": integer}
     if feed is not None and output is not None:
         output["feeding"] = next((s for s in stages if s["stage"] == feed), None)
-    return details, stages, first, output, raised
-
-
-def _set_states(torch, model, program, values):
-    for s in program.states:   # (one copy: into the buffer; a read-only map is copied to hand it on)
-        v = np.asarray(values[s], np.float64)
-        getattr(model, "leaf_" + s).copy_(torch.from_numpy(v if v.flags.writeable else v.copy()))
+    return details, stages, first, output, raised, replay
 
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
@@ -328,7 +313,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                     f: _sha256(os.path.join(weights_dir, f)) for f in set(leaves.sources.values()) - {"declared"}})
             vm_steps = trace_file.shared(trace, result, program, leaves.values, steps, lambda: weights_dir
                                          and _as_manifest(result, weights_dir, leaves.sources, weights_shas))
-            details, stages, first, output, raised = _run(torch, model, torch_dtype, program, leaves.values,
+            details, stages, first, output, raised, replay = _run(torch, model, torch_dtype, program, leaves.values,
                                                           steps, judge, result["timings"], resident,
                                                           exact_leaves(model, program, load), keep, vm_steps)
             load = result["load"] = judge.settled(load)
@@ -355,7 +340,10 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             if load["pass"]:   # the stage that raised is the furthest from passing
                 result["worst"] = {**{k: raised[k] for k in ("stage", "out", "op", "line")},
                                    "ratio": None, "max_abs": None, "guarded_rel": None}
-        result["verdict"] = "pass" if load["pass"] and all(d["pass"] for d in details) else "fail"
+        if replay is not None:
+            result["replay"] = {k: v for k, v in replay.items() if k != "first"}
+        result["verdict"] = "pass" if load["pass"] and all(d["pass"] for d in details) and \
+            (replay is None or replay["pass"]) else "fail"
         if keep is not None and raised is None:   # a verdict, every step run: the VM's outputs
             golden_files.update(keep.files())
     except ProgramError as e:   # one that names no file is about the program
