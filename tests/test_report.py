@@ -284,3 +284,19 @@ def test_a_reason_cut_short_closes_the_quoted_piece_it_cuts():
     assert "`" not in _text(cut) and _text(cut).endswith("…</code>")
     assert short("no quote here at all, long enough", 10) == "no quote …"
     assert short("a" * 38 + "`xyz` more", 40) == "a" * 38 + "…"   # cut right after a quote opens
+
+
+def test_the_commit_is_read_from_packed_refs_never_past_a_limit(tmp_path, monkeypatch):
+    """A branch whose ref lives only in .git/packed-refs is read from there; a packed-refs file
+    over its limit (one line of gigabytes, say) is not read whole: the commit is not told."""
+    from emitter.pipeline import report_facts
+    git = tmp_path / ".git"
+    (git / "refs/heads").mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    (git / "packed-refs").write_text("# pack-refs with: peeled\n" + "1" * 40 + " refs/heads/other\n"
+                                     + "2" * 40 + " refs/heads/main\n")
+    assert report_facts.git_head(str(tmp_path)) == "2" * 40
+    monkeypatch.setattr(report_facts, "PACKED_REFS_LIMIT", 64)
+    assert report_facts.git_head(str(tmp_path)) is None
+    (git / "refs/heads/main").write_text("3" * 40 + "\n")   # a loose ref wins
+    assert report_facts.git_head(str(tmp_path)) == "3" * 40

@@ -40,6 +40,9 @@ def _git(root, *args):
     return p.stdout.strip() if p.returncode == 0 else None
 
 
+PACKED_REFS_LIMIT = 64 << 20   # characters of .git/packed-refs read (a million refs' worth)
+
+
 def git_head(root="."):
     """The commit the zoo's checkout is at, read from git's files (no process: a no-op's report key
     holds it, so a report names the commit it is about), or None where it cannot be told so."""
@@ -67,7 +70,10 @@ def git_head(root="."):
                 with open(os.path.join(d, ref), encoding="utf-8") as f:
                     return f.read(4096).strip()
         with open(os.path.join(common, "packed-refs"), encoding="utf-8") as f:
-            return next((line.split()[0] for line in f if line.rstrip().endswith(" " + ref)), None)
+            packed = f.read(PACKED_REFS_LIMIT + 1)
+        if len(packed) > PACKED_REFS_LIMIT:   # (not read whole: the commit is not told)
+            return None
+        return next((line.split()[0] for line in packed.splitlines() if line.rstrip().endswith(" " + ref)), None)
     except (OSError, UnicodeDecodeError):
         return None
 
