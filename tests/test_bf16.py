@@ -493,3 +493,23 @@ def test_a_step_judged_together_gives_each_stage_its_own_figures_to_the_bit():
         assert got.keys() == want.keys()
         assert all(got[k] == want[k] or (isinstance(got[k], float) and math.isnan(got[k]) and math.isnan(want[k]))
                    for k in want), (got, want)
+
+
+def test_a_weight_written_in_the_replay_pass_fails_under_bf16(qwen):
+    """The bf16 lock checks the constant leaves before each step's floors read them, and once
+    more after the replay (step 1's free pass again, after the last step): a module that writes a
+    weight behind torch's back (`.data`) in that last pass alone fails, naming it."""
+    bundle = qwen["tmp"] / "replay_writes"
+    shutil.copytree(qwen["tmp"] / "good", bundle)
+    text = (bundle / "model.py").read_text()
+    old = "    def forward(self):\n        Tok = self.leaf_Tok\n"
+    assert old in text
+    (bundle / "model.py").write_text(text.replace(old, old + (
+        "        self._calls = getattr(self, '_calls', 0) + 1\n"
+        "        if self._calls == 5 and self.probe is None:\n"
+        "            self.leaf_Wq0.data.mul_(2)\n")))
+    r = _lock(bundle, _with_token(qwen, 3))   # 2 steps: free, probe, free, probe, then the replay
+    assert r["verdict"] == "fail", r["reason"]
+    f = r["first_divergence"]
+    assert (f["stage"], f["out"], f["op"], f["step"]) == ("load", "Wq0", "written while it ran", 2), f
+    assert not r["replay"]["pass"] and not r["load"]["pass"], r["replay"]

@@ -93,6 +93,30 @@ def test_a_dodos_task_that_waits_for_a_lock_never_runs_on_a_check_that_did_not_p
     assert rc == 1 and {"lock:a", "report"} <= ran and "a[float32]=fail" in out, out
 
 
+def test_a_dodos_task_after_the_cache_never_runs_on_a_failed_check_and_the_cache_publishes(zoo, tmp_path):
+    """`cache` (cache=URL) waits for the locks: a task of the dodo's own after it does not run
+    after a failing check, and the verdicts are published at the run's end all the same."""
+    assert doit(zoo)[0] == 0   # every verdict there before the cache is named
+    (zoo / "dodo.py").write_text((zoo / "dodo.py").read_text() + AFTER % "cache")
+    (zoo / "programs/a.yaml").write_text(EXACT_F32)
+    url, env = (tmp_path / "cache").as_uri(), {"LOGOS_CACHE_KEY": "k"}
+    rc, ran, out = doit(zoo, f"cache={url}", env=env)
+    assert rc == 2 and "deploy" not in ran and not (zoo / "build/deployed").exists(), out
+    assert ran == {"lock:a"} and "cache failed" not in (zoo / "build/summary.md").read_text(), out
+    # the lock's fresh fail went to the cache as it ran; the 3 verdicts it kept, at the run's end
+    assert "cache: published 3 verdict(s)" in out and len(list((tmp_path / "cache").rglob("*.json"))) == 4, out
+
+
+def test_a_dodos_task_set_up_by_a_lock_leaves_the_run_as_it_was(zoo):
+    """doit runs a task whose `setup` task failed: a lock set up for one is no dependency, so the
+    run is as without it (the report task runs and fails the run, exit 1)."""
+    (zoo / "dodo.py").write_text((zoo / "dodo.py").read_text() +
+                                 AFTER.replace('"task_dep"', '"setup"') % "lock:a")
+    (zoo / "programs/a.yaml").write_text(EXACT_F32)
+    rc, ran, out = doit(zoo)
+    assert rc == 1 and {"lock:a", "report"} <= ran and "a[float32]=fail" in out, out
+
+
 def test_a_dodos_task_that_waits_for_an_emit_never_runs_on_a_refused_program(zoo):
     (zoo / "dodo.py").write_text((zoo / "dodo.py").read_text() + AFTER % "emit:b")
     (zoo / "programs/b.logos").write_text("Let y be frobnicate of x.\n")

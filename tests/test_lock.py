@@ -481,7 +481,7 @@ def test_a_module_that_reads_a_cache_of_its_own_fails(tmp_path, dtype, probed):
     assert r["verdict"] == "fail" and not r["replay"]["pass"], r["reason"]
     assert all(d["pass"] for d in r["steps_detail"]) and all(s["pass"] for s in r["stages"])   # step by step: the VM's
     f = r["first_divergence"]
-    assert (f["step"], f["stage"], f["out"]) == (1, "write-back", "Kc") and \
+    assert (f["step"], f["stage"], f["out"]) == (2, "write-back", "Kc") and \
         "run again after step 2 from the same states" in f["raised"], f
     assert r["replay"]["states"]["Kc"]["max_abs"] > 0.01 and r["replay"]["states"]["Vc"]["max_abs"] == 0, r["replay"]
     ok = lock_bundle(good, program, weights, dtype, 2)

@@ -336,7 +336,7 @@ def test_a_failed_task_makes_this_runs_report_not_the_last_ones(zoo):
     (zoo / "ckpt/w.bin").write_bytes((zoo / "ckpt/w.bin").read_bytes()[:64])   # truncated
     rc, ran, out = doit(zoo)
     assert rc != 0 and "weights:d" in ran and "report" not in ran, out
-    assert "written with 1 failed task(s) and 1 that could not run after one as errors" in out, out
+    assert "written with 1 failed task(s) and 1 that could not run after one that failed as errors" in out, out
     cases = _junit(zoo)                                  # written this run, by the reporter
     for dtype in ("float64", "float32"):
         err = cases[("d", dtype)].find("error")

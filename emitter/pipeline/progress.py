@@ -90,15 +90,14 @@ def _reachable(tasks, selected, groups=False):
 
 
 def _waited_on(tasks, reachable):
-    """The zoo's lock and emit tasks that a task of the dodo's own in this run waits for (through
-    groups such as `lock`): those fail where a check of theirs does not pass, or an emit is
-    refused, so that a task scripted to follow them never runs on a failed verdict, whether or not
-    the report follows (it then writes itself at the run's end: `_report_failures`)."""
+    """The zoo's lock and emit tasks a task of the dodo's own in this run waits for (task_dep,
+    calc_dep; through groups such as `lock`, and `cache`): those fail where a check does not pass
+    or an emit is refused, so that such a task never runs on a failed verdict; the report then
+    writes itself at the run's end (`_report_failures`). (doit runs a task whose `setup` failed.)"""
     from .handing import ZOO_TASKS
-    zoo = ZOO_TASKS | {"report", "cache"}
+    stops, deps = ZOO_TASKS | {"report"}, lambda n: (*tasks[n].task_dep, *tasks[n].calc_dep)
     out, seen = set(), set()
-    todo = [d for n in reachable if n.partition(":")[0] not in zoo
-            for d in (*tasks[n].task_dep, *tasks[n].setup_tasks, *tasks[n].calc_dep)]
+    todo = [d for n in reachable if n.partition(":")[0] not in stops | {"cache"} for d in deps(n)]
     while todo:
         n = todo.pop()
         if n in seen or n not in tasks:
@@ -107,8 +106,8 @@ def _waited_on(tasks, reachable):
         kind = n.partition(":")[0]
         if kind in ("lock", "emit") and not tasks[n].has_subtask:
             out.add(n)
-        elif kind not in zoo or tasks[n].has_subtask:   # (a group's sub-tasks; the report fails itself)
-            todo.extend((*tasks[n].task_dep, *tasks[n].setup_tasks, *tasks[n].calc_dep))
+        elif kind not in stops or tasks[n].has_subtask:   # (a group's sub-tasks; the report fails itself)
+            todo.extend(deps(n))
     return out
 
 

@@ -82,10 +82,11 @@ class Flat:
     def flip(self, out_m, probe, trace, feed, got):
         """A token the module got wrong stays wrong."""
 
-    def settled(self, load):
+    def settled(self, load, replayed=False):
         """The load stage's record after the steps: every figure was judged against the VM, the
-        constant leaves checked again (once here, unless after every step)."""
-        if not self.each_step and self.last:
+        constant leaves checked again (once here, unless after every step; and here after a
+        replay, `replayed`: a pass after the last step's)."""
+        if self.last and (not self.each_step or replayed):
             self._again(self.last)
         return load if self.load is None else self.load
 

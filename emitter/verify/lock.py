@@ -316,7 +316,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             details, stages, first, output, raised, replay = _run(torch, model, torch_dtype, program, leaves.values,
                                                           steps, judge, result["timings"], resident,
                                                           exact_leaves(model, program, load), keep, vm_steps)
-            load = result["load"] = judge.settled(load)
+            load = result["load"] = judge.settled(load, replayed=replay is not None)
         opened = watch.stop()
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
             _still_as_read(result, weights_dir, leaves.sources, weights_shas, opened, watch.maybe)

@@ -41,7 +41,8 @@ def replay(torch, model, program, leaves, resident, stage_reads, timings, judge,
     what it gave the first time: a module whose forward reads its buffers and arguments alone
     gives it again; one that reads a state of its own (a copy of its cache it goes on writing)
     does not, though each step, handed the VM's states, matched the VM. {"pass", "output",
-    "states"} and, where it fails, "first" (the first divergence it makes)."""
+    "states"} and, where it fails, "first" (the first divergence it makes, at the last step: a
+    leaf the module wrote then is named before it)."""
     out0, states0 = first
     with torch.no_grad():
         out, written, _ = free_pass(torch, model, program, leaves, resident, stage_reads, timings, 1,
@@ -55,7 +56,7 @@ def replay(torch, model, program, leaves, resident, stage_reads, timings, judge,
     r = {"pass": not found, "output": figures(out_m), "states": {s: figures(m) for s, m in state_m.items()}}
     if found:
         label, m = found[0]
-        r["first"] = {"step": 1, **label, **figures(m), "raised": (
+        r["first"] = {"step": steps, **label, **figures(m), "raised": (   # (after the last step)
             f"the free pass of step 1, run again after step {steps} from the same states and inputs, "
             "gave other values: the module reads something besides its buffers and arguments "
             "(a state it keeps of its own?)")}
