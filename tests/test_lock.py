@@ -489,6 +489,18 @@ def test_a_module_that_reads_a_cache_of_its_own_fails(tmp_path, dtype, probed):
     assert ok["replay"]["output"]["max_abs"] == 0 and all(m["max_abs"] == 0 for m in ok["replay"]["states"].values())
 
 
+def test_a_module_that_raises_in_the_replay_fails_naming_where(zoo, tmp_path):
+    """A forward that raises when called once more (step 1's free pass again, after the last
+    step) is the bundle's fault, as a raise in any step is: a fail naming where, not an error."""
+    bundle = _sabotage(zoo, tmp_path, "        return y\n", "        self._n = getattr(self, '_n', 0) + 1\n"
+                       "        if self._n == 5:\n            raise RuntimeError('a fifth call')\n        return y\n")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 2)
+    assert r["verdict"] == "fail" and not r["replay"]["pass"], r["reason"]
+    assert "a fifth call" in r["reason"] and "the free pass of step 1 again (after step 2)" in r["reason"], r["reason"]
+    assert r["first_divergence"]["step"] == 2 and "a fifth call" in r["first_divergence"]["raised"]
+    assert all(d["pass"] for d in r["steps_detail"]), r["steps_detail"]
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_a_module_handing_back_what_the_probe_handed_it_fails(zoo, tmp_path, dtype):
     """A module that keeps the output the probe pass handed it (the VM's) and returns it from the

@@ -28,8 +28,8 @@ def emit_bundle(entry, run=None):
     A refused program or config leaves no bundle (a stale one is removed, so nothing locks it) and
     succeeds as a task where its lock records the error or the report fails the run; in a run
     with neither (`doit emit:NAME`, its lock ignored: `run`'s settings say) it fails, so the run
-    exits 1 as it says, and so it does where a task of the dodo's own waits for it. So does any other failure to emit: whatever the file holds, no traceback
-    stops the zoo."""
+    exits 1 as it says, and so it does where a task of the dodo's own waits for it. So does any
+    other failure to emit: whatever the file holds, no traceback stops the zoo."""
     freeze_heap()
     from ..files import write_files
     from ..language.errors import ProgramError

@@ -223,9 +223,15 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
         current.update(trace.states)
     replay = None
     if raised is None and own_first is not None:
-        replay = replay_step_1(torch, model, program, leaves, resident, stage_reads, timings, judge, steps,
-                         own_first, integer)
-        first = first or replay.get("first")
+        try:
+            replay = replay_step_1(torch, model, program, leaves, resident, stage_reads, timings, judge,
+                                   steps, own_first, integer)
+            first = first or replay.get("first")
+        except Raised as e:   # (as in a step: the bundle's fault, named where it raised)
+            raised = {"step": steps, **_raised_label(program, e), "in": e.where, "error": e.error}
+            first = first or {"step": steps, **_raised_label(program, e), **{k: None for k in KEYS},
+                              "raised": e.error}
+            replay = {"pass": False, "output": None, "states": {}, "raised": e.error}
     stages = [{**_label(program, i), **figures(m), "pass": m["pass"]}
               for i, m in sorted(stages_worst.items())]
     output = None if output_worst is None else {**output_worst, "argmax_agree": argmax_all, "integer": integer}
@@ -313,9 +319,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                     f: _sha256(os.path.join(weights_dir, f)) for f in set(leaves.sources.values()) - {"declared"}})
             vm_steps = trace_file.shared(trace, result, program, leaves.values, steps, lambda: weights_dir
                                          and _as_manifest(result, weights_dir, leaves.sources, weights_shas))
-            details, stages, first, output, raised, replay = _run(torch, model, torch_dtype, program, leaves.values,
-                                                          steps, judge, result["timings"], resident,
-                                                          exact_leaves(model, program, load), keep, vm_steps)
+            details, stages, first, output, raised, replay = _run(
+                torch, model, torch_dtype, program, leaves.values, steps, judge, result["timings"], resident,
+                exact_leaves(model, program, load), keep, vm_steps)
             load = result["load"] = judge.settled(load, replayed=replay is not None)
         opened = watch.stop()
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
