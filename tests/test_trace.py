@@ -135,7 +135,8 @@ def test_a_view_of_a_leaf_is_stored_as_a_marker_and_rebuilt(tmp_path):
     first = lock_bundle(bundle, str(tmp_path / "t.logos"), str(w), "float64", 2, trace=spec)
     assert first["trace"]["written"]
     assert os.path.getsize(spec["path"]) < 2 * 3000 * 8 + 4096   # y at 2 steps; E alone is 768 kB
-    r = trace_file.Reader(spec["path"], spec["key"], 2)
+    from emitter.verify.trace_format import Reader
+    r = Reader(spec["path"], spec["key"], 2)
     assert [s.get("rebuild") for s in r.index["steps"][0]["stages"]] == [True, None]
     program = read_file(str(tmp_path / "t.logos"))
     from emitter.verify import vm
@@ -227,17 +228,25 @@ def test_a_lone_check_reads_a_trace_already_there(tmp_path):
     assert r["float32"]["timings"]["vm_s"] == 0.0 and r["float32"]["tolerance"]["abs"] == 0.0002
 
 
-def test_a_program_whose_vm_reads_few_weights_is_not_traced(tmp_path):
+def test_a_program_whose_vm_reads_few_weights_keeps_its_trace_in_memory(tmp_path):
     """Under limits.trace_bytes (16 MiB by default) a trace's file costs more than the VM it
-    saves: each check computes the VM, the verdicts as they are."""
+    saves: the trace is kept in the memory of the process that runs the program's checks (an
+    inline run's child), in the file's format, so its VM is still computed once; no file is
+    written, and each check's figures are those of a check that computes its own VM."""
     z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, "dtypes: [float64, float32]\n")})
     _weights(str(z / "weights/a/w.f64"), 0)
     rc, ran, out = doit(z)
     r = _results(z)
     assert rc == 0 and r["float64"]["verdict"] == r["float32"]["verdict"] == "pass", out
-    assert all(x["timings"]["vm_s"] > 0 and not x["trace"]["written"] and "trace_bytes" in x["trace"]["why"]
-               for x in r.values()), r
-    assert not list((z / "build/store").glob("traces/*/*.trace"))
+    assert all("trace_bytes" in x["trace"]["why"] for x in r.values()), r
+    computed = [x for x in r.values() if x["timings"]["vm_s"] > 0]
+    assert len(computed) == 1 and computed[0]["trace"]["written"] and not computed[0]["trace"]["hit"], r
+    read = [x for x in r.values() if x["timings"]["vm_s"] == 0]
+    assert len(read) == 1 and read[0]["trace"]["hit"] and read[0]["trace"]["bytes"] > 0, r
+    assert not list((z / "build/store").glob("traces/**/*.trace"))
+    for dtype, x in r.items():   # the same figures as a check that computes its VM itself
+        hand = lock_bundle(str(z / "build/bundles/a"), str(z / "programs/a.logos"), str(z / "weights/a"), dtype, 1)
+        assert all(hand[k] == x[k] for k in FIGURES), dtype
 
 
 KEY_NOW = """
@@ -335,3 +344,24 @@ def test_a_trace_lock_held_for_good_is_waited_for_a_while_and_a_limit_ends_the_w
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_small_programs_trace_in_memory_is_read_under_its_own_key_alone(ops, tmp_path):
+    """A check whose VM reads fewer weights than limits.trace_bytes: the first computes the VM and
+    keeps its trace in this process's memory (no file), a second under the same key reads it (its
+    figures those of a check that computes its VM), one under another key computes its own, and
+    one alone (no other check to read it) keeps nothing."""
+    hand = _lock(ops, "float32")
+    spec = {**_spec(tmp_path / "m.trace", hand), "min_bytes": 1 << 40}
+    first = _lock(ops, "float64", spec)
+    assert first["trace"]["written"] and not first["trace"]["hit"] and first["timings"]["vm_s"] > 0
+    again = _lock(ops, "float32", spec)
+    assert again["trace"]["hit"] and again["timings"]["vm_s"] == 0.0, again["trace"]
+    _same(again, hand)
+    assert not os.path.exists(spec["path"])
+    other = _lock(ops, "float32", {**spec, "key": "j" * 64})
+    assert not other["trace"]["hit"] and other["timings"]["vm_s"] > 0
+    _same(other, hand)
+    alone = _lock(ops, "float32", {**spec, "key": "i" * 64, "alone": True})
+    assert not alone["trace"]["written"] and "no other check" in alone["trace"]["why"]
+    assert _lock(ops, "float32", {**spec, "key": "i" * 64})["timings"]["vm_s"] > 0

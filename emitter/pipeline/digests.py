@@ -27,7 +27,7 @@ CODE = {
     # program's checks until this code changes, whatever else of the lock's does
     "vm": _BASE + ("fingerprint.py", "yamlfile.py", "ops", "language", "sambaflow/__init__.py",
                    "sambaflow/weight_files.py", "verify/__init__.py", "verify/links.py", "verify/vm.py",
-                   "verify/trace.py"),
+                   "verify/trace.py", "verify/trace_format.py"),
     "report": _BASE + ("fingerprint.py", "importers/__init__.py", "importers/packages.py", "lifetime.py",
                        "language/__init__.py", "language/errors.py", "language/lines.py",
                        "pipeline/__init__.py", "pipeline/digests.py", "pipeline/files_io.py",
