@@ -28,7 +28,7 @@ def _blocks(got, want, widen=True):
     """(got, want) in blocks of rows, each widened to float64 and flat (or as they are); a
     transposed table (a view whose columns are contiguous) in blocks of its columns, so each block
     reads its own pages; a mapped `want`'s pages are released after each block."""
-    if getattr(want, "ndim", 0) == 2 and want.flags.f_contiguous and not want.flags.c_contiguous:
+    if _transposed(want):
         got, want = got.T, want.T
     rows = max(1, BLOCK // max(1, math.prod(got.shape[1:])))
     if got.ndim < 2 or rows >= got.shape[0]:   # one block: no slices

@@ -100,6 +100,13 @@ def _raised_label(program, e):
             "op": "write-back", "line": None}
 
 
+def _raised_at(program, e, step):
+    """(where the module raised, as a result records it; the first divergence that makes)."""
+    label = _raised_label(program, e)
+    return ({"step": step, **label, "in": e.where, "error": e.error},
+            {"step": step, **label, **{k: None for k in KEYS}, "raised": e.error})
+
+
 def _feeding(program):
     """The stage whose value the (integer) output is computed from, e.g. the logits of an argmax."""
     out = next(st for st in reversed(program.stages) if st.binds)
@@ -177,9 +184,8 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                     returned.check(pout, step, "probe")
         except Raised as e:   # the stages compared before it still count; the check stops here
             compared(step, probe)
-            raised = {"step": step, **_raised_label(program, e), "in": e.where, "error": e.error}
-            first = first or {"step": step, **_raised_label(program, e),
-                              **{k: None for k in KEYS}, "raised": e.error}
+            raised, at = _raised_at(program, e, step)
+            first = first or at
             details.append({"step": step, "output": None, "states": {}, "pass": False,
                             "raised": e.error})
             break
@@ -228,9 +234,8 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                                    steps, own_first, integer)
             first = first or replay.get("first")
         except Raised as e:   # (as in a step: the bundle's fault, named where it raised)
-            raised = {"step": steps, **_raised_label(program, e), "in": e.where, "error": e.error}
-            first = first or {"step": steps, **_raised_label(program, e), **{k: None for k in KEYS},
-                              "raised": e.error}
+            raised, at = _raised_at(program, e, steps)
+            first = first or at
             replay = {"pass": False, "output": None, "states": {}, "raised": e.error}
     stages = [{**_label(program, i), **figures(m), "pass": m["pass"]}
               for i, m in sorted(stages_worst.items())]
