@@ -57,9 +57,15 @@ def test_the_flat_judge_is_the_tolerance():
     assert type(j) is judges.Flat and j.precisions is None and j.tol is tol
     got, want = np.array([[1.0, 2.0]]), np.array([[1.0, 2.01]])
     assert j.compare(got, want) == compare(got, want, tol) and not j.compare(got, want)["pass"]
+    logits = types.SimpleNamespace(stages={3: np.array([[1.0, 2.0, 2.0 + 1e-9, 0.5]])})
     m = {"pass": False}
-    j.flip(m, None, None, None, None)
-    assert m == {"pass": False}
+    j.flip(m, None, logits, 3, np.array([[1]]))   # the VM's top is token 2, the module's 1: a near-tie
+    assert m["pass"] and m["flip_excused"] and m["flip_margin"] == pytest.approx(1e-9, rel=1e-3), m
+    assert m["flip_bound"] == pytest.approx(1e-4 + 1e-3 * (2.0 + 1e-9)), m
+    for token in (0, 3, 4, -1):   # ranked 1.0 below, or none of the row's: wrong
+        m = {"pass": False}
+        j.flip(m, None, logits, 3, np.array([[token]]))
+        assert not m["pass"] and not m["flip_excused"], (token, m)
     load = {"pass": True, "failed": []}
     stages = [{"stage": 0, "out": "y", "op": "matmul", "line": 4, "worst_ratio": 2.0, "max_abs": 1.0,
                "guarded_rel": 0.1, "pass": False}]

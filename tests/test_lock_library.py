@@ -112,7 +112,8 @@ def test_an_op_that_diverges_before_the_raise_is_the_first_divergence(zoo, tmp_p
 
 def test_a_forward_that_exits_or_is_interrupted(zoo, tmp_path):
     """A bundle whose forward calls sys.exit() is wrong: a fail naming the stage, its RESULT.json
-    written (the lock exited 0 and wrote nothing). A KeyboardInterrupt (Ctrl-C) is one line and
+    written (the lock exited 0 and wrote nothing); so is one that raises what no exception of the
+    lock's is (GeneratorExit). A KeyboardInterrupt (Ctrl-C) is one line and
     exit 130, never a traceback, and RESULT.json holds no earlier verdict, only the error that the
     lock did not finish. The check runs in a child of its own: a bundle that ends that process
     (os._exit, an exit handler of its own) is an error saying so (exit 2, never 0)."""
@@ -129,12 +130,16 @@ def test_a_forward_that_exits_or_is_interrupted(zoo, tmp_path):
     p, r = lock("raise KeyboardInterrupt", "interrupt")
     assert r["verdict"] == "error" and r["reason"].startswith("the lock did not finish"), r
     assert p.returncode == 130 and p.stderr.strip() == "logos lock: interrupted: nothing more was written", p.stderr
-    # a bundle that ends its process, at once or at its exit, or raises what no check raises:
-    # never exit 0, always a verdict written that says so
+    # what no exception of the lock's is (GeneratorExit, a BaseException of its own): the bundle's
+    # fault, a fail naming the stage
+    p, r = lock("raise GeneratorExit('x')", "genexit")
+    assert p.returncode == 1 and r["verdict"] == "fail" and r["raised"]["stage"] == ge.index, r["reason"]
+    assert "GeneratorExit: x" in r["raised"]["error"] and "Traceback" not in p.stderr, p.stderr
+    # a bundle that ends its process, at once or at its exit: never exit 0, always a verdict
+    # written that says so
     for line, name, said in (("os._exit(0)", "gone", "process ended with exit status 0 before its verdict"),
                              ("os._exit(7)", "gone7", "process ended with exit status 7 before its verdict"),
-                             ("import atexit; atexit.register(lambda: os._exit(0)); x = x * 1.01", "atexit", None),
-                             ("raise GeneratorExit('x')", "genexit", "the lock check raised GeneratorExit: x")):
+                             ("import atexit; atexit.register(lambda: os._exit(0)); x = x * 1.01", "atexit", None)):
         p, r = lock(line, name)
         if said is None:   # (its exit handler never runs: the verdict, a fail here, stands)
             assert p.returncode == 1 and r["verdict"] == "fail", (p.returncode, r["reason"])

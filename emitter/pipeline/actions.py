@@ -91,13 +91,14 @@ def emit_bundle(entry, run=None):
 def report_current(entries, out_dir, threads, now=None, judge=False):
     """doit's `uptodate` of the report: the last complete report records the report key of the
     inputs as they are now (it records one only when every check passed); it is then brought back
-    from where the run set it aside. `now`: that key as the run's pre-check took it, when no task
-    ran before the report (where any did, every program is read again: a file may have moved).
-    `judge`: read every check's row with it, kept for the report's action (which then needs no
-    second reading) where the report is not current."""
+    from where the run set it aside (at the run's end where the run holds it: report_aside.ready).
+    `now`: that key as the run's pre-check took it, when no task ran before the report (where any
+    did, every program is read again: a file may have moved). `judge`: read every check's row with
+    it, kept for the report's action (which then needs no second reading) where the report is not
+    current."""
     from .guards import began_ns
     from .keys import report_key
-    from .report_aside import JUDGED, changed_since, recorded_key, restore
+    from .report_aside import JUDGED, changed_since, ready, recorded_key
     JUDGED.pop(out_dir, None)   # (only this judgement is handed on)
     ran = now is None
     if ran and judge:
@@ -109,7 +110,7 @@ def report_current(entries, out_dir, threads, now=None, judge=False):
         if ran and judge and not moved:   # (where one moved, the action judges the rows again)
             JUDGED[out_dir] = (id(entries), threads, *judged)
         return False
-    restore(out_dir)
+    ready(out_dir)
     return True
 
 

@@ -250,3 +250,42 @@ def ignored(name):
 def ignored_line(name):
     """What a run says of a task `doit ignore` marked that is not current."""
     return f"{name}: ignored (`doit ignore`), so it does not run; `doit forget {name}` lifts that"
+
+
+def counted(task):
+    """A task the line counts: not a group (`emit`, whose sub-tasks are the work) nor hidden.
+    (`task.actions` would say the same but builds every task's action objects to say it.)"""
+    return not task.has_subtask and not task.name.startswith("_")
+
+
+def reachable(tasks, selected, groups=False):
+    """The tasks this run reaches from `selected` (the groups among them where `groups`)."""
+    seen, todo = set(), list(selected)
+    while todo:
+        n = todo.pop()
+        if n not in seen and n in tasks:
+            seen.add(n)
+            todo.extend((*tasks[n].task_dep, *tasks[n].setup_tasks))
+    return [n for n in seen if groups or counted(tasks[n])]
+
+
+def waited_on(tasks, reachable):
+    """The zoo's lock and emit tasks a task of the dodo's own in this run waits for (task_dep,
+    calc_dep; through groups such as `lock`, and `cache`): those fail where a check does not pass
+    or an emit is refused, so that such a task never runs on a failed verdict; the report then
+    writes itself at the run's end (`_report_failures`). (doit runs a task whose `setup` failed.)
+    And the report, where one waits for it: it is then put in place as its task ends."""
+    stops, deps = ZOO_TASKS | {"report"}, lambda n: (*tasks[n].task_dep, *tasks[n].calc_dep)
+    out, seen = set(), set()
+    todo = [d for n in reachable if n.partition(":")[0] not in stops | {"cache"} for d in deps(n)]
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in tasks:
+            continue
+        seen.add(n)
+        kind = n.partition(":")[0]
+        if kind in ("lock", "emit", "report") and not tasks[n].has_subtask:
+            out.add(n)
+        elif kind not in stops or tasks[n].has_subtask:   # (a group's sub-tasks; the report fails itself)
+            todo.extend(deps(n))
+    return out

@@ -391,7 +391,9 @@ def report_key(entries, threads, rows=None):
 
 @uptodate_check
 def uptodate(kind, entry, threads=None, cache=None):
-    """doit's `uptodate` of the zoo's weights, emit and lock tasks (`cache`: the run's cache=)."""
+    """doit's `uptodate` of the zoo's weights, emit and lock tasks (`cache`: the run's cache=). A
+    lock's key takes the program's and bundle's hashes from the emit status: it is current only
+    where they are (`doit -s lock:NAME` skips the emit)."""
     if kind == "lock":
-        return lock_current(entry, threads, golden=not cache)
+        return made_current(entry) and lock_current(entry, threads, golden=not cache)
     return emit_current(entry) if kind == "emit" else import_current(entry)

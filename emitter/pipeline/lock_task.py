@@ -25,7 +25,7 @@ from ..fingerprint import entry as on_record, sha256_or_none
 from ..verify.result import SCHEMA as RESULT_SCHEMA, VERSION as RESULT_VERSION
 from . import digests, golden_store
 from .guards import freeze_heap
-from .keys import DERIVED, check_key, check_parts, golden_as_recorded, golden_record
+from .keys import DERIVED, check_key, check_parts, golden_as_recorded, golden_record, emit_current
 from .log import LOG
 
 
@@ -148,6 +148,9 @@ def lock_program(entry, run, db):
     local = cache.LocalStore(os.path.dirname(db) or ".")
     traces = os.path.join(os.path.dirname(db) or ".", "store", "traces")   # the VM's, per program
     status = read_json(entry.status) or {"status": "error", "reason": f"{entry.status}: missing or unreadable"}
+    if status.get("status") == "ok" and not emit_current(entry, status):   # (`doit -s lock:NAME`)
+        status = {"status": "error", "reason": f"{entry.bundle}/ is not the bundle of {pc.source} as it is now "
+                  "(its emit did not run since either changed): emit it again"}
     prior = read_json(entry.lock_status)
     prior = prior if isinstance(prior, dict) else {}
     recorded = prior.get("checks") or {}

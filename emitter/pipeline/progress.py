@@ -10,11 +10,13 @@ up to date, so a no-op's thousand skips do not make a lock look instant.
 """
 
 import os
+import sys
 import time
 
 from doit.reporter import ConsoleReporter
 
 from . import guards
+from .handing import counted, reachable
 from .log import LOG
 
 PROGRESS_THRESHOLD = 40
@@ -61,12 +63,6 @@ class Work:
         return elapsed * left / done
 
 
-def _counted(task):
-    """A task the line counts: not a group (`emit`, whose sub-tasks are the work) nor hidden.
-    (`task.actions` would say the same but builds every task's action objects to say it.)"""
-    return not task.has_subtask and not task.name.startswith("_")
-
-
 def _unmet(message):
     """Whether a failed task's message (`_message`) is doit's: it could not run after one it waits for."""
     return bool(message) and message.startswith("UnmetDependency")
@@ -76,39 +72,6 @@ def _message(fail):
     """A failure as one line: its kind and the last line of its message (a traceback's error)."""
     lines = [x.strip() for x in str(fail.get_msg()).splitlines() if x.strip()]
     return f"{type(fail).__name__}: {lines[-1] if lines else ''}"
-
-
-def _reachable(tasks, selected, groups=False):
-    """The tasks this run reaches from `selected` (the groups among them where `groups`)."""
-    seen, todo = set(), list(selected)
-    while todo:
-        n = todo.pop()
-        if n not in seen and n in tasks:
-            seen.add(n)
-            todo.extend((*tasks[n].task_dep, *tasks[n].setup_tasks))
-    return [n for n in seen if groups or _counted(tasks[n])]
-
-
-def _waited_on(tasks, reachable):
-    """The zoo's lock and emit tasks a task of the dodo's own in this run waits for (task_dep,
-    calc_dep; through groups such as `lock`, and `cache`): those fail where a check does not pass
-    or an emit is refused, so that such a task never runs on a failed verdict; the report then
-    writes itself at the run's end (`_report_failures`). (doit runs a task whose `setup` failed.)"""
-    from .handing import ZOO_TASKS
-    stops, deps = ZOO_TASKS | {"report"}, lambda n: (*tasks[n].task_dep, *tasks[n].calc_dep)
-    out, seen = set(), set()
-    todo = [d for n in reachable if n.partition(":")[0] not in stops | {"cache"} for d in deps(n)]
-    while todo:
-        n = todo.pop()
-        if n in seen or n not in tasks:
-            continue
-        seen.add(n)
-        kind = n.partition(":")[0]
-        if kind in ("lock", "emit") and not tasks[n].has_subtask:
-            out.add(n)
-        elif kind not in stops or tasks[n].has_subtask:   # (a group's sub-tasks; the report fails itself)
-            todo.extend(deps(n))
-    return out
 
 
 class ProgressReporter(ConsoleReporter):
@@ -138,19 +101,22 @@ class ProgressReporter(ConsoleReporter):
 
     def initialize(self, tasks, selected_tasks):
         self.tasks = tasks
-        self.reachable = _reachable(tasks, selected_tasks)
+        self.reachable = reachable(tasks, selected_tasks)
         self.known = set(self.reachable)
         self.total = len(self.reachable)
         self.work = Work(self.reachable)
         guards.RUNNING[:] = [lambda: sorted(self.work.started)]   # (named where a worker dies)
         self.line = self.mode == "line" or (self.mode == "auto" and self.total > PROGRESS_THRESHOLD)
-        from .handing import ignored
+        from .handing import ignored, waited_on
+        from .report_aside import hold
         from .run import current
         if current() is not None:   # a lock whose checks fail fails the run itself when no report
             s = current().settings  # will; a refused emit when neither its lock nor the report will
             s["report_follows"] = "report" in self.reachable and not ignored("report")
             s["locks_follow"] = {n[5:] for n in self.reachable if n.startswith("lock:") and not ignored(n)}
-            s["waited_on"] = _waited_on(tasks, _reachable(tasks, selected_tasks, groups=True))
+            s["waited_on"] = waited_on(tasks, reachable(tasks, selected_tasks, groups=True))
+            if "report" not in s["waited_on"]:   # (where one waits for it, it reads it in build/)
+                hold()
         self.start = time.monotonic()
 
     def _maybe_line(self):
@@ -193,7 +159,7 @@ class ProgressReporter(ConsoleReporter):
     def _seen(self, task):
         """A task doit reached that the selection did not show (one a calc_dep added): counted
         from now on, so done never passes total."""
-        if _counted(task) and task.name not in self.known:
+        if counted(task) and task.name not in self.known:
             self.known.add(task.name)
             self.total += 1
             self.work.kinds.setdefault(task.name.split(":")[0], {"total": 0, "checked": 0, "ran": 0,
@@ -201,7 +167,7 @@ class ProgressReporter(ConsoleReporter):
 
     def execute_task(self, task):
         self._seen(task)
-        if _counted(task):
+        if counted(task):
             self.work.start(task.name, time.monotonic())
             self.ran += 1
         self._maybe_line()
@@ -211,7 +177,7 @@ class ProgressReporter(ConsoleReporter):
     def add_success(self, task):
         self._seen(task)
         self.settled.append(task.name)
-        if _counted(task):
+        if counted(task):
             self.done += 1
             self.work.finish(task.name, time.monotonic())
         self._tick()
@@ -224,7 +190,7 @@ class ProgressReporter(ConsoleReporter):
         self._seen(task)
         if task.name == "report" and isinstance(fail, TaskError) and not isinstance(fail, UnmetDependency):
             self.unwritten = True   # (it raised; a TaskFailed is a report written that fails the run)
-        if _counted(task):   # a group (`lock`) fails with its sub-tasks: they say why
+        if counted(task):   # a group (`lock`) fails with its sub-tasks: they say why
             self.done += 1
             self.failed += 1
             self.work.finish(task.name, time.monotonic())
@@ -234,7 +200,7 @@ class ProgressReporter(ConsoleReporter):
                 self.failed_tasks[task.name] = _message(fail)
         if self.line and self.tty and self.bar is not None:
             self.bar.clear()
-        if _counted(task) and not isinstance(fail, (ChecksFailed, UnmetDependency)) and fail.report:
+        if counted(task) and not isinstance(fail, (ChecksFailed, UnmetDependency)) and fail.report:
             self.write(f"FAILED {task.name}: {_message(fail)}\n")
             if any((a.out or "").strip() for a in task.actions):   # (doit's block shows it)
                 self.failures.append({"task": task, "exception": fail})
@@ -244,7 +210,7 @@ class ProgressReporter(ConsoleReporter):
         self._seen(task)
         self.settled.append(task.name)
         self.uptodate.append(task.name)
-        if _counted(task):
+        if counted(task):
             self.done += 1
             self.work.finish(task.name, time.monotonic())
         if not self.line:
@@ -263,8 +229,10 @@ class ProgressReporter(ConsoleReporter):
         self._tick()
 
     def complete_run(self):
+        ended = sys.exc_info()[0] is None   # (not an interrupt or a crash on its way out)
         self._tick(final=True)
-        self._report_failures()
+        if ended:
+            self._report_failures()
         self._publish_named()
         from .run import current
         if "report" not in self.reachable and current() is not None:
@@ -279,8 +247,11 @@ class ProgressReporter(ConsoleReporter):
         note = current().say(own) if current() is not None and "report" in self.uptodate else None   # task ran)
         if note:
             LOG.info(note.rstrip("\n"))
+        if current() is not None:   # the report this run wrote or found current, into place
+            from .report_aside import settle
+            settle(current().build, ended)
         super().complete_run()
-        summary = self._summary()
+        summary = self._summary() if ended or "report" not in self.reachable else None
         if summary:
             self.write(summary + "\n")
         from .doit_db import UNWRITTEN

@@ -15,7 +15,7 @@ from ..files import json_lines, read_json, write_atomic, write_files
 from ..verify.verdict import decided, decisive, describe, number, one_minus_cos, short
 from ..fingerprint import sha256_or_none, sha256_text
 from .keys import check_key, moved
-from .report_aside import JUDGED, REPORT_FORMATS, changed_since, drop_aside
+from .report_aside import HELD, JUDGED, REPORT_FORMATS, STALE, changed_since, drop_aside
 from .report_facts import context, counts, headline, tally, warnings
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
@@ -386,15 +386,15 @@ def write_reports(rows, out_dir, plots_cache=None, key=None, threads=None):
     """All the files (REPORT_FORMATS), each whole (staged, then renamed together), then the report's
     status: the key it was made under (None: never current), each file's sha256 and its rows'
     verdicts (name, check, verdict): what the run's last line counts without reading report.json.
-    `threads`: the run's threads=, each row's currency judged at it; every file states it."""
-    os.makedirs(out_dir, exist_ok=True)
+    `threads`: the run's threads=, each row's currency judged at it; every file states it (to
+    build/stale/ while the run holds its report until it ends: report_aside.HELD)."""
     header = {**context(os.path.dirname(os.path.abspath(out_dir))), "threads": threads}
     from .spread import spread
     renderers = formats()   # (each its own work: they share the cores; the plots cache is the page's)
     files = dict(zip(renderers, spread(lambda f: renderers[f](rows, plots_cache, header), renderers,
                                        least=1)))
-    write_files(out_dir, files)
-    drop_aside(out_dir)
+    write_files(os.path.join(out_dir, STALE) if HELD else out_dir, files)
+    drop_aside(out_dir, keep=files if HELD else ())
     write_files(os.path.join(out_dir, "status"), {"report.json": json_lines(
         {"key": key, "files": {f: sha256_text(t) for f, t in files.items()},
          "verdicts": [[r["name"], r["check"], r["verdict"]] for r in rows]})})

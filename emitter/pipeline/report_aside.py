@@ -1,7 +1,10 @@
 """The last complete report's files while a run is under way: set aside (build/stale/) when a run
 starts, so that a run that does not end leaves no report that says pass; brought back when the run
-finds that report current, dropped when it writes a new one. Apart from the report's renderers, so
-that a no-op run loads none of them."""
+finds that report current, replaced when it writes a new one. While the zoo's reporter runs a run
+(`hold`), the report it writes or finds current waits there too, and comes into place when the
+run ends (`settle`): a run killed or interrupted after its report task (a task of the dodo's own
+still running) leaves none in build/. Apart from the report's renderers, so that a no-op run
+loads none of them."""
 
 import os
 import re
@@ -18,6 +21,10 @@ REPORT_FORMATS = {"report.json": ("report", "render_json"), "junit.xml": ("repor
                   "report.html": ("report_html", "render")}
 STALE = "stale"   # build/stale/: the last complete report while a run is under way
 
+
+# [True] while the zoo's reporter runs a run whose report no task of the dodo's own waits for (one
+# that does reads it in build/ as its task ends); READY: the report folders found current meanwhile
+HELD, READY = [], set()
 
 # the rows and key the report's currency check judged, for its action next in the same process
 # (doit runs a task's action right after its `uptodate`; a `-n N` worker judges them again)
@@ -69,8 +76,37 @@ def restore(out_dir):
             pass
 
 
-def drop_aside(out_dir):
-    for f in report_files(out_dir):
+def hold():
+    HELD[:] = [True]
+    READY.clear()
+
+
+def ready(out_dir):
+    """The report in `out_dir` is current: into place now, or where the run holds it, at its end."""
+    if HELD:
+        READY.add(out_dir)
+    else:
+        restore(out_dir)
+
+
+def settle(out_dir, ended):
+    """At the run's end: the report it wrote (its status written since the run began: a `-n N`
+    worker may have written it) or found current comes into place, where the run `ended` (not an
+    interrupt or a crash on its way out: then build/stale/ keeps it, not current)."""
+    from .guards import began_ns
+    found, began = out_dir in READY, began_ns()
+    HELD.clear()
+    READY.clear()
+    try:
+        written = began is not None and os.stat(os.path.join(out_dir, "status", "report.json")).st_ctime_ns >= began
+    except OSError:
+        written = False
+    if ended and (found or written):
+        restore(out_dir)
+
+
+def drop_aside(out_dir, keep=()):
+    for f in set(report_files(out_dir)) - set(keep):
         try:
             os.unlink(os.path.join(out_dir, STALE, f))
         except OSError:

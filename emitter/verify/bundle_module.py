@@ -51,7 +51,9 @@ def load_bundle_module(bundle_dir, source=None, limit=None):
     module.__file__ = path
     try:
         exec(_compiled(source, path), module.__dict__)
-    except (Exception, SystemExit) as e:  # the bundle is generated text: its own failure to import is a finding
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # the bundle is generated text: its own failure to import is a finding
         message = f"{path}: importing the module failed: {type(e).__name__}: {e}"
         if isinstance(e, (SyntaxError, ValueError)) or bundles_fault(e, limit):   # (compile's: its text's)
             raise BundleFault({"stage": "import", "out": None, "op": "model.py", "line": None}, message) from None

@@ -8,8 +8,8 @@ its check's judge, which it does not tell apart, for the verdict on each of them
 - `settled(...)`: after the steps, the load stage's record as the judge stands on it;
 - `report(stages, load)`: the result's fields the judge adds (the worst stage, a summary).
 
-`Flat` (float64, float32): every tensor within the check's tolerance (compare's own pass), and
-the constant leaves, once the steps ran, still as loaded. Both:
+`Flat` (float64, float32): every tensor within the check's tolerance (compare's own pass), a
+flipped token only inside it, and the constant leaves, once the steps ran, still as loaded. Both:
 an Int state (a token, a position) passes only where it is the VM's, value for value. `Bf16`
 (bfloat16): the per-op gate of emitter.verify.bf16, each op against its rounding floor under the
 program's precision policy, which the bundle's PRECISION table must be; a real output or state
@@ -65,10 +65,19 @@ class Flat:
                                   self.each_step)
 
     def step(self, torch, program, current, trace, probe, step, label):
-        """One step's probe pass judged: each stage's pass is the tolerance's, as the probe set it."""
+        """One step's probe pass judged: each stage's pass is the tolerance's, as the probe set it,
+        but an argmax's token that is a near-tie of the VM's (`flip`, on the VM's input to it: the
+        module was handed it) passes, its ratio its margin's share of the bound."""
         self.last = step
         if self.each_step:
             self._again(step)
+        for i, m in probe.results.items() if self.precisions is None else ():
+            st = program.stages[i]
+            if st.op.integer and not m["pass"] and i in probe.values and st.inputs:
+                env = {**current, **{s.out: trace.stages[s.index] for s in program.stages[:i] if s.binds}}
+                self._near_tie(m, env.get(st.inputs[0]), probe.values[i])
+                if m["flip_excused"]:
+                    m["worst_ratio"] = m["flip_margin"] / m["flip_bound"] if m["flip_bound"] else 0.0
 
     def _again(self, step):
         """The load stage again over the constant leaves (leaf_check.still_loaded): one the module
@@ -80,7 +89,22 @@ class Flat:
                                      self.sums)
 
     def flip(self, out_m, probe, trace, feed, got):
-        """A token the module got wrong stays wrong."""
+        """A flipped token (`got`: the module's tokens) passes only where it is a near-tie of the
+        VM's (`_near_tie`, on the logits of the stage `feed`)."""
+        self._near_tie(out_m, trace.stages[feed], got)
+
+    def _near_tie(self, out_m, logits, got):
+        """Whether the VM's logit of each token `got` (`logits`: the VM's) is within the check's
+        tolerance of the VM's top logit (abs + rel times the row's largest |logit|, compare's
+        bound): a near-tie the dtype cannot tell apart (two logits 1e-8 apart are one float32). A
+        token the VM ranks further down stays wrong. Its figures into `out_m`, and its pass."""
+        rows, margins = _margins(logits, got)
+        bounds = [self.tol["abs"] + self.tol["rel"] * float(np.abs(r).max()) for r in rows] if margins else []
+        i = max(range(len(margins)), key=lambda k: margins[k] - bounds[k]) if margins else None
+        excused = i is not None and all(m <= b for m, b in zip(margins, bounds))
+        out_m.update(flip_margin=math.inf if i is None else margins[i], flip_bound=None if i is None else bounds[i],
+                     flip_excused=excused)
+        out_m["pass"] = excused
 
     def settled(self, load, replayed=False):
         """The load stage's record after the steps: every figure was judged against the VM, the
@@ -137,12 +161,7 @@ class Bf16(Flat):
         ranks far down is no near-tie, however wide the noise."""
         vm = np.asarray(trace.stages[feed], dtype=np.float64).reshape(-1)
         noise = float(np.sqrt(np.mean((probe.values[feed].reshape(-1) - vm) ** 2)))
-        tokens = np.asarray(got).reshape(-1)
-        rows = vm.reshape(tokens.size, -1) if tokens.size and vm.size % tokens.size == 0 else None
-        if rows is None or not ((tokens >= 0) & (tokens < rows.shape[1])).all():
-            margin = math.inf   # (a token no logit of the row stands for)
-        else:
-            margin = float(max(rows[i].max() - rows[i, t] for i, t in enumerate(tokens)))
+        margin = max(_margins(vm, got)[1] or [math.inf])
         excused = margin <= self.bounds["margin_noise"] * noise
         out_m.update(flip_margin=margin, flip_noise=noise, flip_excused=excused)
         out_m["pass"] = excused
@@ -186,6 +205,22 @@ class Bf16(Flat):
                 "routing_margins": [{k: f[k] for k in ("step", "out", "token", "margin", "noise", "excused")}
                                     for f in self.routing[:20]],
                 "ops_failing": sum(1 for s in seen if not s["pass"])}
+
+
+def _margins(logits, got):
+    """(the VM's `logits` a row per token, each row's top logit less its logit of the module's
+    token `got`), ([], []) where a token is none a logit of its row stands for."""
+    if logits is None:
+        return [], []
+    vm = np.asarray(logits, dtype=np.float64).reshape(-1)
+    tokens = np.asarray(got, dtype=np.float64).reshape(-1)
+    if not (np.isfinite(tokens) & (tokens == np.round(tokens))).all():
+        return [], []
+    tokens = tokens.astype(np.int64)
+    rows = vm.reshape(tokens.size, -1) if tokens.size and vm.size % tokens.size == 0 else None
+    if rows is None or not ((tokens >= 0) & (tokens < rows.shape[1])).all():
+        return [], []
+    return list(rows), [float(rows[i].max() - rows[i, t]) for i, t in enumerate(tokens)]
 
 
 def _share(s, b):

@@ -79,7 +79,9 @@ def _build(torch, module, program, weights_dir, dtype, allow_nonfinite, read=())
         else:
             weights = module.load_weights(weights_dir, dtype)
         return module.LogosModule(weights, dtype)
-    except (Exception, SystemExit) as e:   # the VM read these weights: the bundle's refusal is its own fault
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:   # the VM read these weights: the bundle's refusal is its own fault
         message = f"the bundle's load_weights / LogosModule raised: {type(e).__name__}: {e}"
         looked = isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)) and \
             e.filename is not None and os.path.realpath(os.fsdecode(e.filename)) not in read
@@ -156,7 +158,8 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             golden.add(step, trace)
 
         probe = Probe(torch, dtype, trace.stages, judge.tol, judge.precisions,
-                      {st.index for st in program.stages if st.op.view}, known_view, watch)
+                      {st.index for st in program.stages if st.op.view}, known_view, watch,
+                      {st.index for st in program.stages if st.op.integer})
         try:
             with torch.no_grad():
                 # the free pass first, from the VM's states (teacher-forced): nothing of this
@@ -170,7 +173,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                         own_first = (out.detach().double().numpy().copy(), written)
                 except (Raised, BundleFault) as e:   # the probe pass still names what diverged before it
                     free_raised = e
-                set_states(torch, model, program, current)
+                set_states(torch, model, program, current, step)
                 model.probe = Releasing(probe, resident, stage_reads)
                 t, let_go = time.perf_counter(), resident.seconds
                 try:
@@ -198,8 +201,8 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
         timings["judge_s"] += time.perf_counter() - t
 
         out_m = judge.compare(out.double().numpy(), trace.output)
-        out_m["argmax_agree"] = bool(out.numel() == trace.output.size and
-                                     int(torch.argmax(out)) == int(np.argmax(trace.output)))
+        out_m["argmax_agree"] = bool(out.numel() == trace.output.size and   # (of any dtype: an integer one
+                                     int(torch.argmax(out.double())) == int(np.argmax(trace.output)))   # too)
         if integer:
             got_i = np.rint(out.double().numpy()).astype(np.int64)
             out_m["integer_mismatches"] = int(np.count_nonzero(got_i != np.rint(trace.output)))

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 from .compare import figures
-from .probe import as_arguments, held_sum, run_module
+from .probe import BundleFault, as_arguments, held_sum, run_module
 from .resident import as_a_user_runs
 
 
@@ -20,7 +20,7 @@ def writer(program, state):
 def free_pass(torch, model, program, states, resident, stage_reads, timings, step, what):
     """The module alone from `states` (the VM's), its inputs passed as forward's arguments:
     (its output, the states it wrote back, copies, and what a caller sees it do: [(label, message)])."""
-    set_states(torch, model, program, states)
+    set_states(torch, model, program, states, step)
     inputs = [n for n in program.leaves if program.roles[n] == "input"]
     with as_arguments(torch, model, inputs) as args, as_a_user_runs(model, resident, stage_reads) as seen:
         sent = {n: held_sum(torch, a, a.dtype) for n, a in args.items()}
@@ -33,7 +33,7 @@ def free_pass(torch, model, program, states, resident, stage_reads, timings, ste
         late = [({"stage": "argument", "out": n, "op": "input", "line": program.bound_at.get(n)},
                  f"{what} wrote into its argument `{n}`: a caller's input changes")
                 for n, a in args.items() if held_sum(torch, a, a.dtype) != sent[n]]
-    return out, {s: getattr(model, "leaf_" + s).detach().clone() for s in program.states}, late
+    return out, {s: state_buffer(torch, model, program, s, step).detach().clone() for s in program.states}, late
 
 
 def replay(torch, model, program, leaves, resident, stage_reads, timings, judge, steps, first, integer):
@@ -63,7 +63,21 @@ def replay(torch, model, program, leaves, resident, stage_reads, timings, judge,
     return r
 
 
-def set_states(torch, model, program, values):
+def state_buffer(torch, model, program, state, step=0):
+    """The module's buffer of `state`, still a tensor of the state's shape: a forward that rebound
+    it to another (`self.leaf_Vc = Vc.reshape(-1)`) wrote the state back wrong, where a caller's
+    next step reads it (a BundleFault at the state's write-back, `step` the pass's)."""
+    buf = getattr(model, "leaf_" + state, None)
+    d = program.decls[state]
+    if not isinstance(buf, torch.Tensor) or tuple(buf.shape) != (d.rows, d.cols):
+        kind = f"of shape {tuple(buf.shape)}" if isinstance(buf, torch.Tensor) else f"a {type(buf).__name__}"
+        raise BundleFault(writer(program, state), f"after its forward the module's buffer `leaf_{state}` is {kind}, "
+                          f"not the state `{state}` ({d.rows} by {d.cols}): the forward rebound it, where a "
+                          "caller's next step reads the state", step)
+    return buf
+
+
+def set_states(torch, model, program, values, step=0):
     for s in program.states:   # (one copy: into the buffer; a read-only map is copied to hand it on)
         v = np.asarray(values[s], np.float64)
-        getattr(model, "leaf_" + s).copy_(torch.from_numpy(v if v.flags.writeable else v.copy()))
+        state_buffer(torch, model, program, s, step).copy_(torch.from_numpy(v if v.flags.writeable else v.copy()))

@@ -116,15 +116,15 @@ def run_module(model, program, what, step=0, args=None, hook=None):
             raise BundleFault({"stage": "output", "out": program.output, "op": "output",
                                "line": program.bound_at.get(program.output)},
                               f"in {what} the module's forward returned {odd}", step)
-        out = out.resolve_neg()
+        out = out.detach().resolve_neg()   # (one that requires grad is a caller's to detach)
         mine = out.untyped_storage().data_ptr()
         alias = next((s for s in program.states if mine and mine == getattr(
             model, "leaf_" + s).untyped_storage().data_ptr()), None)
         if alias is None:
             return out
-    except (CouldNotRun, BundleFault):
+    except (CouldNotRun, BundleFault, KeyboardInterrupt):   # (Ctrl-C: the run's to stop)
         raise
-    except (Exception, SystemExit) as e:   # (a bundle's sys.exit() is its own fault too)
+    except BaseException as e:   # (a bundle's sys.exit(), or an exception of its own kind, is its fault too)
         hook = hook or model.probe
         nxt = getattr(hook, "last", -1) + 1 if hook else stage_raised_in(e, model)
         nxt = nxt if nxt is not None and nxt < len(program.stages) else None
@@ -142,8 +142,9 @@ def run_module(model, program, what, step=0, args=None, hook=None):
 class Probe:
     """The module's `tap` hook in the probe pass: compare each stage with the VM, hand back the VM's."""
 
-    def __init__(self, torch, dtype, vm_stages, tol, precisions=None, views=(), known=None, watch=()):
+    def __init__(self, torch, dtype, vm_stages, tol, precisions=None, views=(), known=None, watch=(), keep=()):
         self.torch, self.dtype, self.vm_stages, self.tol, self.views = torch, dtype, vm_stages, tol, views
+        self.keep = keep   # the stages whose values are kept (bf16: every one; an argmax's token)
         # known(index, value, want): the module's view is the VM's by where it points (no read)
         self.known = known or (lambda index, value, want: False)
         self.precisions = precisions   # bf16: each stage's (compute, output); its values are kept
@@ -244,7 +245,7 @@ class Probe:
             if value.numel() <= SMALL and tuple(value.shape) == tuple(np.shape(want)):
                 # its own copy (the module may write into its value later), figured with the others
                 mine = self._own(value)
-                if self.precisions is not None:
+                if self.precisions is not None or index in self.keep:
                     self.values[index] = mine
                 self._settled(index, None)
                 self._pending[index] = (mine, want)
@@ -255,7 +256,7 @@ class Probe:
             back = value if same else self.to_torch(want, index)
             release(want)
             kept = value
-        if self.precisions is not None:   # (every value of a stage that has two: the gate judges each)
+        if self.precisions is not None or index in self.keep:   # (each value of a stage that has two)
             self.values[index] = tuple(v.detach().double().numpy() for v in kept) if isinstance(kept, tuple) \
                 else kept.detach().double().numpy()
         self._settled(index, m)
