@@ -107,3 +107,74 @@ def test_an_argmax_of_logits_the_dtype_ties_passes_a_far_one_fails(tmp_path, dty
     r = lock_bundle(wrong, EMB, weights, dtype, 2)
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and f["out"] == "best", f
+
+
+MEMO = [("        q = self.tap(0, x @ Wq)\n",
+         "        if not hasattr(self, '_memo'):\n            self._memo = (x @ Wq, x @ Wk, x @ Wv)\n"
+         "        q = self.tap(0, self._memo[0])\n"),
+        ("        k = self.tap(1, x @ Wk)\n", "        k = self.tap(1, self._memo[1])\n"),
+        ("        v = self.tap(2, x @ Wv)\n", "        v = self.tap(2, self._memo[2])\n")]
+OWN_ROWS = [("        att = self.tap(9, attention(qr, Kc, Vc, 4, 2, 4))\n",
+             "        own = getattr(self, '_K', None)\n        own = torch.zeros_like(Kc) if own is None else own\n"
+             "        p = int(pos.reshape(-1)[0])\n        mix = torch.cat([own[:p], Kc[p:]], dim=0)\n"
+             "        self._K = set_row(own, pos, kr, 'pos')\n"
+             "        att = self.tap(9, attention(qr, mix, Vc, 4, 2, 4))\n")]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("change,stage", [(MEMO, (0, "q")), (OWN_ROWS, (9, "att"))])
+def test_a_module_that_computes_from_what_it_kept_fails_naming_the_stage(rope, tmp_path, dtype, change, stage):
+    """Projections of its input kept from its first call (the input never changes from step to
+    step), or a copy of its key cache of its own read for the earlier positions (handed the VM's
+    rows each step, it matched the VM): the last step once more, with other inputs, by the
+    instance that ran the steps and by a new one from the same weights, differs at that stage."""
+    r = lock_bundle(_changed(rope, tmp_path, *change), ROPE, ROPE_WEIGHTS, dtype, 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["step"], f["stage"], f["out"]) == (2, *stage), (r["reason"], f)
+    assert "by the instance that ran the steps and by a new one from the same weights" in f["raised"], f
+    assert all(d["pass"] for d in r["steps_detail"]) and r["replay"]["pass"], r["steps_detail"]
+    assert r["fresh"] == {**r["fresh"], "pass": False, "same": False, "inputs": ["x"]}, r["fresh"]
+
+
+def test_a_right_bundle_gives_the_same_in_a_new_instance_and_the_vms_values_on_other_inputs(rope):
+    for dtype in ("float64", "float32"):
+        r = lock_bundle(rope, ROPE, ROPE_WEIGHTS, dtype, 2)
+        assert r["verdict"] == "pass" and r["fresh"]["pass"] and r["fresh"]["same"], r["fresh"]
+        assert r["fresh"]["inputs"] == ["x"] and r["fresh"]["output"]["worst_ratio"] <= 1.0, r["fresh"]
+    program = read_file(ROPE)   # (the VM's step on the rolled input is another token: judged against it)
+    from emitter.verify import vm
+    from emitter.verify.passes import varied
+    leaves = vm.load_leaves(program, ROPE_WEIGHTS).values
+    x = varied(program, leaves)["x"]
+    assert not np.array_equal(x, leaves["x"]) and sorted(x.reshape(-1)) == sorted(leaves["x"].reshape(-1))
+
+
+MOE = os.path.join(ROOT, "programs", "moe.logos")
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    d = tmp_path_factory.mktemp("moe") / "bundle"
+    write_bundle(emit_program(read_file(MOE), {}), str(d))
+    return str(d)
+
+
+@pytest.mark.parametrize("change", [
+    ("3, 2, 4, True, 2.5))", "3, 2, 4, True, 2.5 if self.probe is not None else 2.2))"),
+    ('        """An operand in its stage\'s compute precision when the module runs in bfloat16.',
+     '        if self.probe is None and self.low and x.is_floating_point():\n            return x.to(torch.bfloat16)\n'
+     '        """An operand in its stage\'s compute precision when the module runs in bfloat16.'),
+])
+def test_a_path_of_its_own_when_no_hook_is_set_fails_under_bf16(moe, tmp_path, change):
+    """Under bf16 the free pass is judged on its cosine and nmse alone, which a routing scale of
+    2.2 for 2.5, or the policy ignored, in the path a user's run takes (no hook set) stays within:
+    the same pass with its taps hooked (each value handed back as it came) gives other bits."""
+    weights = os.path.join(ROOT, "weights", "moe")
+    good = lock_bundle(moe, MOE, weights, "bfloat16", 2)
+    assert good["verdict"] == "pass" and good["fresh"]["same"] and "output" not in good["fresh"], good["reason"]
+    r = lock_bundle(_changed(moe, tmp_path, change), MOE, weights, "bfloat16", 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["step"], f["stage"]) == (1, "output"), (r["reason"], f)
+    assert "the same pass with a hook on its taps" in f["raised"] and "computes otherwise when no hook" in f["raised"]
+    assert all(s["pass"] for s in r["stages"]), r["stages"]   # (the probe's path is right)

@@ -1,4 +1,5 @@
-"""The bundle's model.py as the lock runs it: a fresh module from the bytes the lock hashed."""
+"""The bundle's model.py as the lock runs it: a fresh module from the bytes the lock hashed, and
+its LogosModule built as a user builds it."""
 
 import hashlib
 import os
@@ -8,7 +9,7 @@ import types
 import uuid
 
 from . import compiled_store
-from .probe import BundleFault, CouldNotRun, bundles_fault
+from .probe import BundleFault, CouldNotRun, absurd, bundles_fault
 
 _CODE, _KEPT = {}, 8   # (path, sha256 of the bytes, -O): their code object, the last few compiled
 _LOCK = threading.Lock()   # (a worker may run checks on several threads)
@@ -70,3 +71,44 @@ def read_model(path):
             return f.read()
     except OSError:
         return None
+
+
+def build_module(torch, module, program, weights_dir, dtype, allow_nonfinite, read=()):
+    """The module as a user builds it: the bundle's loader, then its LogosModule; and how to build
+    another from the same weights (passes.fresh). `read`: the weights files the VM read (real
+    paths): a file the bundle looks for that is not there and is none of them is the bundle's own
+    doing (a loader after another suffix)."""
+    threads = torch.get_num_threads()   # (the check's: one a constructor sets is put back)
+    missing = [n for n in ("load_weights", "LogosModule") if not callable(getattr(module, n, None))]
+    if missing:   # (what every bundle defines: compile.py calls both)
+        raise BundleFault({"stage": "load", "out": None, "op": missing[0], "line": None},
+                          f"the bundle's model.py defines no {' and no '.join(missing)}")
+    try:
+        if weights_dir is None:
+            weights = {}
+        elif allow_nonfinite:
+            weights = module.load_weights(weights_dir, dtype, allow_nonfinite=tuple(allow_nonfinite))
+        else:
+            weights = module.load_weights(weights_dir, dtype)
+        model = module.LogosModule(weights, dtype)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:   # the VM read these weights: the bundle's refusal is its own fault
+        message = f"the bundle's load_weights / LogosModule raised: {type(e).__name__}: {e}"
+        looked = isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)) and \
+            e.filename is not None and os.path.realpath(os.fsdecode(e.filename)) not in read
+        if bundles_fault(e, absurd(program)) and (looked or not isinstance(e, OSError)):
+            raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None}, message) from None
+        raise CouldNotRun(message) from None
+
+    def another():   # (the first was built: a second that raises is the bundle's fault)
+        try:
+            return module.LogosModule(weights, dtype)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:
+            raise BundleFault({"stage": "load", "out": None, "op": "LogosModule", "line": None},
+                              f"a second LogosModule of the same weights raised: {type(e).__name__}: {e}") from None
+        finally:
+            torch.set_num_threads(threads)
+    return model, another

@@ -5,6 +5,8 @@ its check's judge, which it does not tell apart, for the verdict on each of them
   and its pass;
 - `step(...)`: after each step's probe pass, each stage's pass (the probe's figures in hand);
 - `flip(...)`: an integer output (an argmax's token) the module got wrong: whether it is excused;
+- `loose`: whether the free pass is judged on cosine and nmse alone (then run again with its taps
+  hooked, to give it bit for bit);
 - `settled(...)`: after the steps, the load stage's record as the judge stands on it;
 - `report(stages, load)`: the result's fields the judge adds (the worst stage, a summary).
 
@@ -37,6 +39,7 @@ class Flat:
 
     precisions = None   # the module runs in the lock's dtype: no precision per stage
     each_step = False   # the constant leaves checked again after every step, not once at the end
+    loose = False       # its free passes are judged by the tolerance (else: passes.same_when_tapped)
 
     def __init__(self, tol, model=None):
         self.tol, self.model = tol, model
@@ -75,7 +78,7 @@ class Flat:
             st = program.stages[i]
             if st.op.integer and not m["pass"] and i in probe.values and st.inputs:
                 env = {**current, **{s.out: trace.stages[s.index] for s in program.stages[:i] if s.binds}}
-                self._near_tie(m, env.get(st.inputs[0]), probe.values[i])
+                self.near_tie(m, env.get(st.inputs[0]), probe.values[i])
                 if m["flip_excused"]:
                     m["worst_ratio"] = m["flip_margin"] / m["flip_bound"] if m["flip_bound"] else 0.0
 
@@ -90,10 +93,10 @@ class Flat:
 
     def flip(self, out_m, probe, trace, feed, got):
         """A flipped token (`got`: the module's tokens) passes only where it is a near-tie of the
-        VM's (`_near_tie`, on the logits of the stage `feed`)."""
-        self._near_tie(out_m, trace.stages[feed], got)
+        VM's (`near_tie`, on the logits of the stage `feed`)."""
+        self.near_tie(out_m, trace.stages[feed], got)
 
-    def _near_tie(self, out_m, logits, got):
+    def near_tie(self, out_m, logits, got):
         """Whether the VM's logit of each token `got` (`logits`: the VM's) is within the check's
         tolerance of the VM's top logit (abs + rel times the row's largest |logit|, compare's
         bound): a near-tie the dtype cannot tell apart (two logits 1e-8 apart are one float32). A
@@ -126,6 +129,8 @@ class Bf16(Flat):
     weights), or None."""
 
     each_step = True   # the floors read the module's own weights: checked before each step's
+    loose = True       # its free pass is judged on cosine and nmse alone: the stages the probe judges
+    #                    must be what that pass computes, bit for bit (passes.same_when_tapped)
 
     def __init__(self, tol, module, program, policy=None, overrides=None, model=None):
         super().__init__(tol, model)

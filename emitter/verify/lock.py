@@ -30,10 +30,11 @@ from ..sambaflow.marks import program_name
 from . import environment, heap, trace as trace_file, verdict, vm
 from .compare import KEYS, compare, figures, worse, worst_of  # noqa: F401
 from .leaf_check import exact_leaves, known_view_of, load_stage, unholdable
-from .bundle_module import load_bundle_module, read_model as _read_model
+from .bundle_module import build_module, load_bundle_module, read_model as _read_model
 from .judges import judge_for
-from .passes import free_pass, replay as replay_step_1, set_states, writer
-from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, bundles_fault, changed_after_tap,
+from .passes import (fresh as fresh_instance, free_pass, replay as replay_step_1, same_when_tapped, set_states,
+                     writer)
+from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, changed_after_tap,
                     run_module, watched)
 from .resident import Releasing, Resident, Watching, reads, worth_releasing
 from .result import unfinished
@@ -63,33 +64,6 @@ def _label(program, index):
     return {"stage": st.index, "out": st.out, "op": st.op.name, "line": st.line}
 
 
-def _build(torch, module, program, weights_dir, dtype, allow_nonfinite, read=()):
-    """The module as a user builds it: the bundle's loader, then its LogosModule. `read`: the
-    weights files the VM read (real paths): a file the bundle looks for that is not there and is
-    none of them is the bundle's own doing (a loader after another suffix)."""
-    missing = [n for n in ("load_weights", "LogosModule") if not callable(getattr(module, n, None))]
-    if missing:   # (what every bundle defines: compile.py calls both)
-        raise BundleFault({"stage": "load", "out": None, "op": missing[0], "line": None},
-                          f"the bundle's model.py defines no {' and no '.join(missing)}")
-    try:
-        if weights_dir is None:
-            weights = {}
-        elif allow_nonfinite:
-            weights = module.load_weights(weights_dir, dtype, allow_nonfinite=tuple(allow_nonfinite))
-        else:
-            weights = module.load_weights(weights_dir, dtype)
-        return module.LogosModule(weights, dtype)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as e:   # the VM read these weights: the bundle's refusal is its own fault
-        message = f"the bundle's load_weights / LogosModule raised: {type(e).__name__}: {e}"
-        looked = isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)) and \
-            e.filename is not None and os.path.realpath(os.fsdecode(e.filename)) not in read
-        if bundles_fault(e, absurd(program)) and (looked or not isinstance(e, OSError)):
-            raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None}, message) from None
-        raise CouldNotRun(message) from None
-
-
 def _raised_label(program, e):
     """The label of the stage a module raised in; after the last stage, its write-backs."""
     if e.stage is not None:
@@ -116,9 +90,12 @@ def _feeding(program):
     return next((bound[n] for n in out.inputs if n in bound and program.real.get(n)), None)
 
 
-def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, loaded, golden=None, vm_steps=None):
+def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, loaded, golden=None, vm_steps=None,
+         another=None):
     """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures,
-    where the module raised or None: the run stops at the step it raised in). Each step has a
+    where the module raised or None: the run stops at the step it raised in, {"replay", "fresh"}:
+    the passes after the last step, emitter.verify.passes; `another()` builds the module's new
+    instance). Each step has a
     teacher-forced free pass (the module alone from the VM's states, so each step's error is its
     own), then a probe pass (every op on the VM's inputs): the free pass runs before the module is
     handed any of the step's VM values, which it could otherwise keep and hand back. Its VM step
@@ -153,7 +130,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                                                   resident, loaded)
     vm_steps = iter(vm_steps or trace_file.steps(program, leaves, steps, timings))
     for step in range(1, steps + 1):
-        trace = next(vm_steps)
+        start, trace = dict(current), next(vm_steps)
         if golden is not None:
             golden.add(step, trace)
 
@@ -169,6 +146,9 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                     out, written, late = free_pass(torch, model, program, current, resident, stage_reads,
                                                     timings, step, f"the free pass of step {step}")
                     late += returned.check(out, step, "free")
+                    if judge.loose:
+                        late += same_when_tapped(torch, model, program, current, resident, stage_reads, timings,
+                                                 step, out, written)
                     if step == 1 and program.states:   # what the replay must give again
                         own_first = (out.detach().double().numpy().copy(), written)
                 except (Raised, BundleFault) as e:   # the probe pass still names what diverged before it
@@ -240,12 +220,22 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             raised, at = _raised_at(program, e, steps)
             first = first or at
             replay = {"pass": False, "output": None, "states": {}, "raised": e.error}
+    fresh = None
+    if raised is None and another is not None:
+        try:
+            fresh = fresh_instance(torch, model, another, program, leaves, start, resident, stage_reads, timings,
+                                   judge, steps, integer, feed)
+            first = first or (fresh or {}).get("first")
+        except Raised as e:
+            raised, at = _raised_at(program, e, steps)
+            first = first or at
+            fresh = {"pass": False, "inputs": [], "output": None, "states": {}, "raised": e.error}
     stages = [{**_label(program, i), **figures(m), "pass": m["pass"]}
               for i, m in sorted(stages_worst.items())]
     output = None if output_worst is None else {**output_worst, "argmax_agree": argmax_all, "integer": integer}
     if feed is not None and output is not None:
         output["feeding"] = next((s for s in stages if s["stage"] == feed), None)
-    return details, stages, first, output, raised, replay
+    return details, stages, first, output, raised, {"replay": replay, "fresh": fresh}
 
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,
@@ -309,7 +299,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         torch_dtype = getattr(torch, dtype)
         files = {os.path.realpath(os.path.join(weights_dir, f)) for f in set(leaves.sources.values())
                  - {"declared"}} if weights_dir is not None else set()
-        model = _build(torch, module, program, weights_dir, torch_dtype, allow_nonfinite, files)
+        model, another = build_module(torch, module, program, weights_dir, torch_dtype, allow_nonfinite, files)
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         mapped = files if worth_releasing(leaves.values) else set()
@@ -327,10 +317,10 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                     f: _sha256(os.path.join(weights_dir, f)) for f in set(leaves.sources.values()) - {"declared"}})
             vm_steps = trace_file.shared(trace, result, program, leaves.values, steps, lambda: weights_dir
                                          and _as_manifest(result, weights_dir, leaves.sources, weights_shas))
-            details, stages, first, output, raised, replay = _run(
+            details, stages, first, output, raised, after = _run(
                 torch, model, torch_dtype, program, leaves.values, steps, judge, result["timings"], resident,
-                exact_leaves(model, program, load), keep, vm_steps)
-            load = result["load"] = judge.settled(load, replayed=replay is not None)
+                exact_leaves(model, program, load), keep, vm_steps, another)
+            load = result["load"] = judge.settled(load, replayed=any(after.values()))
         opened = watch.stop()
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
             _still_as_read(result, weights_dir, leaves.sources, weights_shas, opened, watch.maybe)
@@ -354,10 +344,11 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             if load["pass"]:   # the stage that raised is the furthest from passing
                 result["worst"] = {**{k: raised[k] for k in ("stage", "out", "op", "line")},
                                    "ratio": None, "max_abs": None, "guarded_rel": None}
-        if replay is not None:
-            result["replay"] = {k: v for k, v in replay.items() if k != "first"}
+        for name, r in after.items():
+            if r is not None:
+                result[name] = {k: v for k, v in r.items() if k != "first"}
         result["verdict"] = "pass" if load["pass"] and all(d["pass"] for d in details) and \
-            (replay is None or replay["pass"]) else "fail"
+            all(r is None or r["pass"] for r in after.values()) else "fail"
         if keep is not None and raised is None:   # a verdict, every step run: the VM's outputs
             golden_files.update(keep.files())
     except ProgramError as e:   # one that names no file is about the program

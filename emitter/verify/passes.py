@@ -1,14 +1,21 @@
 """The module's free passes: alone, from the VM's states, as a user runs it. Each step has one
-(emitter.verify.lock), and once every step ran, step 1's again (`replay`), which a module that
-reads a state of its own fails."""
+(emitter.verify.lock); under bf16 the same again with its taps hooked, which must give it bit for
+bit (`same_when_tapped`); once every step ran, step 1's again (`replay`), which a module that
+reads a state of its own fails, and the last step's with other inputs by that instance and a new
+one (`fresh`), which a module that computes from what it kept of an earlier call fails."""
 
+import contextlib
+import functools
+import itertools
 import time
 
 import numpy as np
 
-from .compare import figures
-from .probe import BundleFault, as_arguments, held_sum, run_module
-from .resident import as_a_user_runs
+from ..language.errors import ProgramError
+from . import vm
+from .compare import KEYS, figures
+from .probe import BundleFault, as_arguments, held_sum, run_module, same_values
+from .resident import Releasing, as_a_user_runs
 
 
 def writer(program, state):
@@ -17,23 +24,160 @@ def writer(program, state):
     return {"stage": "write-back", "out": state, "op": st.op.name, "line": st.line}
 
 
-def free_pass(torch, model, program, states, resident, stage_reads, timings, step, what):
-    """The module alone from `states` (the VM's), its inputs passed as forward's arguments:
-    (its output, the states it wrote back, copies, and what a caller sees it do: [(label, message)])."""
+def free_pass(torch, model, program, states, resident, stage_reads, timings, step, what, runs=as_a_user_runs,
+              given=None):
+    """The module alone from `states` (the VM's), its inputs passed as forward's arguments (`given`
+    values where given, else its buffers'): (its output, the states it wrote back, copies, and what
+    a caller sees it do: [(label, message)]). `runs`: how its taps are (as a user runs it: none of
+    the lock's; `_tapped`)."""
     set_states(torch, model, program, states, step)
     inputs = [n for n in program.leaves if program.roles[n] == "input"]
-    with as_arguments(torch, model, inputs) as args, as_a_user_runs(model, resident, stage_reads) as seen:
+    with as_arguments(torch, model, inputs, given) as args, runs(model, resident, stage_reads) as seen:
         sent = {n: held_sum(torch, a, a.dtype) for n, a in args.items()}
-        t, let_go = time.perf_counter(), resident.seconds
+        hook = getattr(seen, "hook", None)
+        t, let_go, own = time.perf_counter(), resident.seconds, getattr(hook, "seconds", 0.0)
         try:
             out = run_module(model, program, f"{what} (its inputs passed as arguments, their buffers NaN)"
                              if args else what, step, args, seen)
         finally:
-            timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go)
+            timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go) - \
+                (getattr(hook, "seconds", 0.0) - own)
         late = [({"stage": "argument", "out": n, "op": "input", "line": program.bound_at.get(n)},
                  f"{what} wrote into its argument `{n}`: a caller's input changes")
                 for n, a in args.items() if held_sum(torch, a, a.dtype) != sent[n]]
     return out, {s: state_buffer(torch, model, program, s, step).detach().clone() for s in program.states}, late
+
+
+@contextlib.contextmanager
+def _tapped(model, resident, stage_reads, hook=None):
+    """A hook on the module's taps that hands each stage's value back as it came (`hook`'s, where
+    given, sees it first; its weights are let go after it): the free pass, with its stages tapped."""
+    model.probe = Releasing(hook, resident, stage_reads)
+    try:
+        yield model.probe
+    finally:
+        model.probe = None
+
+
+class _Sums:
+    """A tap hook that keeps (stage, held_sum of each of its values) of every tap, in order, and
+    hands each value back as it came."""
+
+    def __init__(self, torch):
+        self.torch, self.seen = torch, []
+        self.seconds = 0.0   # (the lock's, not the module's)
+
+    def __call__(self, index, value):
+        t = time.perf_counter()
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        self.seen.append((index, tuple(held_sum(self.torch, v.detach(), v.dtype) if isinstance(v, self.torch.Tensor)
+                                       else repr(v) for v in values)))
+        self.seconds += time.perf_counter() - t
+        return value
+
+
+def same_when_tapped(torch, model, program, states, resident, stage_reads, timings, step, out, written):
+    """[(label, message)] where the free pass of `step` (`out`, `written`) and the same pass with a
+    hook on the module's taps that hands each value back as it came differ, bit for bit: a module
+    that computes otherwise when no hook is set (a path of its own for a user's run) has its
+    stages judged, by the probe, on a path a user's run does not take. The bf16 judge asks it,
+    which judges the free pass on its cosine and nmse alone (`loose`: emitter.verify.judges)."""
+    what = f"the free pass of step {step} with its taps hooked"
+    got, wrote, _ = free_pass(torch, model, program, states, resident, stage_reads, timings, step, what, _tapped)
+    parts = [({"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)},
+              out, got, "its output")]
+    parts += [(writer(program, s), written[s], wrote[s], f"the state `{s}` it wrote back") for s in program.states]
+    for label, a, b, which in parts:
+        if not same_values(torch, a, b):
+            return [(label, f"the free pass of step {step} and the same pass with a hook on its taps (each "
+                            f"value handed back as it came) gave other values for {which}: the module computes "
+                            "otherwise when no hook is set, so the stages the probe judged are not what a user's "
+                            "run computes")]
+    return []
+
+
+def varied(program, leaves):
+    """{input: other values of it} for each of the program's inputs: its values rolled by one place,
+    or where that moves none (one value, or all alike), one less (an Int one of no more than 0 one
+    more): what a module that kept anything of its inputs from an earlier call is found out by."""
+    out = {}
+    for n in program.leaves:
+        if program.roles[n] != "input":
+            continue
+        v = np.asarray(leaves[n], np.float64)
+        w = np.roll(v.reshape(-1), 1).reshape(v.shape)
+        if np.array_equal(w, v, equal_nan=True):
+            w = v - 1 if program.real[n] or (v >= 1).all() else v + 1
+        out[n] = w
+    return out
+
+
+def fresh(torch, model, build, program, leaves, start, resident, stage_reads, timings, judge, steps, integer, feed):
+    """The last step's free pass twice more, from the VM's states before it (`start`) and with other
+    inputs where the program has some (`varied`): by the instance that ran the steps (`model`) and
+    by a new one from the same weights (`build()`, as a caller resuming from its states builds
+    one). A module whose forward reads its buffers and arguments alone gives both the same values,
+    bit for bit; one that computes from what it kept of an earlier call (a memo of its inputs'
+    projections or lookups, a copy of its cache of its own read for the earlier positions) does
+    not. Where inputs were varied and the judge is not loose (bf16's is), the new instance's values
+    against the VM's step from them too. {"pass", "inputs" (those varied), "same", "output",
+    "states" (against the VM's, where judged)} and, where it fails, "first" (at the last step);
+    None where both would be step 1's first call again (no input to vary; one step, or no state)."""
+    other = varied(program, leaves)
+    if not other and not (steps > 1 and program.states):
+        return None
+    trace = None
+    if other:   # (the VM says whether the program takes them: an index in range)
+        t = time.perf_counter()
+        try:
+            trace = vm.step(program, {**leaves, **start, **other}, keep_stages=True)
+        except ProgramError:
+            other = {}
+        timings["vm_s"] += time.perf_counter() - t
+    what = f"the free pass of step {steps} again" + (f" with other inputs ({', '.join(other)})" if other else "")
+    given, sums = {n: torch.from_numpy(v) for n, v in other.items()}, (_Sums(torch), _Sums(torch))
+    with torch.no_grad():
+        kept, kept_states, _ = free_pass(torch, model, program, start, resident, stage_reads, timings, steps,
+                                         f"{what}, by the instance that ran the steps",
+                                         functools.partial(_tapped, hook=sums[0]), given)
+        out, written, _ = free_pass(torch, build(), program, start, resident, stage_reads, timings, steps,
+                                    f"{what}, by a new instance", functools.partial(_tapped, hook=sums[1]), given)
+    label = {"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)}
+    stage = next((a if a != b else None for a, b in itertools.zip_longest(*(s.seen for s in sums))
+                  if a != b), None)   # (the first stage whose values differ, or that one alone tapped)
+    st = program.stages[stage[0]] if stage and isinstance(stage[0], int) and 0 <= stage[0] < len(program.stages) \
+        else None
+    differ = [({"stage": st.index, "out": st.out, "op": st.op.name, "line": st.line},
+               f"stage {st.index} (`{st.out} = {st.op.name}`)")] if st else []
+    differ += [(label, "its output")] if not same_values(torch, kept, out) else []
+    differ += [(writer(program, s), f"the state `{s}` it wrote back") for s in program.states
+               if not same_values(torch, kept_states[s], written[s])]
+    r = {"pass": not differ, "inputs": sorted(other), "same": not differ}
+    if differ:
+        r["first"] = {"step": steps, **differ[0][0], **{k: None for k in KEYS}, "raised": (
+            f"{what}, by the instance that ran the steps and by a new one from the same weights (each handed the "
+            f"VM's states before step {steps}), gave other values for {differ[0][1]}: the module computes from "
+            "something it kept of an earlier call (a memo of its inputs, a copy of its cache of its own), not "
+            "from what it is handed")}
+    if trace is None or judge.loose:
+        return r
+    out_m = judge.compare(out.double().numpy(), trace.output, integer)
+    if integer and not out_m["pass"] and feed is not None:   # (a near-tie of the VM's: as in a step)
+        judge.near_tie(out_m, trace.stages[feed], np.rint(out.double().numpy()))
+    state_m = {s: judge.compare(written[s], trace.states[s], not program.real[s]) for s in program.states}
+    for s, m in state_m.items():   # (a token written back as the output flipped it: excused as it is)
+        if out_m.get("flip_excused") and not m["pass"] and not program.real[s] and np.array_equal(
+                written[s].double().numpy().reshape(-1), np.rint(out.double().numpy()).reshape(-1)):
+            m.update(**{"pass": True, "flip_excused": True})
+    found = [(label, out_m)] if not out_m["pass"] else []
+    found += [(writer(program, s), m) for s, m in state_m.items() if not m["pass"]]
+    r.update(output=figures(out_m), states={s: figures(m) for s, m in state_m.items()})
+    if found and not differ:
+        r["pass"] = False
+        r["first"] = {"step": steps, **found[0][0], **figures(found[0][1]), "raised": (
+            f"{what}, by a new instance from the same weights handed the VM's states before step {steps}, "
+            "computed otherwise than the VM from those inputs")}
+    return r
 
 
 def replay(torch, model, program, leaves, resident, stage_reads, timings, judge, steps, first, integer):

@@ -310,13 +310,15 @@ class Returned:
 
 
 @contextlib.contextmanager
-def as_arguments(torch, model, inputs):
+def as_arguments(torch, model, inputs, given=None):
     """The inputs `inputs` as forward's keyword arguments (compile.py's way), copies of their
-    buffers, which meanwhile hold what no input does (NaN; an integer buffer its least value; a
-    mask each value flipped), so a forward that reads a buffer instead of its argument computes on
-    it; the buffers put back after, from copies of their own (the module may write into its arguments)."""
+    buffers (or of `given` values, held as their buffers hold them), which meanwhile hold what no
+    input does (NaN; an integer buffer its least value; a mask each value flipped), so a forward
+    that reads a buffer instead of its argument computes on it; the buffers put back after, from
+    copies of their own (the module may write into its arguments)."""
     bufs = {n: b.detach() for n in inputs if isinstance(b := getattr(model, "leaf_" + n, None), torch.Tensor)}
-    args = {n: b.clone() for n, b in bufs.items()}
+    given = given or {}
+    args = {n: given[n].to(b.dtype).reshape(b.shape).clone() if n in given else b.clone() for n, b in bufs.items()}
     saved = {n: (b, b.clone()) for n, b in bufs.items()}   # all taken first: two may share memory
     try:
         for b, was in saved.values():
