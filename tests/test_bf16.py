@@ -506,9 +506,9 @@ def test_a_weight_written_in_the_replay_pass_fails_under_bf16(qwen):
     assert old in text
     (bundle / "model.py").write_text(text.replace(old, old + (
         "        self._calls = getattr(self, '_calls', 0) + 1\n"
-        "        if self._calls == 5 and self.probe is None:\n"
+        "        if self._calls == 7 and self.probe is None:\n"
         "            self.leaf_Wq0.data.mul_(2)\n")))
-    r = _lock(bundle, _with_token(qwen, 3))   # 2 steps: free, probe, free, probe, then the replay
+    r = _lock(bundle, _with_token(qwen, 3))   # 2 steps: free, tapped, probe, each; then the replay
     assert r["verdict"] == "fail", r["reason"]
     f = r["first_divergence"]
     assert (f["stage"], f["out"], f["op"], f["step"]) == ("load", "Wq0", "written while it ran", 2), f

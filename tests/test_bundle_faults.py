@@ -136,12 +136,11 @@ def test_a_module_that_computes_from_what_it_kept_fails_naming_the_stage(rope, t
     assert r["fresh"] == {**r["fresh"], "pass": False, "same": False, "inputs": ["x"]}, r["fresh"]
 
 
-def test_a_right_bundle_gives_the_same_in_a_new_instance_and_the_vms_values_on_other_inputs(rope):
+def test_a_right_bundle_gives_the_same_in_a_new_instance_on_other_inputs(rope):
     for dtype in ("float64", "float32"):
         r = lock_bundle(rope, ROPE, ROPE_WEIGHTS, dtype, 2)
-        assert r["verdict"] == "pass" and r["fresh"]["pass"] and r["fresh"]["same"], r["fresh"]
-        assert r["fresh"]["inputs"] == ["x"] and r["fresh"]["output"]["worst_ratio"] <= 1.0, r["fresh"]
-    program = read_file(ROPE)   # (the VM's step on the rolled input is another token: judged against it)
+        assert r["verdict"] == "pass" and r["fresh"] == {"pass": True, "same": True, "inputs": ["x"]}, r["fresh"]
+    program = read_file(ROPE)
     from emitter.verify import vm
     from emitter.verify.passes import varied
     leaves = vm.load_leaves(program, ROPE_WEIGHTS).values
@@ -172,9 +171,35 @@ def test_a_path_of_its_own_when_no_hook_is_set_fails_under_bf16(moe, tmp_path, c
     the same pass with its taps hooked (each value handed back as it came) gives other bits."""
     weights = os.path.join(ROOT, "weights", "moe")
     good = lock_bundle(moe, MOE, weights, "bfloat16", 2)
-    assert good["verdict"] == "pass" and good["fresh"]["same"] and "output" not in good["fresh"], good["reason"]
+    assert good["verdict"] == "pass" and good["fresh"]["same"], good["reason"]
     r = lock_bundle(_changed(moe, tmp_path, change), MOE, weights, "bfloat16", 2)
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and (f["step"], f["stage"]) == (1, "output"), (r["reason"], f)
     assert "the same pass with a hook on its taps" in f["raised"] and "computes otherwise when no hook" in f["raised"]
     assert all(s["pass"] for s in r["stages"]), r["stages"]   # (the probe's path is right)
+
+
+@pytest.mark.parametrize("where", ["LogosModule._K", "globals()['_K']"])
+def test_a_module_that_keeps_its_copy_on_its_class_or_module_fails(rope, tmp_path, where):
+    """The new instance comes from model.py run afresh: a copy kept on the class, or in the
+    module's globals, is not shared with it (two processes, or two instances, of a caller's)."""
+    (old, new), = OWN_ROWS
+    new = new.replace("getattr(self, '_K', None)", f"{where.replace('globals()', 'globals().get').replace('[', '(').replace(']', ', None)')}"
+                      if "globals" in where else "getattr(LogosModule, '_K', None)")
+    new = new.replace("self._K = ", f"{where} = ")
+    r = lock_bundle(_changed(rope, tmp_path, (old, new)), ROPE, ROPE_WEIGHTS, "float32", 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["step"], f["stage"], f["out"]) == (2, 9, "att"), (r["reason"], f)
+
+
+def test_an_argmax_in_another_precision_fails_though_its_logits_are_near(tmp_path):
+    """The module's argmax is handed the VM's logits: in float32 it can only differ from theirs on
+    a tie float32 makes; one that takes its argmax in half precision picks the other of two logits
+    0.01 apart (within float32's tolerance) and fails."""
+    bundle = emit_bundle(read_file(EMB).source, tmp_path / "bundle")
+    weights = _tied_weights(tmp_path / "near", 0.01)
+    assert lock_bundle(bundle, EMB, weights, "float32", 2)["verdict"] == "pass"
+    half = _changed(bundle, tmp_path / "h", ("torch.argmax(logits)", "torch.argmax(logits.half())"))
+    r = lock_bundle(half, EMB, weights, "float32", 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and f["out"] == "best", f

@@ -182,7 +182,8 @@ def test_a_weight_the_module_writes_behind_torchs_back_fails_the_bf16_lock(tmp_p
     open(path, "w").write(text.replace(   # written in step 1, put back in step 2: seen all the same
         "            E.data.mul_(1.5)\n", "            self.was = E.clone()\n            E.data.mul_(1.5)\n"
         "        self.calls = getattr(self, 'calls', 0) + 1\n"
-        "        if self.calls == 3:   # step 2's first pass\n            E.data.copy_(self.was)\n", 1))
+        "        if self.calls == 4:   # step 2's first pass (step 1: free, tapped, probe)\n"
+        "            E.data.copy_(self.was)\n", 1))
     r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "bfloat16", 2)
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and (f["stage"], f["op"], f["step"]) == ("load", "written while it ran", 1), (f, r["reason"])
@@ -230,7 +231,8 @@ def test_the_bf16_lock_reads_a_weight_again_only_where_it_moved(tmp_path, monkey
     bundle = str(tmp_path / "b")
     write_bundle(emit_program(read_file(str(tmp_path / "p.logos")), {}), bundle)
     r = lock_bundle(bundle, str(tmp_path / "p.logos"), weights, "bfloat16", 3)
-    assert r["verdict"] == "pass" and again == [[], [], []], again     # after each of 3 steps: none
+    # after each of 3 steps, and after the passes that follow them (the fresh pass): none
+    assert r["verdict"] == "pass" and again == [[], [], [], []] and r["fresh"]["same"], again
     path = os.path.join(bundle, "model.py")
     text = open(path).read()
     old = "self.cast(0, E, moved=True)"

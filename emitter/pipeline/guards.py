@@ -358,8 +358,10 @@ def _interrupted(kind, value, tb):
     except (IndexError, TypeError, ValueError):
         sig = signal.SIGINT
     why = f"stopped: {WORKER_DIED[0]}" if WORKER_DIED else f"interrupted ({sig.name})"
-    sys.stderr.write(f"doit: {why}; the finished tasks are kept: run doit again to go on (no report "
-                     "is in build/ until a run ends: build/stale/ keeps the last, not current)\n")
+    aside = getattr(sys.modules.get(f"{__package__}.report_aside"), "HELD", None)   # (the zoo's reporter's run)
+    sys.stderr.write(f"doit: {why}; the finished tasks are kept: run doit again to go on" + (
+        " (no report is in build/ until a run ends: build/stale/ keeps the last, not current)" if aside else "")
+        + "\n")
     if WORKER_DIED:   # the run failed: exit 1 (an interrupt's own exit would say Ctrl-C)
         sys.stderr.flush()
         atexit._run_exitfuncs()

@@ -25,7 +25,8 @@ from ..fingerprint import entry as on_record, sha256_or_none
 from ..verify.result import SCHEMA as RESULT_SCHEMA, VERSION as RESULT_VERSION
 from . import digests, golden_store
 from .guards import freeze_heap
-from .keys import DERIVED, check_key, check_parts, golden_as_recorded, golden_record, emit_current
+from .keys import (DERIVED, check_key, check_parts, emit_current, golden_as_recorded, golden_record, import_current,
+                   import_key)
 from .log import LOG
 
 
@@ -78,18 +79,22 @@ def _unread(entry, parts):
                  for n, v in sorted(files.items()) if isinstance(v, dict)), None)
 
 
-def _derived_from_others(entry, parts):
-    """Why a check's derived weights are not the import its key names (the checkpoint or a file
-    the importer reads changed after this run derived them), or None: computed on them, a verdict
-    would stand under a key it is not about."""
-    w = (parts or {}).get("weights") or {}
-    if "import" not in w:
+def _derived_from_others(entry):
+    """Why a program's derived weights are not the import of its checkpoint as it is now (it, or a
+    file the importer reads, changed after this run derived them; a derived file edited or added
+    since), or None: computed on them, a verdict would stand under a key it is not about."""
+    pc = entry.pc
+    key = pc.derive and not pc.error and os.path.isdir(pc.weights) and import_key(pc)
+    if not key:
         return None
-    record = read_json(os.path.join(entry.pc.weights, DERIVED))
-    if isinstance(record, dict) and record.get("key") == w["import"]:
-        return None
-    return (f"{entry.pc.weights} holds weights derived from other inputs than the checkpoint's "
-            "files now (changed while the run was under way?)")
+    record = read_json(os.path.join(pc.weights, DERIVED))
+    if not isinstance(record, dict) or record.get("key") != key:
+        return (f"{pc.weights} holds weights derived from other inputs than the checkpoint's "
+                "files now (changed while the run was under way?)")
+    if not import_current(entry):   # (`doit -s lock:NAME` after a hand edit of a derived file)
+        return (f"{pc.weights} holds files other than its import made (edited or added since): "
+                f"import them again (doit weights:{entry.name})")
+    return None
 
 
 def _about(r, parts):
@@ -157,13 +162,17 @@ def lock_program(entry, run, db):
     own = digests.code("lock")
     done, parts_of, keys, jobs, fresh, restored, intact, taken = {}, {}, {}, [], set(), set(), set(), set()
     golden = {c.dtype: c.tolerance for c in entry.checks}
-    lost = None
+    lost = _derived_from_others(entry) if status.get("status") == "ok" else None
     for c in entry.checks:
         if status.get("status") != "ok":
             done[c.dtype] = error_result(pc.name, pc.source, c.dtype, pc.steps, status.get("reason") or pc.error)
             continue
         parts = parts_of[c.dtype] = check_parts(entry, c, status, threads)
         key = keys[c.dtype] = parts and check_key(parts)
+        if lost:   # (an error this run's inputs caused: the next run derives and locks again)
+            done[c.dtype] = {**error_result(pc.name, pc.source, c.dtype, pc.steps, lost), "stale_weights": [DERIVED]}
+            fresh.add(c.dtype)
+            continue
         kept = _kept(entry, c, key, recorded)
         if kept is not None:
             intact.add(c.dtype)
@@ -190,11 +199,6 @@ def lock_program(entry, run, db):
             done[c.dtype] = error_result(pc.name, pc.source, c.dtype, pc.steps, unread)
             fresh.add(c.dtype)
             continue
-        lost = lost or _derived_from_others(entry, parts)
-        if lost:   # (an error this run's inputs caused: the next run derives and locks again)
-            done[c.dtype] = {**error_result(pc.name, pc.source, c.dtype, pc.steps, lost), "stale_weights": [DERIVED]}
-            fresh.add(c.dtype)
-            continue
         jobs.append(_job(entry, c, parts, run, golden, traces))
         golden = golden if (run.get("executor") or "inline") != "inline" else None
     golden_copies = os.path.join(os.path.dirname(db) or ".", "store", "golden")
@@ -206,7 +210,7 @@ def lock_program(entry, run, db):
         # runs again, for its golden/ (the VM's outputs are the same for every dtype): float32's,
         # the cheapest, where there is one
         c = next((c for c in entry.checks if c.dtype == "float32"), entry.checks[0])
-        if not _derived_from_others(entry, parts_of[c.dtype]) and not _unread(entry, parts_of[c.dtype]):
+        if not _unread(entry, parts_of[c.dtype]):
             jobs.append(_job(entry, c, parts_of[c.dtype], run, golden, traces))
             done.pop(c.dtype)
             intact.discard(c.dtype)

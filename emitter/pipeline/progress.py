@@ -108,15 +108,15 @@ class ProgressReporter(ConsoleReporter):
         guards.RUNNING[:] = [lambda: sorted(self.work.started)]   # (named where a worker dies)
         self.line = self.mode == "line" or (self.mode == "auto" and self.total > PROGRESS_THRESHOLD)
         from .handing import ignored, waited_on
-        from .report_aside import hold
+        from .report_aside import hold, reads_report
         from .run import current
         if current() is not None:   # a lock whose checks fail fails the run itself when no report
             s = current().settings  # will; a refused emit when neither its lock nor the report will
             s["report_follows"] = "report" in self.reachable and not ignored("report")
             s["locks_follow"] = {n[5:] for n in self.reachable if n.startswith("lock:") and not ignored(n)}
             s["waited_on"] = waited_on(tasks, reachable(tasks, selected_tasks, groups=True))
-            if "report" not in s["waited_on"]:   # (where one waits for it, it reads it in build/)
-                hold()
+            if "report" not in s["waited_on"] and not reads_report(tasks, self.reachable, current().build):
+                hold()   # (where one waits for it, or names a file of it, it reads it in build/)
         self.start = time.monotonic()
 
     def _maybe_line(self):

@@ -81,6 +81,13 @@ def hold():
     READY.clear()
 
 
+def reads_report(tasks, reachable, out_dir):
+    """Whether a task of this run names a file of the report as a file_dep (doit then runs it on
+    what is in build/ as its turn comes, the report task having no targets to order it by)."""
+    files = {os.path.normpath(os.path.join(out_dir, f)) for f in (*REPORT_FORMATS, "status/report.json")}
+    return any(os.path.normpath(f) in files for n in reachable for f in tasks[n].file_dep)
+
+
 def ready(out_dir):
     """The report in `out_dir` is current: into place now, or where the run holds it, at its end."""
     if HELD:
@@ -95,7 +102,8 @@ def settle(out_dir, ended):
     interrupt or a crash on its way out: then build/stale/ keeps it, not current)."""
     from .guards import began_ns
     found, began = out_dir in READY, began_ns()
-    HELD.clear()
+    if ended:   # (an interrupt's line says where the report is while HELD stands)
+        HELD.clear()
     READY.clear()
     try:
         written = began is not None and os.stat(os.path.join(out_dir, "status", "report.json")).st_ctime_ns >= began

@@ -73,12 +73,12 @@ def read_model(path):
         return None
 
 
-def build_module(torch, module, program, weights_dir, dtype, allow_nonfinite, read=()):
+def build_module(torch, module, program, weights_dir, dtype, allow_nonfinite, read=(), again=None, threads=1):
     """The module as a user builds it: the bundle's loader, then its LogosModule; and how to build
-    another from the same weights (passes.fresh). `read`: the weights files the VM read (real
-    paths): a file the bundle looks for that is not there and is none of them is the bundle's own
-    doing (a loader after another suffix)."""
-    threads = torch.get_num_threads()   # (the check's: one a constructor sets is put back)
+    another from the same weights (passes.fresh): from `again()`, model.py run afresh (its own
+    classes and globals: nothing an instance kept there is shared), at the check's `threads`.
+    `read`: the weights files the VM read (real paths): a file the bundle looks for that is not
+    there and is none of them is the bundle's own doing (a loader after another suffix)."""
     missing = [n for n in ("load_weights", "LogosModule") if not callable(getattr(module, n, None))]
     if missing:   # (what every bundle defines: compile.py calls both)
         raise BundleFault({"stage": "load", "out": None, "op": missing[0], "line": None},
@@ -103,8 +103,8 @@ def build_module(torch, module, program, weights_dir, dtype, allow_nonfinite, re
 
     def another():   # (the first was built: a second that raises is the bundle's fault)
         try:
-            return module.LogosModule(weights, dtype)
-        except KeyboardInterrupt:
+            return again().LogosModule(weights, dtype)
+        except (KeyboardInterrupt, BundleFault, CouldNotRun):
             raise
         except BaseException as e:
             raise BundleFault({"stage": "load", "out": None, "op": "LogosModule", "line": None},

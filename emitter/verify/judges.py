@@ -24,9 +24,10 @@ import numpy as np
 
 from ..ops.precision import stage_precisions
 from . import bf16
-from .compare import compare, worst_of
+from .compare import compare, numpy_dtype, worst_of
 from .leaf_check import leaf_sums, still_loaded
 from .probe import CouldNotRun
+from .vm import bind_result
 
 
 class Flat:
@@ -69,18 +70,29 @@ class Flat:
 
     def step(self, torch, program, current, trace, probe, step, label):
         """One step's probe pass judged: each stage's pass is the tolerance's, as the probe set it,
-        but an argmax's token that is a near-tie of the VM's (`flip`, on the VM's input to it: the
-        module was handed it) passes, its ratio its margin's share of the bound."""
+        but an argmax's token that is the argmax of the VM's input to it as the module was handed
+        it (in the lock's dtype, first on ties: two logits 1e-8 apart are one float32) passes."""
         self.last = step
         if self.each_step:
             self._again(step)
         for i, m in probe.results.items() if self.precisions is None else ():
             st = program.stages[i]
             if st.op.integer and not m["pass"] and i in probe.values and st.inputs:
-                env = {**current, **{s.out: trace.stages[s.index] for s in program.stages[:i] if s.binds}}
-                self.near_tie(m, env.get(st.inputs[0]), probe.values[i])
-                if m["flip_excused"]:
-                    m["worst_ratio"] = m["flip_margin"] / m["flip_bound"] if m["flip_bound"] else 0.0
+                logits = np.asarray(self._before(program, current, trace, i).get(st.inputs[0]), np.float64)
+                held = logits.astype(numpy_dtype(probe.dtype) or np.float64)
+                got = np.asarray(probe.values[i], np.float64).reshape(-1)
+                if logits.size and got.size == 1 and got[0] == np.argmax(held):
+                    margins = _margins(logits, got)[1]
+                    m.update(**{"pass": True, "flip_excused": True, "worst_ratio": 0.0,
+                                "flip_margin": margins[0] if margins else None, "flip_bound": 0.0})
+
+    @staticmethod
+    def _before(program, current, trace, index):
+        """The VM's values as stage `index` reads them: the leaves and states, each earlier stage's."""
+        env = dict(current)
+        for s in program.stages[:index]:
+            bind_result(s, env, trace.stages[s.index])
+        return env
 
     def _again(self, step):
         """The load stage again over the constant leaves (leaf_check.still_loaded): one the module

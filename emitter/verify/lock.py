@@ -33,7 +33,7 @@ from .leaf_check import exact_leaves, known_view_of, load_stage, unholdable
 from .bundle_module import build_module, load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .passes import (fresh as fresh_instance, free_pass, replay as replay_step_1, same_when_tapped, set_states,
-                     writer)
+                     varied, writer)
 from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, changed_after_tap,
                     run_module, watched)
 from .resident import Releasing, Resident, Watching, reads, worth_releasing
@@ -224,12 +224,12 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     if raised is None and another is not None:
         try:
             fresh = fresh_instance(torch, model, another, program, leaves, start, resident, stage_reads, timings,
-                                   judge, steps, integer, feed)
+                                   steps)
             first = first or (fresh or {}).get("first")
         except Raised as e:
             raised, at = _raised_at(program, e, steps)
             first = first or at
-            fresh = {"pass": False, "inputs": [], "output": None, "states": {}, "raised": e.error}
+            fresh = {"pass": False, "inputs": sorted(varied(program, leaves)), "same": False, "raised": e.error}
     stages = [{**_label(program, i), **figures(m), "pass": m["pass"]}
               for i, m in sorted(stages_worst.items())]
     output = None if output_worst is None else {**output_worst, "argmax_agree": argmax_all, "integer": integer}
@@ -299,7 +299,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         torch_dtype = getattr(torch, dtype)
         files = {os.path.realpath(os.path.join(weights_dir, f)) for f in set(leaves.sources.values())
                  - {"declared"}} if weights_dir is not None else set()
-        model, another = build_module(torch, module, program, weights_dir, torch_dtype, allow_nonfinite, files)
+        model, another = build_module(torch, module, program, weights_dir, torch_dtype, allow_nonfinite, files,
+                                      lambda: load_bundle_module(bundle_dir, model_py, absurd(program)), threads)
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         mapped = files if worth_releasing(leaves.values) else set()
@@ -332,8 +333,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         # (`written`: the step it was seen after) is, unless a stage diverged at that step or before
         # (the free pass's output and states, compared after the probe pass, may have read it written)
         f = load["failed"][0] if load["failed"] else None
-        w = f and f.get("written")
-        if f and not (w and first and (first["step"] < w or first["step"] == w and isinstance(first["stage"], int))):
+        w = f and f.get("written")   # (a pass after the steps, at the last: a leaf written then is named)
+        if f and not (w and first and (first["step"] < w or first["step"] == w and isinstance(first["stage"], int)
+                                       and not first.get("after"))):
             first = _load_divergence(f)
         result.update(steps_detail=details, stages=stages, first_divergence=first, output=output,
                       **judge.report(stages, load))

@@ -14,7 +14,7 @@ import numpy as np
 from ..language.errors import ProgramError
 from . import vm
 from .compare import KEYS, figures
-from .probe import BundleFault, as_arguments, held_sum, run_module, same_values
+from .probe import BundleFault, Raised, as_arguments, held_sum, run_module, same_values
 from .resident import Releasing, as_a_user_runs
 
 
@@ -112,28 +112,44 @@ def varied(program, leaves):
     return out
 
 
-def fresh(torch, model, build, program, leaves, start, resident, stage_reads, timings, judge, steps, integer, feed):
+def fresh(torch, model, build, program, leaves, start, resident, stage_reads, timings, steps):
     """The last step's free pass twice more, from the VM's states before it (`start`) and with other
     inputs where the program has some (`varied`): by the instance that ran the steps (`model`) and
-    by a new one from the same weights (`build()`, as a caller resuming from its states builds
-    one). A module whose forward reads its buffers and arguments alone gives both the same values,
-    bit for bit; one that computes from what it kept of an earlier call (a memo of its inputs'
-    projections or lookups, a copy of its cache of its own read for the earlier positions) does
-    not. Where inputs were varied and the judge is not loose (bf16's is), the new instance's values
-    against the VM's step from them too. {"pass", "inputs" (those varied), "same", "output",
-    "states" (against the VM's, where judged)} and, where it fails, "first" (at the last step);
-    None where both would be step 1's first call again (no input to vary; one step, or no state)."""
+    by a new one from the same weights (`build()`: model.py run afresh, as a caller resuming from
+    its states in a process of its own builds one). A module whose forward reads its buffers and
+    arguments alone gives both the same values, stage by stage, bit for bit; one that computes
+    from what it kept of an earlier call (a memo of its inputs' projections or lookups, on the
+    instance, its class or its module; a copy of its cache of its own read for the earlier
+    positions) does not. Where a pass raises on the other inputs and the VM refuses them too (an
+    index out of range), both run on the inputs as they were. {"pass", "inputs" (those varied),
+    "same"} and, where it fails, "first" (at the last step); None where both would be step 1's
+    first call again (no input to vary; one step, or no state)."""
     other = varied(program, leaves)
     if not other and not (steps > 1 and program.states):
         return None
-    trace = None
-    if other:   # (the VM says whether the program takes them: an index in range)
-        t = time.perf_counter()
-        try:
-            trace = vm.step(program, {**leaves, **start, **other}, keep_stages=True)
-        except ProgramError:
-            other = {}
+    try:
+        r = _both(torch, model, build, program, start, resident, stage_reads, timings, steps, other)
+    except Raised:
+        if not other or _takes(program, leaves, start, other, timings):
+            raise
+        other = {}
+        r = _both(torch, model, build, program, start, resident, stage_reads, timings, steps, other)
+    return {**r, "inputs": sorted(other)}
+
+
+def _takes(program, leaves, start, other, timings):
+    """Whether the VM takes the inputs `other` (a row index in range: else a ProgramError)."""
+    t = time.perf_counter()
+    try:
+        vm.step(program, {**leaves, **start, **other}, keep_stages=False)
+        return True
+    except ProgramError:
+        return False
+    finally:
         timings["vm_s"] += time.perf_counter() - t
+
+
+def _both(torch, model, build, program, start, resident, stage_reads, timings, steps, other):
     what = f"the free pass of step {steps} again" + (f" with other inputs ({', '.join(other)})" if other else "")
     given, sums = {n: torch.from_numpy(v) for n, v in other.items()}, (_Sums(torch), _Sums(torch))
     with torch.no_grad():
@@ -142,41 +158,23 @@ def fresh(torch, model, build, program, leaves, start, resident, stage_reads, ti
                                          functools.partial(_tapped, hook=sums[0]), given)
         out, written, _ = free_pass(torch, build(), program, start, resident, stage_reads, timings, steps,
                                     f"{what}, by a new instance", functools.partial(_tapped, hook=sums[1]), given)
-    label = {"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)}
     stage = next((a if a != b else None for a, b in itertools.zip_longest(*(s.seen for s in sums))
                   if a != b), None)   # (the first stage whose values differ, or that one alone tapped)
     st = program.stages[stage[0]] if stage and isinstance(stage[0], int) and 0 <= stage[0] < len(program.stages) \
         else None
     differ = [({"stage": st.index, "out": st.out, "op": st.op.name, "line": st.line},
                f"stage {st.index} (`{st.out} = {st.op.name}`)")] if st else []
-    differ += [(label, "its output")] if not same_values(torch, kept, out) else []
+    differ += [({"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)},
+                "its output")] if not same_values(torch, kept, out) else []
     differ += [(writer(program, s), f"the state `{s}` it wrote back") for s in program.states
                if not same_values(torch, kept_states[s], written[s])]
-    r = {"pass": not differ, "inputs": sorted(other), "same": not differ}
+    r = {"pass": not differ, "same": not differ}
     if differ:
-        r["first"] = {"step": steps, **differ[0][0], **{k: None for k in KEYS}, "raised": (
+        r["first"] = {"step": steps, **differ[0][0], **{k: None for k in KEYS}, "after": "fresh", "raised": (
             f"{what}, by the instance that ran the steps and by a new one from the same weights (each handed the "
             f"VM's states before step {steps}), gave other values for {differ[0][1]}: the module computes from "
             "something it kept of an earlier call (a memo of its inputs, a copy of its cache of its own), not "
             "from what it is handed")}
-    if trace is None or judge.loose:
-        return r
-    out_m = judge.compare(out.double().numpy(), trace.output, integer)
-    if integer and not out_m["pass"] and feed is not None:   # (a near-tie of the VM's: as in a step)
-        judge.near_tie(out_m, trace.stages[feed], np.rint(out.double().numpy()))
-    state_m = {s: judge.compare(written[s], trace.states[s], not program.real[s]) for s in program.states}
-    for s, m in state_m.items():   # (a token written back as the output flipped it: excused as it is)
-        if out_m.get("flip_excused") and not m["pass"] and not program.real[s] and np.array_equal(
-                written[s].double().numpy().reshape(-1), np.rint(out.double().numpy()).reshape(-1)):
-            m.update(**{"pass": True, "flip_excused": True})
-    found = [(label, out_m)] if not out_m["pass"] else []
-    found += [(writer(program, s), m) for s, m in state_m.items() if not m["pass"]]
-    r.update(output=figures(out_m), states={s: figures(m) for s, m in state_m.items()})
-    if found and not differ:
-        r["pass"] = False
-        r["first"] = {"step": steps, **found[0][0], **figures(found[0][1]), "raised": (
-            f"{what}, by a new instance from the same weights handed the VM's states before step {steps}, "
-            "computed otherwise than the VM from those inputs")}
     return r
 
 
@@ -200,7 +198,7 @@ def replay(torch, model, program, leaves, resident, stage_reads, timings, judge,
     r = {"pass": not found, "output": figures(out_m), "states": {s: figures(m) for s, m in state_m.items()}}
     if found:
         label, m = found[0]
-        r["first"] = {"step": steps, **label, **figures(m), "raised": (   # (after the last step)
+        r["first"] = {"step": steps, **label, **figures(m), "after": "replay", "raised": (
             f"the free pass of step 1, run again after step {steps} from the same states and inputs, "
             "gave other values: the module reads something besides its buffers and arguments "
             "(a state it keeps of its own?)")}
