@@ -119,7 +119,8 @@ def test_a_checks_limit_counts_from_its_start_and_ends_it_on_its_worker(tmp_path
     wait (each of these takes under it); one past its limit ends there, on its worker, which then
     takes the next check at once (a cancelled task Dask cannot stop kept it busy)."""
     from emitter.pipeline import dask_executor, executors
-    jobs = [_ending(tmp_path, name, "import time\ntime.sleep(2.5)\n") for name in ("slow1", "slow2")]
+    # (model.py runs twice a check: its module, and the fresh pass's new instance)
+    jobs = [_ending(tmp_path, name, "import time\ntime.sleep(1.25)\n") for name in ("slow1", "slow2")]
     jobs.append(_job(tmp_path, "ok", PROG_B))
     spin = _ending(tmp_path, "spin", "while True:\n    pass\n")
     ex = dask_executor.Dask(executors.parse("dask:local", 1))
@@ -150,7 +151,7 @@ def test_a_limit_counts_from_a_workers_start_and_one_no_limit_ends_frees_its_wor
                            dashboard_address=None)
     ex = dask_executor.Dask(executors.parse("dask:" + cluster.scheduler_address))
     try:
-        jobs = [_ending(tmp_path, f"s{i}", "import time\ntime.sleep(2.5)\n") for i in range(3)]
+        jobs = [_ending(tmp_path, f"s{i}", "import time\ntime.sleep(1.25)\n") for i in range(3)]   # (run twice)
         out = ex.run(jobs, 3)
         assert [o.get("result", {}).get("verdict") for o in out] == ["pass"] * 3, out
         t = time.monotonic()
@@ -167,7 +168,7 @@ def test_a_limit_counts_from_a_workers_start_and_one_no_limit_ends_frees_its_wor
         ex.run([_job(tmp_path, "warm", PROG_B)], 60)   # (the worker's imports made)
         beside = []
         healthy = threading.Thread(target=lambda: beside.append(ex.run(
-            [_ending(tmp_path, "healthy", "import time\ntime.sleep(16)\n")], 30)))
+            [_ending(tmp_path, "healthy", "import time\ntime.sleep(8)\n")], 30)))
         healthy.start()
         time.sleep(1)
         out = ex.run([_ending(tmp_path, "stuck2", "import time\ntime.sleep(600)\n")], 2)
