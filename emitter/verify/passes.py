@@ -25,11 +25,11 @@ def writer(program, state):
 
 
 def free_pass(torch, model, program, states, resident, stage_reads, timings, step, what, runs=as_a_user_runs,
-              given=None):
+              given=None, summed=False):
     """The module alone from `states` (the VM's), its inputs passed as forward's arguments (`given`
-    values where given, else its buffers'): (its output, the states it wrote back, copies, and what
-    a caller sees it do: [(label, message)]). `runs`: how its taps are (as a user runs it: none of
-    the lock's; `_tapped`)."""
+    values where given, else its buffers'): (its output, the states it wrote back, copies (or
+    `summed`, their held_sums), and what a caller sees it do: [(label, message)]). `runs`: how its
+    taps are (as a user runs it: none of the lock's; `_tapped`)."""
     set_states(torch, model, program, states, step)
     inputs = [n for n in program.leaves if program.roles[n] == "input"]
     with as_arguments(torch, model, inputs, given) as args, runs(model, resident, stage_reads) as seen:
@@ -45,7 +45,8 @@ def free_pass(torch, model, program, states, resident, stage_reads, timings, ste
         late = [({"stage": "argument", "out": n, "op": "input", "line": program.bound_at.get(n)},
                  f"{what} wrote into its argument `{n}`: a caller's input changes")
                 for n, a in args.items() if held_sum(torch, a, a.dtype) != sent[n]]
-    return out, {s: state_buffer(torch, model, program, s, step).detach().clone() for s in program.states}, late
+    bufs = {s: state_buffer(torch, model, program, s, step).detach() for s in program.states}
+    return out, {s: held_sum(torch, b, b.dtype) if summed else b.clone() for s, b in bufs.items()}, late
 
 
 @contextlib.contextmanager
@@ -61,17 +62,20 @@ def _tapped(model, resident, stage_reads, hook=None):
 
 class _Sums:
     """A tap hook that keeps (stage, held_sum of each of its values) of every tap, in order, and
-    hands each value back as it came."""
+    hands each value back as it came. A view's stage (`views`: a transposed table, 670 MB of
+    gemma3's in float32, which a sum would copy whole) computes nothing: its values are its
+    input's, and the stages that read it sum what they made of it."""
 
-    def __init__(self, torch):
-        self.torch, self.seen = torch, []
+    def __init__(self, torch, views):
+        self.torch, self.views, self.seen = torch, views, []
         self.seconds = 0.0   # (the lock's, not the module's)
 
     def __call__(self, index, value):
         t = time.perf_counter()
         values = value if isinstance(value, (tuple, list)) else (value,)
-        self.seen.append((index, tuple(held_sum(self.torch, v.detach(), v.dtype) if isinstance(v, self.torch.Tensor)
-                                       else repr(v) for v in values)))
+        self.seen.append((index, "view" if index in self.views else tuple(
+            held_sum(self.torch, v.detach(), v.dtype) if isinstance(v, self.torch.Tensor) else repr(v)
+            for v in values)))
         self.seconds += time.perf_counter() - t
         return value
 
@@ -151,13 +155,15 @@ def _takes(program, leaves, start, other, timings):
 
 def _both(torch, model, build, program, start, resident, stage_reads, timings, steps, other):
     what = f"the free pass of step {steps} again" + (f" with other inputs ({', '.join(other)})" if other else "")
-    given, sums = {n: torch.from_numpy(v) for n, v in other.items()}, (_Sums(torch), _Sums(torch))
+    views = {st.index for st in program.stages if st.op.view}
+    given, sums = {n: torch.from_numpy(v) for n, v in other.items()}, (_Sums(torch, views), _Sums(torch, views))
     with torch.no_grad():
         kept, kept_states, _ = free_pass(torch, model, program, start, resident, stage_reads, timings, steps,
                                          f"{what}, by the instance that ran the steps",
-                                         functools.partial(_tapped, hook=sums[0]), given)
+                                         functools.partial(_tapped, hook=sums[0]), given, summed=True)
         out, written, _ = free_pass(torch, build(), program, start, resident, stage_reads, timings, steps,
-                                    f"{what}, by a new instance", functools.partial(_tapped, hook=sums[1]), given)
+                                    f"{what}, by a new instance", functools.partial(_tapped, hook=sums[1]), given,
+                                    summed=True)
     stage = next((a if a != b else None for a, b in itertools.zip_longest(*(s.seen for s in sums))
                   if a != b), None)   # (the first stage whose values differ, or that one alone tapped)
     st = program.stages[stage[0]] if stage and isinstance(stage[0], int) and 0 <= stage[0] < len(program.stages) \
@@ -167,7 +173,7 @@ def _both(torch, model, build, program, start, resident, stage_reads, timings, s
     differ += [({"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)},
                 "its output")] if not same_values(torch, kept, out) else []
     differ += [(writer(program, s), f"the state `{s}` it wrote back") for s in program.states
-               if not same_values(torch, kept_states[s], written[s])]
+               if kept_states[s] != written[s]]
     r = {"pass": not differ, "same": not differ}
     if differ:
         r["first"] = {"step": steps, **differ[0][0], **{k: None for k in KEYS}, "after": "fresh", "raised": (
