@@ -139,7 +139,9 @@ def test_a_module_that_computes_from_what_it_kept_fails_naming_the_stage(rope, t
 def test_a_right_bundle_gives_the_same_in_a_new_instance_on_other_inputs(rope):
     for dtype in ("float64", "float32"):
         r = lock_bundle(rope, ROPE, ROPE_WEIGHTS, dtype, 2)
-        assert r["verdict"] == "pass" and r["fresh"] == {"pass": True, "same": True, "inputs": ["x"]}, r["fresh"]
+        f = r["fresh"]
+        assert r["verdict"] == "pass" and (f["pass"], f["same"], f["inputs"], f["module"]) == (True, True, ["x"], "afresh"), f
+        assert f["output"]["worst_ratio"] <= 1.0 and set(f["states"]) == {"pos", "Kc", "Vc"}, f   # (against the VM)
     program = read_file(ROPE)
     from emitter.verify import vm
     from emitter.verify.passes import varied
@@ -203,3 +205,39 @@ def test_an_argmax_in_another_precision_fails_though_its_logits_are_near(tmp_pat
     r = lock_bundle(half, EMB, weights, "float32", 2)
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and f["out"] == "best", f
+
+
+EMB_LOOKUP = '        e = self.tap(0, row_of(Emb, tok, "tok"))\n'
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("new", [
+    '        e = self.tap(0, Emb[7:8] + 0 * tok)\n',                       # the lock's token, always
+    '        if not hasattr(torch, "_logos_memo"):\n            torch._logos_memo = row_of(Emb, tok, "tok").clone()\n'
+    '        e = self.tap(0, torch._logos_memo)\n',                        # kept where both instances see it
+    '        if self.probe is None:\n            if not hasattr(self, "_memo"):\n'
+    '                self._memo = row_of(Emb, tok, "tok").clone()\n            e = self._memo\n'
+    '        else:\n            e = self.tap(0, row_of(Emb, tok, "tok"))\n',   # kept where no hook is set
+])
+def test_a_forward_right_on_the_locks_input_alone_fails(tmp_path, dtype, new):
+    """A forward that ignores its input, or uses what it kept of it (where a new instance would
+    share it, or only where no hook is set), is right on the lock's token at every step: run as a
+    user runs it on another token, it computes otherwise than the VM on that token."""
+    new = new.replace("_logos_memo", f"_logos_memo_{abs(hash(str(tmp_path)))}")   # (torch outlives the test)
+    bundle = _changed(emit_bundle(read_file(EMB).source, tmp_path / "good"), tmp_path, (EMB_LOOKUP, new))
+    r = lock_bundle(bundle, EMB, os.path.join(ROOT, "weights", "embedding"), dtype, 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["step"], f["stage"], f.get("after")) == (2, "output", "fresh"), f
+    assert "computed otherwise than the VM" in f["raised"], f
+
+
+def test_a_model_py_that_will_not_run_twice_in_a_process_passes(tmp_path):
+    """An import that cannot run again in one process (torch's interop thread count is set once):
+    the new instance comes from the same module, and the result says why."""
+    bundle = emit_bundle(read_file(EMB).source, tmp_path / "good")
+    text = open(os.path.join(bundle, "model.py")).read()
+    i = text.index("\nclass ")
+    open(os.path.join(bundle, "model.py"), "w").write(text[:i] + "\ntorch.set_num_interop_threads(1)\n" + text[i:])
+    r = lock_bundle(bundle, EMB, os.path.join(ROOT, "weights", "embedding"), "float32", 2)
+    assert r["verdict"] == "pass" and r["fresh"]["same"], r["reason"]
+    assert r["fresh"]["module"].startswith("model.py would not run again in this process"), r["fresh"]

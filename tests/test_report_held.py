@@ -78,7 +78,8 @@ def test_a_lock_run_past_its_emit_is_not_current_on_the_old_bundle(zoo):
     assert doit(zoo, "lock:a")[0] == 0   # (with its emit, it passes)
 
 
-@pytest.mark.parametrize("waits", ["'task_dep': ['report']", "'file_dep': ['build/summary.md']"])
+@pytest.mark.parametrize("waits", ["'task_dep': ['report']", "'file_dep': ['build/summary.md']",
+                                   "'file_dep': [os.path.abspath('build/summary.md')]"])
 def test_a_dodo_task_that_waits_for_the_report_reads_it_in_build(zoo, waits):
     """A task of the dodo's own that waits for the report, or names a file of it (the report task
     has no targets: doit runs it after the report as it orders them), reads it in build/."""

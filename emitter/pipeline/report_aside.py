@@ -84,8 +84,8 @@ def hold():
 def reads_report(tasks, reachable, out_dir):
     """Whether a task of this run names a file of the report as a file_dep (doit then runs it on
     what is in build/ as its turn comes, the report task having no targets to order it by)."""
-    files = {os.path.normpath(os.path.join(out_dir, f)) for f in (*REPORT_FORMATS, "status/report.json")}
-    return any(os.path.normpath(f) in files for n in reachable for f in tasks[n].file_dep)
+    files = {os.path.abspath(os.path.join(out_dir, f)) for f in (*REPORT_FORMATS, "status/report.json")}
+    return any(os.path.abspath(f) in files for n in reachable for f in tasks[n].file_dep)
 
 
 def ready(out_dir):

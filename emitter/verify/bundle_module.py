@@ -101,14 +101,23 @@ def build_module(torch, module, program, weights_dir, dtype, allow_nonfinite, re
             raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None}, message) from None
         raise CouldNotRun(message) from None
 
-    def another():   # (the first was built: a second that raises is the bundle's fault)
+    def another():   # (instance, from where): model.py run afresh, else (one whose import cannot
+        # run twice in one process: an interop thread count, an op library, a folder it makes) the
+        # same module's; a second instance that raises where the first did not is the bundle's fault
         try:
-            return again().LogosModule(weights, dtype)
-        except (KeyboardInterrupt, BundleFault, CouldNotRun):
-            raise
-        except BaseException as e:
-            raise BundleFault({"stage": "load", "out": None, "op": "LogosModule", "line": None},
-                              f"a second LogosModule of the same weights raised: {type(e).__name__}: {e}") from None
+            try:
+                return again().LogosModule(weights, dtype), "afresh"
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:
+                why = f"model.py would not run again in this process ({type(e).__name__}: {str(e)[:200]})"
+            try:
+                return module.LogosModule(weights, dtype), why
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:
+                raise BundleFault({"stage": "load", "out": None, "op": "LogosModule", "line": None},
+                                  f"a second LogosModule of the same weights raised: {type(e).__name__}: {e}") from None
         finally:
             torch.set_num_threads(threads)
     return model, another
