@@ -116,7 +116,8 @@ def varied(program, leaves):
     return out
 
 
-def fresh(torch, model, build, program, leaves, start, resident, stage_reads, timings, judge, steps, integer, feed):
+def fresh(torch, model, build, program, leaves, start, last, resident, stage_reads, timings, judge, steps, integer,
+          feed):
     """The last step's free pass again, from the VM's states before it (`start`) and with other
     inputs where the program has some (`varied`; the inputs as they were where the VM refuses
     those, an index out of range), three times: by the instance that ran the steps and by a new one
@@ -124,12 +125,16 @@ def fresh(torch, model, build, program, leaves, start, resident, stage_reads, ti
     each stage's values summed through a hook that hands them back as they came, which must agree
     bit for bit: one that computes from what it kept (on the instance, its class or its module; a
     copy of its cache of its own read for the earlier positions, which no output may show) fails,
-    named at the first stage that differs; then by the first as a user runs it (no hook), judged
-    against the VM's step on those inputs (at float64 and float32: a forward that ignores its
-    input, or uses what it kept of it where no hook is set, fails; not by the loose bf16 judge,
-    whose free pass is judged on cosine alone). {"pass", "inputs" (those varied), "same",
-    "module", "output"?, "states"?} and, where it fails, "first" (at the last step); None where
-    each would be step 1's first call again (no input to vary; one step, or no state)."""
+    named at the first stage that differs; then by the first as a user runs it (no hook), against
+    the VM's step on those inputs (at float64 and float32; not under the loose bf16 judge, whose
+    free pass is judged on cosine alone): a value outside the tolerance of the VM's that is, within
+    it, what the VM gave on the lock's own inputs (`last`: the VM's last step) did not move with
+    its inputs (a forward that ignores its input, or uses what it kept of it where no hook is set)
+    and fails; one that moved, but not as far as the VM's, is the dtype's rounding on inputs the
+    program's author did not choose (a constant row's layer norm at epsilon 1e-12, a near-tie).
+    {"pass", "inputs" (those varied), "same", "module", "output"?, "states"?} and, where it fails,
+    "first" (at the last step); None where each would be step 1's first call again (no input to
+    vary; one step, or no state)."""
     other = varied(program, leaves)
     if not other and not (steps > 1 and program.states):
         return None
@@ -149,15 +154,16 @@ def fresh(torch, model, build, program, leaves, start, resident, stage_reads, ti
         with torch.no_grad():
             out, written, _ = free_pass(torch, model, program, start, resident, stage_reads, timings, steps,
                                         f"{what}, as a user runs it", given=given)
-        against = _against(torch, program, judge, trace, out, written, integer, feed, what, steps)
+        against = _against(torch, program, judge, (trace, last), out, written, integer, feed, what, steps)
         r.update({**against, "pass": r["pass"] and against.get("pass", True),
                   "first": r.get("first") or against.get("first")})
     return {k: v for k, v in r.items() if v is not None}
 
 
-def _against(torch, program, judge, trace, out, written, integer, feed, what, steps):
-    """The pass's output and states judged against the VM's `trace` of the same step and inputs."""
-    got = out.double().numpy()
+def _against(torch, program, judge, traces, out, written, integer, feed, what, steps):
+    """The pass's output and states against the VM's step on the same inputs, and on the lock's
+    own (`traces`): see `fresh`."""
+    (trace, last), got = traces, out.double().numpy()
     out_m = judge.compare(got, trace.output, integer)
     if integer and not out_m["pass"] and feed is not None:   # (a near-tie of the VM's: as in a step)
         judge.near_tie(out_m, trace.stages[feed], np.rint(got))
@@ -166,14 +172,21 @@ def _against(torch, program, judge, trace, out, written, integer, feed, what, st
         if out_m.get("flip_excused") and not m["pass"] and not program.real[s] and np.array_equal(
                 written[s].double().numpy().reshape(-1), np.rint(got).reshape(-1)):
             m.update(**{"pass": True, "flip_excused": True})
+    def stayed(mine, m, old, exact):   # (off the VM's, and what the lock's own inputs gave)
+        return not m["pass"] and judge.compare(mine, old, exact)["pass"]
+    out_m["pass"] = not stayed(got, out_m, last.output, integer)
+    for s, m in state_m.items():
+        m["pass"] = not stayed(written[s], m, last.states[s], not program.real[s])
     found = [({"stage": "output", "out": program.output, "op": "output",
                "line": program.bound_at.get(program.output)}, out_m)] if not out_m["pass"] else []
     found += [(writer(program, s), m) for s, m in state_m.items() if not m["pass"]]
-    r = {"output": figures(out_m), "states": {s: figures(m) for s, m in state_m.items()}}
+    r = {"output": {**figures(out_m), "pass": out_m["pass"]},
+         "states": {s: {**figures(m), "pass": m["pass"]} for s, m in state_m.items()}}
     if found:
         r.update({"pass": False, "first": {"step": steps, **found[0][0], **figures(found[0][1]), "after": "fresh",
-                                           "raised": f"{what}, by the instance that ran the steps, computed otherwise "
-                                                     "than the VM from those inputs"}})
+                                           "raised": f"{what}, by the instance that ran the steps as a user runs "
+                                                     "it, gave what the VM gives on the lock's own inputs, not on "
+                                                     "these: the forward does not compute from its inputs"}})
     return r
 
 
