@@ -32,9 +32,9 @@ from .compare import KEYS, compare, figures, worse, worst_of  # noqa: F401
 from .leaf_check import exact_leaves, known_view_of, load_stage, unholdable
 from .bundle_module import build_module, load_bundle_module, read_model as _read_model
 from .judges import judge_for
-from .passes import (fresh as fresh_instance, free_pass, replay as replay_step_1, same_when_tapped, set_states,
-                     varied, writer)
-from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, changed_after_tap,
+from .passes import (excuse_tokens, fresh as fresh_instance, free_pass, replay as replay_step_1, same_when_tapped,
+                     set_states, varied, writer)
+from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, changed_after_tap, output_label,
                     run_module, watched)
 from .resident import Releasing, Resident, Watching, reads, worth_releasing
 from .result import unfinished
@@ -69,7 +69,7 @@ def _raised_label(program, e):
     if e.stage is not None:
         return _label(program, e.stage)
     if not program.states:   # (no write-back: on its way to the output)
-        return {"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)}
+        return output_label(program)
     if len(program.states) == 1:
         return writer(program, program.states[0])
     return {"stage": "write-back", "out": ", ".join(program.states) or program.output,
@@ -190,17 +190,14 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             if out_m["integer_mismatches"] and feed is not None:
                 judge.flip(out_m, probe, trace, feed, got_i)
         state_m = {s: judge.compare(written[s], trace.states[s], not program.real[s]) for s in program.states}
-        for s, m in state_m.items():   # a token written back as the output flipped it: excused as it is
-            if out_m.get("flip_excused") and not m["pass"] and not program.real[s] and np.array_equal(
-                    written[s].double().numpy().reshape(-1), got_i.reshape(-1)):
-                m.update(**{"pass": True, "flip_excused": True})
+        if integer:   # (a token written back as the output flipped it: excused as it is)
+            excuse_tokens(program, out_m, state_m, written, got_i)
         compared(step, probe)
         for s, m in state_m.items():
             if first is None and not m["pass"]:
                 first = {"step": step, **writer(program, s), **figures(m)}
         if first is None and not out_m["pass"]:
-            first = {"step": step, "stage": "output", "out": program.output, "op": "output",
-                     "line": program.bound_at.get(program.output), **figures(out_m)}
+            first = {"step": step, **output_label(program), **figures(out_m)}
         for label, message in late:   # changed after its stage, within the tolerance of the VM's
             first = first or {"step": step, **label, **{k: None for k in KEYS}, "raised": message}
         output_worst = worse(output_worst, out_m)

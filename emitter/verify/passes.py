@@ -14,7 +14,7 @@ import numpy as np
 from ..language.errors import ProgramError
 from . import vm
 from .compare import KEYS, figures
-from .probe import BundleFault, as_arguments, held_sum, run_module, same_values
+from .probe import BundleFault, as_arguments, held_sum, output_label, run_module, same_values
 from .resident import Releasing, as_a_user_runs
 
 
@@ -88,8 +88,7 @@ def same_when_tapped(torch, model, program, states, resident, stage_reads, timin
     which judges the free pass on its cosine and nmse alone (`loose`: emitter.verify.judges)."""
     what = f"the free pass of step {step} with its taps hooked"
     got, wrote, _ = free_pass(torch, model, program, states, resident, stage_reads, timings, step, what, _tapped)
-    parts = [({"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)},
-              out, got, "its output")]
+    parts = [(output_label(program), out, got, "its output")]
     parts += [(writer(program, s), written[s], wrote[s], f"the state `{s}` it wrote back") for s in program.states]
     for label, a, b, which in parts:
         if not same_values(torch, a, b):
@@ -114,6 +113,21 @@ def varied(program, leaves):
             w = v - 1 if program.real[n] or (v >= 1).all() else v + 1
         out[n] = w
     return out
+
+
+def excuse_tokens(program, out_m, state_m, written, tokens):
+    """An Int state the module wrote back as its output's token, whose flip the judge excused
+    (`out_m`), is excused as the output is."""
+    for s, m in state_m.items():
+        if out_m.get("flip_excused") and not m["pass"] and not program.real[s] and np.array_equal(
+                written[s].double().numpy().reshape(-1), np.asarray(tokens).reshape(-1)):
+            m.update(**{"pass": True, "flip_excused": True})
+
+
+def failing(program, out_m, state_m):
+    """[(label, figures)] of the output and the states that did not pass, the output first."""
+    found = [] if out_m["pass"] else [(output_label(program), out_m)]
+    return found + [(writer(program, s), m) for s, m in state_m.items() if not m["pass"]]
 
 
 def fresh(torch, model, build, program, leaves, start, last, resident, stage_reads, timings, judge, steps, integer,
@@ -168,18 +182,14 @@ def _against(torch, program, judge, traces, out, written, integer, feed, what, s
     if integer and not out_m["pass"] and feed is not None:   # (a near-tie of the VM's: as in a step)
         judge.near_tie(out_m, trace.stages[feed], np.rint(got))
     state_m = {s: judge.compare(written[s], trace.states[s], not program.real[s]) for s in program.states}
-    for s, m in state_m.items():   # (a token written back as the output flipped it: excused as it is)
-        if out_m.get("flip_excused") and not m["pass"] and not program.real[s] and np.array_equal(
-                written[s].double().numpy().reshape(-1), np.rint(got).reshape(-1)):
-            m.update(**{"pass": True, "flip_excused": True})
+    excuse_tokens(program, out_m, state_m, written, np.rint(got))
+
     def stayed(mine, m, old, exact):   # (off the VM's, and what the lock's own inputs gave)
         return not m["pass"] and judge.compare(mine, old, exact)["pass"]
     out_m["pass"] = not stayed(got, out_m, last.output, integer)
     for s, m in state_m.items():
         m["pass"] = not stayed(written[s], m, last.states[s], not program.real[s])
-    found = [({"stage": "output", "out": program.output, "op": "output",
-               "line": program.bound_at.get(program.output)}, out_m)] if not out_m["pass"] else []
-    found += [(writer(program, s), m) for s, m in state_m.items() if not m["pass"]]
+    found = failing(program, out_m, state_m)
     r = {"output": {**figures(out_m), "pass": out_m["pass"]},
          "states": {s: {**figures(m), "pass": m["pass"]} for s, m in state_m.items()}}
     if found:
@@ -207,8 +217,7 @@ def _both(torch, model, build, program, start, resident, stage_reads, timings, s
         else None
     differ = [({"stage": st.index, "out": st.out, "op": st.op.name, "line": st.line},
                f"stage {st.index} (`{st.out} = {st.op.name}`)")] if st else []
-    label = {"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)}
-    differ += [(label, "its output")] if not same_values(torch, kept, out) else []
+    differ += [(output_label(program), "its output")] if not same_values(torch, kept, out) else []
     differ += [(writer(program, s), f"the state `{s}` it wrote back") for s in program.states
                if kept_states[s] != written[s]]
     r = {"same": not differ, "module": how}
@@ -236,9 +245,7 @@ def replay(torch, model, program, leaves, resident, stage_reads, timings, judge,
     out_m = judge.compare(out.double().numpy(), out0, integer)
     state_m = {s: judge.compare(written[s], states0[s].double().numpy(), not program.real[s])
                for s in program.states}
-    found = [({"stage": "output", "out": program.output, "op": "output",
-               "line": program.bound_at.get(program.output)}, out_m)] if not out_m["pass"] else []
-    found += [(writer(program, s), m) for s, m in state_m.items() if not m["pass"]]
+    found = failing(program, out_m, state_m)
     r = {"pass": not found, "output": figures(out_m), "states": {s: figures(m) for s, m in state_m.items()}}
     if found:
         label, m = found[0]

@@ -97,6 +97,11 @@ def odd_kind(torch, v, output=False):
     return None
 
 
+def output_label(program):
+    """The label of the program's output, where a first divergence or a raise names it."""
+    return {"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)}
+
+
 def run_module(model, program, what, step=0, args=None, hook=None):
     """The module's forward. An exception it raises on the program's inputs is a finding about the
     bundle (Raised, naming the stage after the last one tapped); one that is not the bundle's
@@ -113,9 +118,7 @@ def run_module(model, program, what, step=0, args=None, hook=None):
             kind = odd_kind(torch, out, output=True)
             odd = kind and f"a {kind}, not a dense real one on the CPU"
         if odd:
-            raise BundleFault({"stage": "output", "out": program.output, "op": "output",
-                               "line": program.bound_at.get(program.output)},
-                              f"in {what} the module's forward returned {odd}", step)
+            raise BundleFault(output_label(program), f"in {what} the module's forward returned {odd}", step)
         out = out.detach().resolve_neg()   # (one that requires grad is a caller's to detach)
         mine = out.untyped_storage().data_ptr()
         alias = next((s for s in program.states if mine and mine == getattr(
@@ -133,10 +136,8 @@ def run_module(model, program, what, step=0, args=None, hook=None):
         where = "" if nxt is None else (f" at stage {nxt} ({program.stages[nxt].out} = "
                                         f"{program.stages[nxt].op.name}, line {program.stages[nxt].line})")
         raise CouldNotRun(f"the module raised{where} in {what}: {type(e).__name__}: {e}") from None
-    raise BundleFault({"stage": "output", "out": program.output, "op": "output",
-                       "line": program.bound_at.get(program.output)},
-                      f"in {what} the module's output is the buffer of its state `{alias}`, which "
-                      "the next step overwrites: a caller's earlier outputs would change", step)
+    raise BundleFault(output_label(program), f"in {what} the module's output is the buffer of its state `{alias}`, "
+                      "which the next step overwrites: a caller's earlier outputs would change", step)
 
 
 class Probe:
@@ -293,8 +294,7 @@ class Returned:
     def check(self, out, step, which):
         """[(label, message)] of an earlier output `out` (the `which` pass's of `step`) changed or
         shares memory with, at most one; then `out` is held."""
-        torch, p = self.torch, self.program
-        label = {"stage": "output", "out": p.output, "op": "output", "line": p.bound_at.get(p.output)}
+        torch, label = self.torch, output_label(self.program)
         mine = out.untyped_storage().data_ptr() if isinstance(out, torch.Tensor) else None
         found = []
         for t, was, s, w in self.kept:
@@ -369,8 +369,7 @@ def changed_after_tap(torch, program, model, out, handed):
     where = last.get(program.output)
     want = where and handed.get((where[0].index, where[1]))
     if want is not None and not same_values(torch, out, want):
-        found.append(({"stage": "output", "out": program.output, "op": "output",
-                       "line": program.bound_at.get(program.output)},
+        found.append((output_label(program),
                       f"the module's output is not what stage {where[0].index} (`{program.output} = "
                       f"{where[0].op.name}`) handed on: changed after its stage, or not the value its tap "
                       "returned (a module returns what its last stage's tap hands back)"))
