@@ -93,7 +93,7 @@ def test_the_metadata_asks_for_ranges_with_the_optional_packages_behind_extras(w
     reqs = [Requirement(line.split(": ", 1)[1]) for line in meta.splitlines()
             if line.startswith("Requires-Dist: ")]
     plain = {r.name: r for r in reqs if r.marker is None}
-    assert set(plain) == {"numpy", "pyyaml", "doit", "torch", "tqdm", "threadpoolctl", "fsspec"}
+    assert set(plain) == {"numpy", "pyyaml", "doit", "torch", "tqdm", "threadpoolctl", "fsspec", "xxhash"}
     assert not [r for r in reqs if any(s.operator in ("==", "===") for s in r.specifier)]
     assert Version("2.13.0") in plain["torch"].specifier and Version("2.14.1") in plain["torch"].specifier
     extra = {}
@@ -170,7 +170,7 @@ def test_the_installed_wheel_runs_logos_doit_on_a_sample_zoo(wheel, tmp_path):
     # the installed package is the one that runs, and what it asks for is installed, in range
     probe = ("import emitter, json, importlib.metadata as m; d = m.distribution('" + DIST + "');"
              "print(json.dumps([emitter.__file__, d.requires, {n: m.version(n) for n in "
-             "['numpy','pyyaml','doit','torch','tqdm','threadpoolctl','dask','fsspec','s3fs',"
+             "['numpy','pyyaml','doit','torch','tqdm','threadpoolctl','xxhash','dask','fsspec','s3fs',"
              "'gguf','safetensors','ml-dtypes']}]))")
     where, requires, have = json.loads(subprocess.run(
         [str(py), "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path,

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ops import release
 from .compare import EXACT, SMALL, compare, compare_many, flat_pair, nan_equal, numpy_dtype, same_in_dtype, worse
-from .leaf_check import bytes_crc
+from .leaf_check import bytes_hash
 from .environment import memory_bytes
 from .forward_line import stage_raised_in
 
@@ -272,15 +272,15 @@ def same_values(torch, a, b):
 
 
 def held_sum(torch, value, dtype):
-    """(shape, dtype, the CRC-32 of its bytes) of `value` as a buffer of `dtype` holds it (copy_'s
+    """(shape, dtype, the hash of its bytes) of `value` as a buffer of `dtype` holds it (copy_'s
     rounding): what a state's buffer holds after its write-back, without keeping a copy of it."""
     held = value.resolve_neg().to(dtype).contiguous()
-    return tuple(held.shape), held.dtype, bytes_crc(torch, held)
+    return tuple(held.shape), held.dtype, bytes_hash(torch, held)
 
 
 class Returned:
     """The outputs a module returned in its last WINDOW passes, held (so their memory is not
-    another's) with the CRC-32 of their bytes: a later pass that writes into one, or returns its
+    another's) with the hash of their bytes: a later pass that writes into one, or returns its
     memory again, changes what a caller kept of an earlier step. (A module cycling more buffers
     than the window holds escapes it: a bound on what a check keeps, whatever its steps.)"""
 
