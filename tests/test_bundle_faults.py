@@ -243,11 +243,11 @@ def test_a_model_py_that_will_not_run_twice_in_a_process_passes(tmp_path):
     assert r["fresh"]["module"].startswith("model.py would not run again in this process"), r["fresh"]
 
 
-def test_other_inputs_a_dtype_rounds_badly_are_no_finding(tmp_path):
-    """The fresh pass's inputs are none the program's author chose: a constant row, one less, is
-    -0.9 six times, whose float32 mean is not exact, and a layer norm at epsilon 1e-12 makes that
-    0.059 where the VM has 0. The module moved with its input (it gives no longer what the lock's
-    own input gave): the dtype's rounding, not a forward that ignores its input."""
+def test_inputs_all_alike_are_varied_into_no_row_a_norm_cannot_tell_from_rounding(tmp_path):
+    """A constant row one less is -0.9 six times, whose float32 mean is not exact: a layer norm at
+    epsilon 1e-12 makes that 0.059 where the VM has 0, a false alarm on inputs nobody chose. The
+    fresh pass varies a row of values all alike with a ramp across it: the module passes, judged
+    within the tolerance."""
     (tmp_path / "ln.logos").write_text("Let X be a 1 by 6 tensor of Real.\nLet Lw be a 1 by 6 tensor of Real.\n"
                                        "Let Lb be a 1 by 6 tensor of Real.\n"
                                        "Let Y be layernorm of X with weight Lw and bias Lb with epsilon 1e-12.\n")
@@ -258,4 +258,28 @@ def test_other_inputs_a_dtype_rounds_badly_are_no_finding(tmp_path):
     r = lock_bundle(bundle, str(tmp_path / "ln.logos"), str(tmp_path / "w"), "float32", 1)
     f = r["fresh"]
     assert r["verdict"] == "pass" and f["inputs"] == ["X"] and f["output"]["pass"], f
-    assert f["output"]["max_abs"] > 0.01, f   # (off the VM's on those inputs, as float32 rounds them)
+    assert f["output"]["worst_ratio"] < 1, f
+
+
+MLP_HIDDEN = "        hb = self.tap(1, hm + b1)\n"
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("new", [
+    "        hb = self.tap(1, hm + b1 * (2.0 if bool(X[0, 0] < X[0, 1]) else 1.0))\n",   # a branch on the input
+    "        hb = self.tap(1, hm + b1 + (0.3 if bool(X[0, 1] > X[0, 2]) else 0.0))\n",   # a shift on it
+])
+def test_a_forward_right_on_the_locks_inputs_alone_fails(tmp_path, dtype, new):
+    """A forward whose value moves with its input, but not as the program's does (a branch on the
+    input's values that the lock's own input does not take): on the fresh pass's other inputs it is
+    off the VM's there, far outside the tolerance, and fails at its output, named."""
+    program = os.path.join(ROOT, "programs", "mlp.logos")
+    good = emit_bundle(read_file(program).source, tmp_path / "good")
+    weights = os.path.join(ROOT, "weights", "mlp")
+    assert lock_bundle(good, program, weights, dtype, 1)["verdict"] == "pass"
+    bundle = _changed(good, tmp_path, (MLP_HIDDEN, new))
+    r = lock_bundle(bundle, program, weights, dtype, 1)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f.get("after")) == ("output", "fresh"), (f, r["reason"])
+    assert "computes otherwise than the VM on these inputs" in f["raised"], f
+    assert not r["fresh"]["output"]["pass"] and r["fresh"]["output"]["worst_ratio"] > 10, r["fresh"]

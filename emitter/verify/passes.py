@@ -101,8 +101,10 @@ def same_when_tapped(torch, model, program, states, resident, stage_reads, timin
 
 def varied(program, leaves):
     """{input: other values of it} for each of the program's inputs: its values rolled by one place,
-    or where that moves none (one value, or all alike), one less (an Int one of no more than 0 one
-    more): what a module that kept anything of its inputs from an earlier call is found out by."""
+    or where that moves none (one value, or all alike), a Real one one less, with a ramp of -0.5 to
+    0.5 across its values (all alike stay no row a norm cannot tell from rounding), an Int one one
+    less (of no more than 0, one more): what a module that kept anything of its inputs from an
+    earlier call, or computes otherwise on inputs the lock did not choose, is found out by."""
     out = {}
     for n in program.leaves:
         if program.roles[n] != "input":
@@ -110,7 +112,10 @@ def varied(program, leaves):
         v = np.asarray(leaves[n], np.float64)
         w = np.roll(v.reshape(-1), 1).reshape(v.shape)
         if np.array_equal(w, v, equal_nan=True):
-            w = v - 1 if program.real[n] or (v >= 1).all() else v + 1
+            if program.real[n]:
+                w = v - 1 + (np.linspace(-0.5, 0.5, v.size).reshape(v.shape) if v.size > 1 else 0.0)
+            else:
+                w = v - 1 if (v >= 1).all() else v + 1
         out[n] = w
     return out
 
@@ -141,11 +146,10 @@ def fresh(torch, model, build, program, leaves, start, last, resident, stage_rea
     copy of its cache of its own read for the earlier positions, which no output may show) fails,
     named at the first stage that differs; then by the first as a user runs it (no hook), against
     the VM's step on those inputs (at float64 and float32; not under the loose bf16 judge, whose
-    free pass is judged on cosine alone): a value outside the tolerance of the VM's that is, within
-    it, what the VM gave on the lock's own inputs (`last`: the VM's last step) did not move with
-    its inputs (a forward that ignores its input, or uses what it kept of it where no hook is set)
-    and fails; one that moved, but not as far as the VM's, is the dtype's rounding on inputs the
-    program's author did not choose (a constant row's layer norm at epsilon 1e-12, a near-tie).
+    free pass is judged on cosine alone), judged as a step's free pass is: a value outside the
+    tolerance fails, named as not moving with its inputs where it is what the VM gave on the
+    lock's own inputs (`last`: the VM's last step; a forward that ignores its input), else as
+    right on the lock's own inputs alone (a branch on their values).
     {"pass", "inputs" (those varied), "same", "module", "output"?, "states"?} and, where it fails,
     "first" (at the last step); None where each would be step 1's first call again (no input to
     vary; one step, or no state)."""
@@ -175,28 +179,32 @@ def fresh(torch, model, build, program, leaves, start, last, resident, stage_rea
 
 
 def _against(torch, program, judge, traces, out, written, integer, feed, what, steps):
-    """The pass's output and states against the VM's step on the same inputs, and on the lock's
-    own (`traces`): see `fresh`."""
+    """The pass's output and states against the VM's step on the same inputs, judged as a step's
+    free pass is (a near-tie's flipped token excused, and the states that follow it); a value
+    outside the tolerance that is what the lock's own inputs gave (`traces`: the VM's last step)
+    is named as not moving with its inputs: see `fresh`."""
     (trace, last), got = traces, out.double().numpy()
     out_m = judge.compare(got, trace.output, integer)
     if integer and not out_m["pass"] and feed is not None:   # (a near-tie of the VM's: as in a step)
         judge.near_tie(out_m, trace.stages[feed], np.rint(got))
     state_m = {s: judge.compare(written[s], trace.states[s], not program.real[s]) for s in program.states}
     excuse_tokens(program, out_m, state_m, written, np.rint(got))
-
-    def stayed(mine, m, old, exact):   # (off the VM's, and what the lock's own inputs gave)
-        return not m["pass"] and judge.compare(mine, old, exact)["pass"]
-    out_m["pass"] = not stayed(got, out_m, last.output, integer)
-    for s, m in state_m.items():
-        m["pass"] = not stayed(written[s], m, last.states[s], not program.real[s])
-    found = failing(program, out_m, state_m)
+    for m in state_m.values() if out_m.get("flip_excused") else ():   # (what the flipped token fed)
+        m.update(**{"pass": True, "flip_excused": True} if not m["pass"] else {})
     r = {"output": {**figures(out_m), "pass": out_m["pass"]},
          "states": {s: {**figures(m), "pass": m["pass"]} for s, m in state_m.items()}}
+    parts = [(output_label(program), out_m, got, last.output, integer)]
+    parts += [(writer(program, s), state_m[s], written[s], last.states[s], not program.real[s]) for s in program.states]
+    found = [p for p in parts if not p[1]["pass"]]
     if found:
-        r.update({"pass": False, "first": {"step": steps, **found[0][0], **figures(found[0][1]), "after": "fresh",
+        label, m, mine, old, exact = found[0]
+        why = ("gave what the VM gives on the lock's own inputs, not on these: the forward does not compute from "
+               "its inputs") if judge.compare(mine, old, exact)["pass"] else (
+               "computes otherwise than the VM on these inputs: the forward is right on the lock's own inputs alone "
+               "(a branch on their values, or what it kept of them)")
+        r.update({"pass": False, "first": {"step": steps, **label, **figures(m), "after": "fresh",
                                            "raised": f"{what}, by the instance that ran the steps as a user runs "
-                                                     "it, gave what the VM gives on the lock's own inputs, not on "
-                                                     "these: the forward does not compute from its inputs"}})
+                                                     f"it, {why}"}})
     return r
 
 
