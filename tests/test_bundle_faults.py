@@ -283,3 +283,23 @@ def test_a_forward_right_on_the_locks_inputs_alone_fails(tmp_path, dtype, new):
     assert r["verdict"] == "fail" and (f["stage"], f.get("after")) == ("output", "fresh"), (f, r["reason"])
     assert "computes otherwise than the VM on these inputs" in f["raised"], f
     assert not r["fresh"]["output"]["pass"] and r["fresh"]["output"]["worst_ratio"] > 10, r["fresh"]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("write", ["prev.mul_(2)", "prev.data.mul_(2)"])
+def test_a_forward_that_writes_into_an_earlier_calls_argument_fails(tmp_path, dtype, write):
+    """A caller keeps the input it handed step 1; a forward that writes into it when step 2 runs
+    (in place, or behind torch's back) changes it: a fail naming the argument and the pass that
+    was handed it, though every value the module computed passes."""
+    program = os.path.join(ROOT, "programs", "rope_attention.logos")
+    good = emit_bundle(read_file(program).source, tmp_path / "good")
+    weights = os.path.join(ROOT, "weights", "rope_attention")
+    first = "        x = self.leaf_x if x is None else x\n"
+    bundle = _changed(good, tmp_path, (first, first + "        prev = self.__dict__.get('_prev')\n"
+                                       "        if prev is not None and prev is not x:\n"
+                                       f"            {write}\n        self.__dict__['_prev'] = x\n"))
+    r = lock_bundle(bundle, program, weights, dtype, 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"]), (f, r["reason"])
+    assert (f["stage"], f["out"]) == ("argument", "x") and "handed to the free pass of step 1" in f["raised"], f
+    assert "a caller's earlier inputs change" in f["raised"], f

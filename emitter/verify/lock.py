@@ -144,7 +144,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                 free_raised = None
                 try:
                     out, written, late = free_pass(torch, model, program, current, resident, stage_reads,
-                                                    timings, step, f"the free pass of step {step}")
+                                                    timings, step, f"the free pass of step {step}", caller=returned)
                     late += returned.check(out, step, "free")
                     if judge.loose:
                         late += same_when_tapped(torch, model, program, current, resident, stage_reads, timings,

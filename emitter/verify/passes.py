@@ -25,11 +25,12 @@ def writer(program, state):
 
 
 def free_pass(torch, model, program, states, resident, stage_reads, timings, step, what, runs=as_a_user_runs,
-              given=None, summed=False):
+              given=None, summed=False, caller=None):
     """The module alone from `states` (the VM's), its inputs passed as forward's arguments (`given`
     values where given, else its buffers'): (its output, the states it wrote back, copies (or
     `summed`, their held_sums), and what a caller sees it do: [(label, message)]). `runs`: how its
-    taps are (as a user runs it: none of the lock's; `_tapped`)."""
+    taps are (as a user runs it: none of the lock's; `_tapped`). `caller` (probe.Returned): holds
+    the arguments, as a caller does, for later passes to be checked against."""
     set_states(torch, model, program, states, step)
     inputs = [n for n in program.leaves if program.roles[n] == "input"]
     with as_arguments(torch, model, inputs, given) as args, runs(model, resident, stage_reads) as seen:
@@ -45,6 +46,8 @@ def free_pass(torch, model, program, states, resident, stage_reads, timings, ste
         late = [({"stage": "argument", "out": n, "op": "input", "line": program.bound_at.get(n)},
                  f"{what} wrote into its argument `{n}`: a caller's input changes")
                 for n, a in args.items() if held_sum(torch, a, a.dtype) != sent[n]]
+        if caller is not None:
+            caller.hold(args, step, "free")
     bufs = {s: state_buffer(torch, model, program, s, step).detach() for s in program.states}
     return out, {s: held_sum(torch, b, b.dtype) if summed else b.clone() for s, b in bufs.items()}, late
 

@@ -279,24 +279,35 @@ def held_sum(torch, value, dtype):
 
 
 class Returned:
-    """The outputs a module returned in its last WINDOW passes, held (so their memory is not
-    another's) with the hash of their bytes: a later pass that writes into one, or returns its
-    memory again, changes what a caller kept of an earlier step. (A module cycling more buffers
-    than the window holds escapes it: a bound on what a check keeps, whatever its steps.)"""
+    """The outputs a module returned, and the arguments it was handed, in its last WINDOW passes,
+    held (so their memory is not another's) with the hash of their bytes: a later pass that
+    writes into one, or returns an output's memory again, changes what a caller kept of an
+    earlier step. (A module cycling more buffers than the window holds escapes it: a bound on
+    what a check keeps, whatever its steps.)"""
 
     WINDOW = 8
 
     def __init__(self, torch, program, model):
-        self.torch, self.program, self.kept = torch, program, []
+        self.torch, self.program, self.kept, self.handed = torch, program, [], []
         self.leaves = {t.untyped_storage().data_ptr() for n in program.leaves if n not in program.states
                        and isinstance(t := getattr(model, "leaf_" + n, None), torch.Tensor)}
 
+    def hold(self, args, step, which):
+        """Hold the arguments `args` ({input: tensor}) the `which` pass of `step` was handed."""
+        if args:
+            self.handed = (self.handed + [(args, {n: held_sum(self.torch, a, a.dtype) for n, a in args.items()},
+                                           step, which)])[-self.WINDOW:]
+
     def check(self, out, step, which):
         """[(label, message)] of an earlier output `out` (the `which` pass's of `step`) changed or
-        shares memory with, at most one; then `out` is held."""
+        shares memory with, or an earlier argument changed, at most one; then `out` is held."""
         torch, label = self.torch, output_label(self.program)
         mine = out.untyped_storage().data_ptr() if isinstance(out, torch.Tensor) else None
-        found = []
+        found = [({"stage": "argument", "out": n, "op": "input", "line": self.program.bound_at.get(n)},
+                  f"the argument `{n}` handed to the {w} pass of step {s} changed in or after the {which} pass of "
+                  f"step {step}: a caller's earlier inputs change")
+                 for args, sums, s, w in self.handed for n, a in args.items()
+                 if held_sum(torch, a, a.dtype) != sums[n]]
         for t, was, s, w in self.kept:
             if held_sum(torch, t.detach(), t.dtype) != was:
                 found.append((label, f"the output the module returned in the {w} pass of step {s} changed in the "
