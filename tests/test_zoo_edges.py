@@ -503,6 +503,27 @@ def test_a_config_a_dodo_task_rewrites_during_the_run_is_not_reported_current(tm
     assert doit(z)[:2] == (0, set())
 
 
+def test_a_program_a_dodo_task_makes_during_the_run_is_an_error_row_of_that_run(tmp_path):
+    """The user's task writes a program that was not there when the run read the zoo: the report
+    waits for that task and has an error row for the new program (none of its checks ran), so the
+    run exits 1, never a green report that leaves it out; the next run locks it."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    (z / "template.txt").write_text(PROG_B)
+    with open(z / "dodo.py", "a") as f:
+        f.write("\n\ndef task_gen():\n    return {'actions': ['cp template.txt programs/gen.logos'],\n"
+                "            'file_dep': ['template.txt'], 'targets': ['programs/gen.logos']}\n")
+    rc, ran, out = doit(z)
+    assert rc == 1 and "gen" in ran, out
+    rows = _report(z)
+    assert rows[("gen", "emit")]["verdict"] == "error" and not rows[("gen", "emit")]["current"], rows
+    assert "programs/gen.logos: made during this run" in rows[("gen", "emit")]["reason"], rows
+    assert "gen" in (z / "build/summary.md").read_text()
+    rc, ran, out = doit(z)
+    assert rc == 0 and ("gen", "float64") in _report(z) and ("gen", "emit") not in _report(z), out
+    assert all(r["verdict"] == "pass" and r["current"] for r in _report(z).values()), _report(z)
+    assert doit(z)[:2] == (0, set())
+
+
 def test_a_defaults_file_a_dodo_task_makes_during_the_run_is_not_reported_current(tmp_path):
     """A config that was not there when the run read the zoo (the zoo's defaults, made by the
     user's task) changes every program's checks: the zoo's tasks wait for that task, and the

@@ -98,14 +98,14 @@ def report_current(entries, out_dir, threads, now=None, judge=False):
     current."""
     from .guards import began_ns
     from .keys import report_key
-    from .report_aside import JUDGED, changed_since, ready, recorded_key
+    from .report_aside import JUDGED, appeared_since, changed_since, ready, recorded_key
     JUDGED.pop(out_dir, None)   # (only this judgement is handed on)
     ran = now is None
     if ran and judge:
         from .report import judge_rows
         judged = judge_rows(entries, out_dir, threads)
         now = judged[1]
-    moved = ran and changed_since(entries, began_ns())   # (tasks ran: a config rewritten?)
+    moved = ran and (changed_since(entries, began_ns()) or appeared_since(entries, began_ns()))   # (tasks ran)
     if recorded_key(out_dir) != (now or report_key(entries, threads)) or moved:
         if ran and judge and not moved:   # (where one moved, the action judges the rows again)
             JUDGED[out_dir] = (id(entries), threads, *judged)

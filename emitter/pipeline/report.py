@@ -15,7 +15,7 @@ from ..files import json_lines, read_json, write_atomic, write_files
 from ..verify.verdict import decided, decisive, describe, number, one_minus_cos, short
 from ..fingerprint import sha256_or_none, sha256_text
 from .keys import check_key, moved
-from .report_aside import HELD, JUDGED, REPORT_FORMATS, STALE, changed_since, drop_aside
+from .report_aside import HELD, JUDGED, REPORT_FORMATS, STALE, appeared_since, changed_since, drop_aside
 from .report_facts import context, counts, headline, tally, warnings
 
 ORDER = {"fail": 0, "error": 1, "pass": 2}
@@ -98,12 +98,10 @@ def _check_rows(e, status, now, parts_now, written):
 
 
 def make_report(entries, out_dir, threads, failures=None):
-    """report.json, junit.xml, summary.md and report.html from every program's status and results,
-    each check's currency judged by its key; fails the task (so the run exits non-zero) when any
-    check did not pass. `failures` ({task: message}) are this run's failed tasks: their programs'
-    checks become errors that say so. Every program is judged again after the tasks ran (a file
-    may have moved while they did): by the report's currency check just before, in this process,
-    or here."""
+    """Every report format from each program's status and results, each check's currency judged by
+    its key; fails the task (the run exits non-zero) where a check did not pass. `failures` ({task:
+    message}): this run's failed tasks, their programs' checks errors saying so. Every program is
+    judged again after the tasks ran (by the currency check just before, in this process, or here)."""
     from .guards import freeze_heap
     freeze_heap()
     from doit.exceptions import TaskFailed
@@ -158,6 +156,8 @@ def build_rows(entries, cache_dir=None, threads=None, failures=None, key_rows=No
     for task, message in sorted(failures.items()):
         if task != "report" and task not in mine:
             rows.append(_row(task, None, "task", "error", f"{task} failed in this run: {message}"))
+    rows += [_row(name, src, "emit", "error", f"{src}: made during this run, after the run read the zoo: none "
+                  "of its checks ran: run doit again", current=False) for name, src in appeared_since(entries, began)]
     rows.sort(key=lambda r: (ORDER.get(r["verdict"], 1), r["name"], r["check"]))
     return rows
 

@@ -140,3 +140,26 @@ def changed_since(entries, began):
                 out[e.name] = f
                 break
     return out
+
+
+def appeared_since(entries, began, folder="programs"):
+    """[(name, source)] of the programs made in `folder` since the run `began` (ns, the file
+    system's clock) that are none of `entries`: a task of the dodo's own wrote one after the run
+    read the zoo, so no check of it ran. Only the names the run did not read are stat'd."""
+    from ..language.errors import excerpt
+    from .config import slug
+    known = {e.pc.source for e in entries}
+    try:
+        names = sorted(os.listdir(folder)) if began is not None else []
+    except OSError:
+        names = []
+    out = []
+    for f in names:
+        path = f"{folder}/{f}"
+        if f.endswith(".logos") and not f.startswith(".") and path not in known:
+            try:
+                if os.lstat(path).st_ctime_ns >= began:
+                    out.append((slug(f[:-len(".logos")]), excerpt(path, 200)))
+            except OSError:
+                pass
+    return out
