@@ -369,6 +369,23 @@ def test_a_check_that_fails_fails_the_run_whatever_task_before_its_lock_doit_ign
     assert doit(z)[0] == 0
 
 
+def test_a_run_naming_a_lock_doit_ignores_exits_1_where_its_checks_are_not_current(tmp_path):
+    """`doit lock:a` with lock:a ignored: doit skips it, and the run covers its checks by their
+    verdicts as they are: current and passing, exit 0; after a's config moved (its verdict is no
+    longer about it), exit 1 naming the task, never a 0 for checks nobody ran."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 0
+    assert doit(z, "ignore", "lock:a")[0] == 0
+    rc, ran, out = doit(z, "lock:a")
+    assert rc == 0 and "lock:a" not in ran, out
+    (z / "programs/a.yaml").write_text("tolerances:\n  float64: {abs: 1.0e-30, rel: 1.0e-30}\n")
+    rc, ran, out = doit(z, "lock:a")
+    assert rc == 1 and "lock:a" not in ran, out
+    assert "lock:a: ignored (`doit ignore`) and not current: not passing" in out, out
+    assert doit(z, "lock:b")[0] == 0
+
+
 def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_again(tmp_path):
     import subprocess
     import sys

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..language.errors import excerpt
+from .names import NAME_RE, slug
 from ..verify.environment import memory_bytes
 from ..verify.tolerances import DEFAULT_TOLERANCES
 from .config_keys import (Problems, check_bf16, check_common, check_derive, check_precision,
@@ -48,15 +49,6 @@ PROGRAM_KEYS = ("weights", "lock", "dtypes", "steps", "tolerances", "derive", "a
 LEAF_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 DEFAULT_KEYS = ("lock", "dtypes", "steps", "tolerances", "limits", "roots")
 DERIVE_KEYS = ("importer", "checkpoint", "sha256")
-# A program name becomes a task name (`emit:NAME`), a directory under build/ and a JUnit class name.
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
-# A file name that is not a plain name goes by its slug: SLUG_PREFIX and the sha256 of the name.
-# The `~` is in no plain name, so no slug is a plain name and no two programs share a task name
-# (`invalid-<hex>` was itself a plain name: such a program beside the one it was the slug of made
-# doit stop the whole run on a duplicated task). `~` is safe in a path component, a doit task name
-# (doit refuses only `=`; `:` opens a sub-task), a shell word (not at its start) and a JUnit class
-# name (a `.` would split it into a package); names keep the `invalid-` start that tools look for.
-SLUG_PREFIX = "invalid-name~"
 
 
 @dataclass
@@ -238,19 +230,6 @@ def stray_configs(files, names, programs_dir="programs"):
             f"zoo's): rename it to {excerpt(f[:-4], 80)}.yaml" for f in sorted(files) if f.endswith(".yml")] + \
            [f"{programs_dir}/{excerpt(f, 80)}: a hidden file is not a program: ignored" for f in sorted(files)
             if f.endswith(".logos") and f.startswith(".") and not f.startswith(".#")]
-
-
-def slug(name):
-    """A program name safe as a task name and a path under build/: the name itself when it is a
-    plain one, else SLUG_PREFIX and the whole sha256 of its text (any file name: not UTF-8,
-    control characters), so a hostile name still gets its own tasks and error row. One to one: a
-    slug is never a plain name, and the hash is of the name's UTF-8 with surrogates passed through
-    (the bytes os.listdir could not decode, a lone surrogate), which tells any two names apart; a
-    truncated digest would not (12 hex digits collide after ~2**24 tries)."""
-    if NAME_RE.fullmatch(name):
-        return name
-    import hashlib
-    return SLUG_PREFIX + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def discover(root, programs_dir="programs", cache_file=None, warnings=None, makes=None):

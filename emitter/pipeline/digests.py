@@ -31,7 +31,7 @@ CODE = {
     "report": _BASE + ("fingerprint.py", "importers/__init__.py", "importers/packages.py", "lifetime.py",
                        "language/__init__.py", "language/errors.py", "language/lines.py",
                        "pipeline/__init__.py", "pipeline/digests.py", "pipeline/files_io.py",
-                       "pipeline/guards.py", "pipeline/keys.py",
+                       "pipeline/guards.py", "pipeline/keys.py", "pipeline/names.py",
                        "pipeline/plot_svg.py", "pipeline/report.py", "pipeline/report_aside.py",
                        "pipeline/report_facts.py", "pipeline/spread.py",
                        "sambaflow/__init__.py", "sambaflow/weight_files.py",

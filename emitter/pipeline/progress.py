@@ -257,6 +257,21 @@ class ProgressReporter(ConsoleReporter):
         from .doit_db import UNWRITTEN
         if UNWRITTEN:   # doit's DB could not be written (said): a full disk fails the run
             raise SystemExit(3)
+        stale = self._ignored_stale() if ended and "report" not in self.reachable else []
+        if stale:   # (a run that names its tasks: those doit ignored count as it covers them)
+            LOG.error(f"{', '.join(stale)}: ignored (`doit ignore`) and not current: not passing")
+            raise SystemExit(1)
+
+    def _ignored_stale(self):
+        """The zoo's tasks `doit ignore` kept from running that are not current (a lock: its key's
+        entry not there and passing): a run that names them exits 1, as the report would."""
+        from .handing import ZOO_TASKS
+        from .keys import uptodate
+        from .run import current
+        run = current()
+        by = {e.name: e for e in run.entries} if run is not None else {}
+        return [n for n in self.ignored for kind, _, name in (n.partition(":"),) if kind in ZOO_TASKS - {"cachelookup"}
+                and name in by and not uptodate(kind, by[name], run.settings["threads"], run.settings["cache"])]
 
     def _publish_named(self):
         """With cache=URL, a run that names its tasks (`doit lock:NAME cache=URL`) leaves out the

@@ -147,7 +147,7 @@ def appeared_since(entries, began, folder="programs"):
     system's clock) that are none of `entries`: a task of the dodo's own wrote one after the run
     read the zoo, so no check of it ran. Only the names the run did not read are stat'd."""
     from ..language.errors import excerpt
-    from .config import slug
+    from .names import slug
     known = {e.pc.source for e in entries}
     try:
         names = sorted(os.listdir(folder)) if began is not None else []
