@@ -285,7 +285,7 @@ def test_a_containers_memory_cap_bounds_what_a_check_may_take(tmp_path, monkeypa
     """A CI container's memory is its cgroup's limit, not its host's: the least of the machine's
     and the limits of the cgroup this process is in and those enclosing it (v1 or v2; `max` and
     v1's unlimited 2^63 are no limit)."""
-    from emitter.verify import environment as e
+    from emitter.verify import memory as e
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     fs = tmp_path / "fs"
     root, name = (fs, "memory.max") if v2 else (fs / "memory", "memory.limit_in_bytes")
@@ -300,3 +300,23 @@ def test_a_containers_memory_cap_bounds_what_a_check_may_take(tmp_path, monkeypa
     assert e.memory_bytes() == (machine if v2 else min(machine, 4 << 30))
     monkeypatch.setattr(e, "CGROUPS", (str(tmp_path / "nothing"), str(fs)))
     assert e.memory_bytes() == machine
+
+
+def test_another_build_of_one_version_is_another_environment(tmp_path, monkeypatch):
+    """Two wheels of numpy 9.9 (a rebuild, another BLAS): their versions agree, their installers'
+    RECORDs (every installed file's hash) do not, and the fingerprint takes the RECORD's sha256.
+    The environment this suite runs in has one for torch and numpy."""
+    import hashlib
+    from emitter.verify import environment as e
+    assert all(e.fingerprint()["records"][n] for n in ("numpy", "torch")), e.fingerprint()["records"]
+    site = tmp_path / "site"
+    (site / "numpy-9.9.dist-info").mkdir(parents=True)
+    record = site / "numpy-9.9.dist-info" / "RECORD"
+    record.write_text("numpy/__init__.py,sha256=AAAA,10\n")
+    monkeypatch.setattr(sys, "path", [str(site)] + sys.path)
+    assert e.versions(("numpy",)) == {"numpy": "9.9"}
+    assert e.records(("numpy",)) == {"numpy": hashlib.sha256(record.read_bytes()).hexdigest()}
+    before = e.records(("numpy",))
+    record.write_text("numpy/__init__.py,sha256=BBBB,10\n")   # (the same size)
+    assert e.versions(("numpy",)) == {"numpy": "9.9"} and e.records(("numpy",)) != before
+    assert e.records(("nothing_here",)) == {"nothing_here": None}

@@ -582,7 +582,7 @@ def test_a_check_runs_with_what_its_record_says_made_into_arguments_by_lock_code
     r = check_worker.run_check({**job, "record": small})["result"]
     assert r["verdict"] == "error" and "over the limit of 64 bytes" in r["reason"], r["reason"]
     # a config's limit past the machine's memory: held to the memory (no MemoryError, no OOM)
-    from emitter.verify.environment import memory_bytes
+    from emitter.verify.memory import memory_bytes
     huge = {**job["record"], "config": {**job["record"]["config"], "limits": {"tensor_bytes": 1 << 60}}}
     assert check_worker.lock_arguments(huge)["max_tensor_bytes"] == memory_bytes()
     assert check_worker.lock_arguments(job["record"])["max_tensor_bytes"] == memory_bytes() // 2

@@ -11,7 +11,8 @@ import socket
 import time
 
 from .. import fingerprint
-from ..verify.environment import THREAD_VARS, memory_bytes
+from ..verify.environment import THREAD_VARS
+from ..verify.memory import memory_bytes
 from ..verify.threads import thread_limits
 from .digests import digest
 

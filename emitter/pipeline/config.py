@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..language.errors import excerpt
 from .names import NAME_RE, slug
-from ..verify.environment import memory_bytes
+from ..verify.memory import memory_bytes
 from ..verify.tolerances import DEFAULT_TOLERANCES
 from .config_keys import (Problems, check_bf16, check_common, check_derive, check_precision,
                           check_weights, env_roots, leaves_message)

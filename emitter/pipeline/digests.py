@@ -85,7 +85,8 @@ def package_digest(kind, loaded=False):
     shas = {rel: loaded and IMPORTED.get(os.path.join(PACKAGE, rel)) or sha256(os.path.join(PACKAGE, rel))
             for rel in code_files(kind)}
     if kind in PACKAGES:   # their versions, and whether they are what runs (not shadowed)
-        return digest([shas, environment.versions(PACKAGES[kind]), environment.origins(PACKAGES[kind])])
+        return digest([shas, environment.versions(PACKAGES[kind]), environment.records(PACKAGES[kind]),
+                       environment.origins(PACKAGES[kind])])
     return digest(shas)
 
 

@@ -76,9 +76,10 @@ def _cpu():
     return {"isa": "unknown", "cpu_features": None}
 
 
-def versions(names):
-    """Installed distributions' versions, read from their dist-info folder names on sys.path
-    (importlib.metadata takes ~50 ms per lookup; this lists each folder once)."""
+def _dist_infos(names):
+    """{name: (its version, its dist-info folder)} of installed distributions, from the first
+    dist-info folder of each name on sys.path (importlib.metadata takes ~50 ms per lookup; this
+    lists each folder once)."""
     found = {}
     for base in sys.path:
         try:
@@ -90,8 +91,24 @@ def versions(names):
                 name, _, version = entry[:-len(".dist-info")].rpartition("-")
                 key = name.lower().replace("-", "_")
                 if key in names and key not in found:
-                    found[key] = version
-    return {n: found.get(n) for n in names}
+                    found[key] = (version, os.path.join(base or ".", entry))
+    return found
+
+
+def versions(names):
+    """Installed distributions' versions, read from their dist-info folder names on sys.path."""
+    found = _dist_infos(names)
+    return {n: found[n][0] if n in found else None for n in names}
+
+
+def records(names):
+    """{name: the sha256 of its installer's RECORD} of installed distributions: the hash of every
+    file the wheel put there, so another build of one version (a rebuilt numpy, another torch
+    wheel) is another environment; None where there is none. (A file edited in place after the
+    install is not seen: reinstall the library.)"""
+    from ..fingerprint import sha256_or_none
+    found = _dist_infos(names)
+    return {n: sha256_or_none(os.path.join(found[n][1], "RECORD")) if n in found else None for n in names}
 
 
 def bundled_libraries(name):
@@ -318,53 +335,12 @@ def _installed(path):
         **_cpu(),
         "cpu_count": os.cpu_count(),
         **versions(("numpy", "torch")),
+        "records": records(("numpy", "torch")),
         "imports": origins(COMPUTING),
         "numpy_libs": bundled_libraries("numpy"),
         "libc": libc(),
         "startup": startup(),
     }
-
-
-def memory_bytes():
-    """The memory this process may take: the machine's, or less where its container's (a cgroup's
-    limit, v2 or v1, its own or an enclosing one's) is less; 16 GiB where neither can be told. A
-    check's tensor limit by default is half of it: a CI container's cap, not its host's."""
-    try:
-        machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        machine = 16 << 30
-    return min([machine, *_cgroup_limits()])
-
-
-CGROUPS = ("/proc/self/cgroup", "/sys/fs/cgroup")   # (where this process's cgroups are named, mounted)
-
-
-def _cgroup_limits():
-    """The memory limits of the cgroups this process is in, and of those enclosing them."""
-    out = []
-    try:
-        with open(CGROUPS[0], encoding="ascii") as f:
-            lines = f.read(65536).splitlines()
-    except (OSError, UnicodeDecodeError):
-        return out
-    for line in lines:
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if controllers == "":   # v2
-            root, name = CGROUPS[1], "memory.max"
-        elif "memory" in controllers.split(","):
-            root, name = os.path.join(CGROUPS[1], "memory"), "memory.limit_in_bytes"
-        else:
-            continue
-        parts = [p for p in path.split("/") if p and p != ".."]
-        for depth in range(len(parts), -1, -1):
-            try:
-                with open(os.path.join(root, *parts[:depth], name), encoding="ascii") as f:
-                    text = f.read(64).strip()
-            except (OSError, UnicodeDecodeError):
-                continue
-            if text.isdigit() and 0 < int(text) < 1 << 60:   # ("max", or v1's page-rounded 2^63)
-                out.append(int(text))
-    return out
 
 
 def fingerprint():

@@ -13,7 +13,7 @@ import numpy as np
 from ..ops import release
 from .compare import EXACT, SMALL, compare, compare_many, flat_pair, nan_equal, numpy_dtype, same_in_dtype, worse
 from .leaf_check import bytes_hash
-from .environment import memory_bytes
+from .memory import memory_bytes
 from .forward_line import stage_raised_in
 
 
