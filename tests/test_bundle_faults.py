@@ -303,3 +303,37 @@ def test_a_forward_that_writes_into_an_earlier_calls_argument_fails(tmp_path, dt
     assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"]), (f, r["reason"])
     assert (f["stage"], f["out"]) == ("argument", "x") and "handed to the free pass of step 1" in f["raised"], f
     assert "a caller's earlier inputs change" in f["raised"], f
+
+
+MAIN_EDITS = {   # model.py's main or the block that runs it, edited: (old, new, passes)
+    "a dtype of its own": ("    dtype = getattr(torch, args.dtype)\n", "    dtype = torch.float32\n", False),
+    "an output it changes": ("                out = model()\n", "                out = model().clamp(min=0)\n", False),
+    "a step less": ("            for _ in range(args.steps):\n", "            for _ in range(args.steps - 1 or 1):\n", False),
+    "the block that runs it": ('if __name__ == "__main__":\n    main()\n',
+                               'if __name__ == "__main__":\n    LogosModule = None\n    main()\n', False),
+    "a line it prints": ("                out = model()\n",
+                         "                out = model()\n                print('a step', file=sys.stderr)\n", True),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(MAIN_EDITS))
+def test_what_python_model_py_runs_is_what_the_lock_ran(tmp_path, edit):
+    """`python model.py --weights DIR` runs main: where it is not the emitter's, the lock runs it
+    beside the emitter's main on the same module (same weights, dtype, steps) and their outputs
+    must be the same bits; an edited `__main__` block (what runs as a program) fails as it is. The
+    emitter's own main is not run again (the lock ran what it runs)."""
+    program = os.path.join(ROOT, "programs", "delta.logos")
+    weights = os.path.join(ROOT, "weights", "delta")
+    good = emit_bundle(read_file(program).source, tmp_path / "good")
+    r = lock_bundle(good, program, weights, "float64", 2)
+    assert r["verdict"] == "pass" and "main" not in r, r.get("main")
+    old, new, passes = MAIN_EDITS[edit]
+    if "sys.stderr" in new:
+        new = new.replace("sys.stderr", "__import__('sys').stderr")
+    r = lock_bundle(_changed(good, tmp_path, (old, new)), program, weights, "float64", 2)
+    assert r["main"]["pass"] is passes and r["verdict"] == ("pass" if passes else "fail"), (r["main"], r["reason"])
+    if not passes:
+        f = r["first_divergence"]
+        assert (f["stage"], f["after"]) == ("main", "main") and all(s["pass"] for s in r["stages"]), f
+        assert ("block that runs as `python model.py`" if "block" in edit else "main is not the emitter's") \
+            in f["raised"], f

@@ -30,6 +30,7 @@ from ..sambaflow.marks import program_name
 from . import environment, heap, trace as trace_file, verdict, vm
 from .compare import KEYS, compare, figures, worse, worst_of  # noqa: F401
 from .leaf_check import exact_leaves, known_view_of, load_stage, unholdable
+from .bundle_main import check_main
 from .bundle_module import build_module, load_bundle_module, read_model as _read_model
 from .judges import judge_for
 from .passes import (excuse_tokens, fresh as fresh_instance, free_pass, replay as replay_step_1, same_when_tapped,
@@ -319,6 +320,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                 torch, model, torch_dtype, program, leaves.values, steps, judge, result["timings"], resident,
                 exact_leaves(model, program, load), keep, vm_steps, another)
             load = result["load"] = judge.settled(load, replayed=any(after.values()))
+            after["main"] = check_main(torch, module, model_py, weights_dir, dtype, steps)
+            first = first or (after["main"] or {}).get("first")
         opened = watch.stop()
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
             _still_as_read(result, weights_dir, leaves.sources, weights_shas, opened, watch.maybe)
