@@ -281,7 +281,7 @@ def test_a_forward_right_on_the_locks_inputs_alone_fails(tmp_path, dtype, new):
     r = lock_bundle(bundle, program, weights, dtype, 1)
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and (f["stage"], f.get("after")) == ("output", "fresh"), (f, r["reason"])
-    assert "computes otherwise than the VM on these inputs" in f["raised"], f
+    assert "computes otherwise than the VM on these values" in f["raised"], f
     assert not r["fresh"]["output"]["pass"] and r["fresh"]["output"]["worst_ratio"] > 10, r["fresh"]
 
 
@@ -337,3 +337,34 @@ def test_what_python_model_py_runs_is_what_the_lock_ran(tmp_path, edit):
         assert (f["stage"], f["after"]) == ("main", "main") and all(s["pass"] for s in r["stages"]), f
         assert ("block that runs as `python model.py`" if "block" in edit else "main is not the emitter's") \
             in f["raised"], f
+
+
+TOKEN = """Let Emb be a 300 by 4 tensor of Real.
+Let tok be a 1 by 1 tensor of Int.
+Set item 1 of tok to 3.
+Let x be row tok of Emb.
+Let EmbT be transpose of Emb.
+Let logits be x matmul EmbT.
+Let nxt be argmax of logits.
+Set row 0 of tok to nxt.
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_token_rounded_on_its_way_to_a_row_index_fails_though_the_locks_tokens_are_exact(tmp_path, dtype):
+    """A module that rounds its token state through bfloat16 before the lookup is right on every
+    token under 257 (those bfloat16 holds): the lock's own steps reach 3 and 176 alone. The fresh
+    pass gives its Int states other values (an odd one past 256 where the table has the row: 257
+    here), and the module is off the VM's there: a fail at the output, naming the state."""
+    (tmp_path / "tk.logos").write_text(TOKEN)
+    os.makedirs(tmp_path / "w")
+    np.random.default_rng(1).standard_normal((300, 4)).astype("<f8").tofile(tmp_path / "w" / "Emb.f64")
+    program, weights = str(tmp_path / "tk.logos"), str(tmp_path / "w")
+    good = emit_bundle(TOKEN, tmp_path / "good")
+    r = lock_bundle(good, program, weights, dtype, 2)
+    assert r["verdict"] == "pass" and r["fresh"]["varied_states"] == ["tok"] and r["fresh"]["output"]["pass"], r["fresh"]
+    bad = _changed(good, tmp_path, ('row_of(Emb, tok, "tok")', 'row_of(Emb, tok.to(torch.bfloat16).to(tok.dtype), "tok")'))
+    r = lock_bundle(bad, program, weights, dtype, 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"]), (f, r["reason"])
+    assert (f["stage"], f["after"]) == ("output", "fresh") and "other values of tok" in f["raised"], f

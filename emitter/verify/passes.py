@@ -123,6 +123,20 @@ def varied(program, leaves):
     return out
 
 
+def other_states(program, states):
+    """{Int state: [other values, the first tried first]}: each value v as v + 257, or v + 256
+    where v is odd (an odd number past 256, which bfloat16's 8 bits cannot hold, so a module that
+    rounds a token or a position through it on its way to a row index is found, though the lock's
+    own steps may reach small ones alone); 257, the least such (259 for v = 257: a table of fewer
+    rows); v + 1 (v - 1 where that is past every row)."""
+    out = {}
+    for s in program.states:
+        if not program.real[s]:
+            v = np.asarray(states[s], np.float64)
+            out[s] = [v + 257 - np.mod(v, 2), np.where(v == 257, 259.0, 257.0), v + 1, v - 1]
+    return out
+
+
 def excuse_tokens(program, out_m, state_m, written, tokens):
     """An Int state the module wrote back as its output's token, whose flip the judge excused
     (`out_m`), is excused as the output is."""
@@ -152,24 +166,33 @@ def fresh(torch, model, build, program, leaves, start, last, resident, stage_rea
     free pass is judged on cosine alone), judged as a step's free pass is: a value outside the
     tolerance fails, named as not moving with its inputs where it is what the VM gave on the
     lock's own inputs (`last`: the VM's last step; a forward that ignores its input), else as
-    right on the lock's own inputs alone (a branch on their values).
-    {"pass", "inputs" (those varied), "same", "module", "output"?, "states"?} and, where it fails,
+    right on the lock's own inputs alone (a branch on their values). Its Int states (a token, a
+    position) take other values too, the first of `other_states` the VM takes for each.
+    {"pass", "inputs", "varied_states" (those given other values), "same", "module", "output"?,
+    "states"?} and, where it fails,
     "first" (at the last step); None where each would be step 1's first call again (no input to
     vary; one step, or no state)."""
-    other = varied(program, leaves)
-    if not other and not (steps > 1 and program.states):
+    other, tries = varied(program, leaves), other_states(program, start)
+    if not other and not tries and not (steps > 1 and program.states):
         return None
-    trace = None
-    if other:   # (a step of the VM's own on other inputs: the trace's steps are every check's)
-        t = time.perf_counter()
+    trace, t = None, time.perf_counter()
+    while other or tries:   # (a step of the VM's own on other values: the trace's steps are every check's)
+        far = {s: c[0] for s, c in tries.items()}
         try:
-            trace = vm.step(program, {**leaves, **start, **other}, keep_stages=True)
-        except ProgramError:
-            other = {}
-        timings["fresh_s"] = timings.get("fresh_s", 0.0) + time.perf_counter() - t
-    what = f"the free pass of step {steps} again" + (f" with other inputs ({', '.join(other)})" if other else "")
+            trace = vm.step(program, {**leaves, **start, **far, **other}, keep_stages=True)
+            break
+        except ProgramError as e:   # (a state the refusing stage reads: its next value; else as it was)
+            refused = {n for st in program.stages if st.line == e.line for n in st.inputs} & set(tries)
+            tries = {s: c[1:] if s in refused else c for s, c in tries.items() if s not in refused or c[1:]} \
+                if refused else {}
+            other = other if refused or far else {}
+    far = {s: c[0] for s, c in tries.items()}
+    timings["fresh_s"] = timings.get("fresh_s", 0.0) + time.perf_counter() - t
+    start = {**start, **far}
+    what = f"the free pass of step {steps} again" + (f" with other values of {', '.join([*other, *far])}"
+                                                     if other or far else "")
     given = {n: torch.from_numpy(v) for n, v in other.items()}
-    r = {"pass": True, "inputs": sorted(other),
+    r = {"pass": True, "inputs": sorted(other), "varied_states": sorted(far),
          **_both(torch, model, build, program, start, resident, stage_reads, timings, steps, what, given)}
     if trace is not None and not judge.loose:
         with torch.no_grad():
@@ -203,8 +226,8 @@ def _against(torch, program, judge, traces, out, written, integer, feed, what, s
         label, m, mine, old, exact = found[0]
         why = ("gave what the VM gives on the lock's own inputs, not on these: the forward does not compute from "
                "its inputs") if judge.compare(mine, old, exact)["pass"] else (
-               "computes otherwise than the VM on these inputs: the forward is right on the lock's own inputs alone "
-               "(a branch on their values, or what it kept of them)")
+               "computes otherwise than the VM on these values: the forward is right on the lock's own alone (a "
+               "branch on their values, a token rounded on its way to a row index, or what it kept of them)")
         r.update({"pass": False, "first": {"step": steps, **label, **figures(m), "after": "fresh",
                                            "raised": f"{what}, by the instance that ran the steps as a user runs "
                                                      f"it, {why}"}})
