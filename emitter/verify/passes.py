@@ -12,6 +12,7 @@ import time
 import numpy as np
 
 from ..language.errors import ProgramError
+from ..ops.experts import ROUTERS
 from . import vm
 from .compare import KEYS, figures
 from .probe import BundleFault, as_arguments, held_sum, output_label, run_module, same_values
@@ -162,9 +163,8 @@ def fresh(torch, model, build, program, leaves, start, last, resident, stage_rea
     bit for bit: one that computes from what it kept (on the instance, its class or its module; a
     copy of its cache of its own read for the earlier positions, which no output may show) fails,
     named at the first stage that differs; then by the first as a user runs it (no hook), against
-    the VM's step on those inputs (at float64 and float32; not under the loose bf16 judge, whose
-    free pass is judged on cosine alone), judged as a step's free pass is: a value outside the
-    tolerance fails, named as not moving with its inputs where it is what the VM gave on the
+    the VM's step on those inputs, judged as a step's free pass is (under bfloat16, on its cosine
+    and nmse): a value outside the tolerance fails, named as not moving with its inputs where it is what the VM gave on the
     lock's own inputs (`last`: the VM's last step; a forward that ignores its input), else as
     right on the lock's own inputs alone (a branch on their values). Its Int states (a token, a
     position) take other values too, the first of `other_states` the VM takes for each.
@@ -194,7 +194,7 @@ def fresh(torch, model, build, program, leaves, start, last, resident, stage_rea
     given = {n: torch.from_numpy(v) for n, v in other.items()}
     r = {"pass": True, "inputs": sorted(other), "varied_states": sorted(far),
          **_both(torch, model, build, program, start, resident, stage_reads, timings, steps, what, given)}
-    if trace is not None and not judge.loose:
+    if trace is not None:
         with torch.no_grad():
             out, written, _ = free_pass(torch, model, program, start, resident, stage_reads, timings, steps,
                                         f"{what}, as a user runs it", given=given)
@@ -208,7 +208,9 @@ def _against(torch, program, judge, traces, out, written, integer, feed, what, s
     """The pass's output and states against the VM's step on the same inputs, judged as a step's
     free pass is (a near-tie's flipped token excused, and the states that follow it); a value
     outside the tolerance that is what the lock's own inputs gave (`traces`: the VM's last step)
-    is named as not moving with its inputs: see `fresh`."""
+    is named as not moving with its inputs: see `fresh`. Under bfloat16, in a program that
+    chooses (an argmax, a routing op), only that: its choices flip on near-ties of inputs nobody
+    chose, which a step's probe excuses by their margins and this pass has no probe to."""
     (trace, last), got = traces, out.double().numpy()
     out_m = judge.compare(got, trace.output, integer)
     if integer and not out_m["pass"] and feed is not None:   # (a near-tie of the VM's: as in a step)
@@ -217,15 +219,19 @@ def _against(torch, program, judge, traces, out, written, integer, feed, what, s
     excuse_tokens(program, out_m, state_m, written, np.rint(got))
     for m in state_m.values() if out_m.get("flip_excused") else ():   # (what the flipped token fed)
         m.update(**{"pass": True, "flip_excused": True} if not m["pass"] else {})
-    r = {"output": {**figures(out_m), "pass": out_m["pass"]},
-         "states": {s: {**figures(m), "pass": m["pass"]} for s, m in state_m.items()}}
     parts = [(output_label(program), out_m, got, last.output, integer)]
     parts += [(writer(program, s), state_m[s], written[s], last.states[s], not program.real[s]) for s in program.states]
+    chooses = judge.loose and any(st.op.integer or st.op.name in ROUTERS for st in program.stages)
+    for _, m, mine, old, exact in parts:
+        m["stayed"] = not m["pass"] and judge.compare(mine, old, exact)["pass"]
+        m["pass"] = m["pass"] or (chooses and not m["stayed"])
+    r = {"output": {**figures(out_m), "pass": out_m["pass"]},
+         "states": {s: {**figures(m), "pass": m["pass"]} for s, m in state_m.items()}}
     found = [p for p in parts if not p[1]["pass"]]
     if found:
-        label, m, mine, old, exact = found[0]
+        label, m = found[0][:2]
         why = ("gave what the VM gives on the lock's own inputs, not on these: the forward does not compute from "
-               "its inputs") if judge.compare(mine, old, exact)["pass"] else (
+               "its inputs") if m["stayed"] else (
                "computes otherwise than the VM on these values: the forward is right on the lock's own alone (a "
                "branch on their values, a token rounded on its way to a row index, or what it kept of them)")
         r.update({"pass": False, "first": {"step": steps, **label, **figures(m), "after": "fresh",
