@@ -243,25 +243,56 @@ def test_a_model_py_that_will_not_run_twice_in_a_process_passes(tmp_path):
     assert r["fresh"]["module"].startswith("model.py would not run again in this process"), r["fresh"]
 
 
-def test_inputs_all_alike_are_varied_into_no_row_a_norm_cannot_tell_from_rounding(tmp_path):
-    """A constant row one less is -0.9 six times, whose float32 mean is not exact: a layer norm at
-    epsilon 1e-12 makes that 0.059 where the VM has 0, a false alarm on inputs nobody chose. The
-    fresh pass varies a row of values all alike with a ramp across it: the module passes, judged
-    within the tolerance."""
-    (tmp_path / "ln.logos").write_text("Let X be a 1 by 6 tensor of Real.\nLet Lw be a 1 by 6 tensor of Real.\n"
-                                       "Let Lb be a 1 by 6 tensor of Real.\n"
-                                       "Let Y be layernorm of X with weight Lw and bias Lb with epsilon 1e-12.\n")
+LN = ("Let X be a {r} by {c} tensor of Real.\nLet Lw be a 1 by {c} tensor of Real.\nLet Lb be a 1 by {c} tensor of Real.\n"
+      "Let Y be layernorm of X with weight Lw and bias Lb with epsilon 1e-12.\n")
+
+
+@pytest.mark.parametrize("x", [np.full((1, 6), 0.1), np.full((4096, 16), 3.0),
+                               np.array([[1, 1.0000003, 5], [2, 7, 1.0000006]])])
+def test_other_inputs_are_no_rows_a_norm_cannot_tell_from_rounding(tmp_path, x):
+    """The fresh pass's inputs are none the author chose, so they must be no worse conditioned
+    than the author's: a constant row one less is -0.9 six times, whose float32 mean is not exact
+    (a layer norm at epsilon 1e-12 made that 0.059 where the VM has 0); a ramp over a whole large
+    input left each row's values an ulp apart; rolling the whole input by one place made a row of
+    1.0000006, 1, 1.0000003. Each row's values rolled within it, or a ramp across each row: the
+    module passes, judged within the tolerance."""
+    r_, c_ = x.shape
+    (tmp_path / "ln.logos").write_text(LN.format(r=r_, c=c_))
     os.makedirs(tmp_path / "w")
-    for name, value in (("X", 0.1), ("Lw", 1.0), ("Lb", 0.0)):
-        np.full((1, 6), value).astype("<f8").tofile(tmp_path / "w" / f"{name}.f64")
+    for name, value in (("X", x), ("Lw", np.ones((1, c_))), ("Lb", np.zeros((1, c_)))):
+        value.astype("<f8").tofile(tmp_path / "w" / f"{name}.f64")
     bundle = emit_bundle((tmp_path / "ln.logos").read_text(), tmp_path / "b")
     r = lock_bundle(bundle, str(tmp_path / "ln.logos"), str(tmp_path / "w"), "float32", 1)
     f = r["fresh"]
-    assert r["verdict"] == "pass" and f["inputs"] == ["X"] and f["output"]["pass"], f
+    assert r["verdict"] == "pass" and f["inputs"] == ["X"] and f["output"]["pass"], (f, r["reason"])
     assert f["output"]["worst_ratio"] < 1, f
 
 
-MLP_BRANCHES = [" * (2.0 if bool(X[0, 0] < X[0, 1]) else 1.0)",   # a branch on the input's values
+COUNTER = """Let x be a 1 by 2 tensor of Real.
+Let n be a 1 by 1 tensor of Int.
+Set item 1 of n to 16777116.
+Let one be a 1 by 1 tensor of Int.
+Set item 1 of one to 1.
+Let m be n plus one.
+Set row 0 of n to m.
+Let y be x hadamard m.
+"""
+
+
+def test_an_int_state_takes_no_value_its_buffer_cannot_hold(tmp_path):
+    """A counter at 16777116: v + 257 is past 2^24, which float32 cannot hold (the lock refuses
+    such values as the program's, and must not choose one itself): the fresh pass takes 257,
+    and the right bundle passes at float32 as at float64."""
+    (tmp_path / "c.logos").write_text(COUNTER)
+    os.makedirs(tmp_path / "w")
+    np.array([[0.5, 0.25]]).astype("<f8").tofile(tmp_path / "w" / "x.f64")
+    bundle = emit_bundle(COUNTER, tmp_path / "b")
+    for dtype in ("float64", "float32"):
+        r = lock_bundle(bundle, str(tmp_path / "c.logos"), str(tmp_path / "w"), dtype, 1)
+        assert r["verdict"] == "pass" and r["fresh"]["varied_states"] == ["n"], (dtype, r["fresh"], r["reason"])
+
+
+MLP_BRANCHES = [" * (2.0 if bool(X[0, 2] < X[0, 3]) else 1.0)",   # a branch on the input's values
                 " + (0.3 if bool(X[0, 1] > X[0, 2]) else 0.0)"]   # a shift on them
 
 
@@ -289,11 +320,13 @@ def test_a_forward_right_on_the_locks_inputs_alone_fails(tmp_path, dtype, branch
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("write", ["prev.mul_(2)", "prev.data.mul_(2)"])
-def test_a_forward_that_writes_into_an_earlier_calls_argument_fails(tmp_path, dtype, write):
-    """A caller keeps the input it handed step 1; a forward that writes into it when step 2 runs
-    (in place, or behind torch's back) changes it: a fail naming the argument and the pass that
-    was handed it, though every value the module computed passes."""
+@pytest.mark.parametrize("write,steps", [("prev.mul_(2)", 2), ("prev.data.mul_(2)", 2), ("prev.copy_(x)", 2),
+                                         ("prev.copy_(x)", 1)])
+def test_a_forward_that_writes_into_an_earlier_calls_argument_fails(tmp_path, dtype, write, steps):
+    """A caller keeps the input it handed step 1; a forward that writes into it on a later call
+    (in place, behind torch's back, or the new input copied over it, which only other inputs
+    show: the fresh pass's) changes it: a fail naming the argument and the pass that was handed
+    it, though every value the module computed passes."""
     program = os.path.join(ROOT, "programs", "rope_attention.logos")
     good = emit_bundle(read_file(program).source, tmp_path / "good")
     weights = os.path.join(ROOT, "weights", "rope_attention")
@@ -301,44 +334,62 @@ def test_a_forward_that_writes_into_an_earlier_calls_argument_fails(tmp_path, dt
     bundle = _changed(good, tmp_path, (first, first + "        prev = self.__dict__.get('_prev')\n"
                                        "        if prev is not None and prev is not x:\n"
                                        f"            {write}\n        self.__dict__['_prev'] = x\n"))
-    r = lock_bundle(bundle, program, weights, dtype, 2)
+    r = lock_bundle(bundle, program, weights, dtype, steps)
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"]), (f, r["reason"])
     assert (f["stage"], f["out"]) == ("argument", "x") and "handed to the free pass of step 1" in f["raised"], f
     assert "a caller's earlier inputs change" in f["raised"], f
 
 
-MAIN_EDITS = {   # model.py's main or the block that runs it, edited: (old, new, passes)
+MAIN_EDITS = {   # model.py's main, what it reads, or the block that runs it, edited: (old, new, passes)
     "a dtype of its own": ("    dtype = getattr(torch, args.dtype)\n", "    dtype = torch.float32\n", False),
+    "float32 for float64 alone": ("    dtype = getattr(torch, args.dtype)\n", "    dtype = getattr(torch, args.dtype)\n"
+                                  "    if args.dtype == 'float64':\n        dtype = torch.float32\n", False),
     "an output it changes": ("                out = model()\n", "                out = model().clamp(min=0)\n", False),
     "a step less": ("            for _ in range(args.steps):\n", "            for _ in range(args.steps - 1 or 1):\n", False),
+    "another default": ('default=1, help="run forward', 'default=3, help="run forward', False),
+    "a module it reads": ("\n\ndef main(", "\n\nargparse = __import__('types').SimpleNamespace(ArgumentParser=None)"
+                          "\n\n\ndef main(", False),
     "the block that runs it": ('if __name__ == "__main__":\n    main()\n',
                                'if __name__ == "__main__":\n    LogosModule = None\n    main()\n', False),
+    "a second block": ("\n\ndef main(", '\n\nif __name__ == "__" "main__":\n    LogosModule = None\n\n\ndef main(', False),
     "a line it prints": ("                out = model()\n",
-                         "                out = model()\n                print('a step', file=sys.stderr)\n", True),
+                         "                out = model()\n                print('a step', file=__import__('sys').stderr)\n",
+                         True),
+    "windows line ends": ("\n", "\r\n", None),
+    "no newline at the end": ("    main()\n", "    main()", None),
+    "a comment on its call": ("    main()\n", "    main()  # run the program\n\n", None),
+    "code after it": ("    main()\n", "    main()\n\ntorch.set_num_threads(1)\n", None),
 }
 
 
 @pytest.mark.parametrize("edit", sorted(MAIN_EDITS))
 def test_what_python_model_py_runs_is_what_the_lock_ran(tmp_path, edit):
-    """`python model.py --weights DIR` runs main: where it is not the emitter's, the lock runs it
-    beside the emitter's main on the same module (same weights, dtype, steps) and their outputs
-    must be the same bits; an edited `__main__` block (what runs as a program) fails as it is. The
-    emitter's own main is not run again (the lock ran what it runs)."""
+    """`python model.py --weights DIR` runs main: where it (or a global it reads) is not the
+    emitter's, the lock runs it beside the emitter's main on the same module (its defaults, then
+    float64 and float32 at the check's steps) and their outputs must be the same bits; an edited
+    `__main__` block (what runs as a program) fails as it is. The emitter's own main, however the
+    file's lines end, is not run again (passes: None), and the result has no `main`."""
     program = os.path.join(ROOT, "programs", "delta.logos")
     weights = os.path.join(ROOT, "weights", "delta")
     good = emit_bundle(read_file(program).source, tmp_path / "good")
     r = lock_bundle(good, program, weights, "float64", 2)
     assert r["verdict"] == "pass" and "main" not in r, r.get("main")
     old, new, passes = MAIN_EDITS[edit]
-    if "sys.stderr" in new:
-        new = new.replace("sys.stderr", "__import__('sys').stderr")
-    r = lock_bundle(_changed(good, tmp_path, (old, new)), program, weights, "float64", 2)
+    out = tmp_path / "bundle"
+    shutil.copytree(good, out)
+    text = (out / "model.py").read_text()
+    assert old in text, old
+    (out / "model.py").write_bytes((text.replace(old, new) if old == "\n" else text.replace(old, new, 1)).encode())
+    r = lock_bundle(str(out), program, weights, "float64", 2)
+    if passes is None:
+        assert r["verdict"] == "pass" and "main" not in r, (r.get("main"), r["reason"])
+        return
     assert r["main"]["pass"] is passes and r["verdict"] == ("pass" if passes else "fail"), (r["main"], r["reason"])
     if not passes:
         f = r["first_divergence"]
         assert (f["stage"], f["after"]) == ("main", "main") and all(s["pass"] for s in r["stages"]), f
-        assert ("block that runs as `python model.py`" if "block" in edit else "main is not the emitter's") \
+        assert ("block that runs as `python model.py`" if "block" in edit else "is not the emitter's, and") \
             in f["raised"], f
 
 

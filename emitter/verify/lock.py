@@ -212,7 +212,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     if raised is None and own_first is not None:
         try:
             replay = replay_step_1(torch, model, program, leaves, resident, stage_reads, timings, judge,
-                                   steps, own_first, integer)
+                                   steps, own_first, integer, returned)
             first = first or replay.get("first")
         except Raised as e:   # (as in a step: the bundle's fault, named where it raised)
             raised, at = _raised_at(program, e, steps)
@@ -222,7 +222,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     if raised is None and another is not None:
         try:
             fresh = fresh_instance(torch, model, another, program, leaves, start, trace, resident, stage_reads,
-                                   timings, judge, steps, integer, feed)
+                                   timings, judge, steps, integer, feed, returned)
             first = first or (fresh or {}).get("first")
         except Raised as e:
             raised, at = _raised_at(program, e, steps)
@@ -320,7 +320,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                 torch, model, torch_dtype, program, leaves.values, steps, judge, result["timings"], resident,
                 exact_leaves(model, program, load), keep, vm_steps, another)
             load = result["load"] = judge.settled(load, replayed=any(after.values()))
-            after["main"] = check_main(torch, module, model_py, weights_dir, dtype, steps)
+            after["main"] = check_main(torch, module, model_py, weights_dir, steps, model)
             first = first or (after["main"] or {}).get("first")
         opened = watch.stop()
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?

@@ -104,38 +104,47 @@ def same_when_tapped(torch, model, program, states, resident, stage_reads, timin
 
 
 def varied(program, leaves):
-    """{input: other values of it} for each of the program's inputs: its values rolled by one place,
-    or where that moves none (one value, or all alike), a Real one one less, with a ramp of -0.5 to
-    0.5 across its values (all alike stay no row a norm cannot tell from rounding), an Int one one
-    less (of no more than 0, one more): what a module that kept anything of its inputs from an
-    earlier call, or computes otherwise on inputs the lock did not choose, is found out by."""
+    """{input: other values of it} for each of the program's inputs: each row's values rolled by one
+    place (a column's, for a one-column input), so each row holds the values it held (a norm or
+    a softmax over it as well conditioned as on the author's inputs), or where that moves none
+    (rows of values all alike), a Real one one less with a ramp of -0.5 to 0.5 across each row
+    (down the column), an Int one one less (of no more than 0, one more): what a module that
+    kept anything of its inputs from an earlier call, or computes otherwise on inputs the lock
+    did not choose, is found out by."""
     out = {}
     for n in program.leaves:
         if program.roles[n] != "input":
             continue
         v = np.asarray(leaves[n], np.float64)
-        w = np.roll(v.reshape(-1), 1).reshape(v.shape)
+        axis = 1 if v.ndim == 2 and v.shape[1] > 1 else 0
+        w = np.roll(v, 1, axis=axis)
         if np.array_equal(w, v, equal_nan=True):
             if program.real[n]:
-                w = v - 1 + (np.linspace(-0.5, 0.5, v.size).reshape(v.shape) if v.size > 1 else 0.0)
+                ramp = np.linspace(-0.5, 0.5, v.shape[axis]) if v.shape[axis] > 1 else np.zeros(1)
+                w = v - 1 + (ramp.reshape(1, -1) if axis == 1 else ramp.reshape(-1, *([1] * (v.ndim - 1))))
             else:
                 w = v - 1 if (v >= 1).all() else v + 1
         out[n] = w
     return out
 
 
-def other_states(program, states):
+def other_states(program, states, model):
     """{Int state: [other values, the first tried first]}: each value v as v + 257, or v + 256
     where v is odd (an odd number past 256, which bfloat16's 8 bits cannot hold, so a module that
     rounds a token or a position through it on its way to a row index is found, though the lock's
     own steps may reach small ones alone); 257, the least such (259 for v = 257: a table of fewer
-    rows); v + 1 (v - 1 where that is past every row)."""
+    rows); v + 1 (v - 1 where that is past every row); each only where the module's buffer of the
+    state holds it exactly (float32: up to 2^24)."""
+    import torch
     out = {}
     for s in program.states:
-        if not program.real[s]:
+        buf = getattr(model, "leaf_" + s, None)
+        if not program.real[s] and isinstance(buf, torch.Tensor):
             v = np.asarray(states[s], np.float64)
-            out[s] = [v + 257 - np.mod(v, 2), np.where(v == 257, 259.0, 257.0), v + 1, v - 1]
-    return out
+            exact = 2.0 / torch.finfo(buf.dtype).eps if buf.dtype.is_floating_point else 2.0 ** 53
+            tries = [v + 257 - np.mod(v, 2), np.where(v == 257, 259.0, 257.0) + 0 * v, v + 1, v - 1]
+            out[s] = [c for c in tries if np.abs(c).max(initial=0) <= exact]
+    return {s: c for s, c in out.items() if c}
 
 
 def excuse_tokens(program, out_m, state_m, written, tokens):
@@ -154,7 +163,7 @@ def failing(program, out_m, state_m):
 
 
 def fresh(torch, model, build, program, leaves, start, last, resident, stage_reads, timings, judge, steps, integer,
-          feed):
+          feed, caller=None):
     """The last step's free pass again, from the VM's states before it (`start`) and with other
     inputs where the program has some (`varied`; the inputs as they were where the VM refuses
     those, an index out of range), three times: by the instance that ran the steps and by a new one
@@ -172,7 +181,7 @@ def fresh(torch, model, build, program, leaves, start, last, resident, stage_rea
     "states"?} and, where it fails,
     "first" (at the last step); None where each would be step 1's first call again (no input to
     vary; one step, or no state)."""
-    other, tries = varied(program, leaves), other_states(program, start)
+    other, tries = varied(program, leaves), other_states(program, start, model)
     if not other and not tries and not (steps > 1 and program.states):
         return None
     trace, t = None, time.perf_counter()
@@ -192,15 +201,18 @@ def fresh(torch, model, build, program, leaves, start, last, resident, stage_rea
     what = f"the free pass of step {steps} again" + (f" with other values of {', '.join([*other, *far])}"
                                                      if other or far else "")
     given = {n: torch.from_numpy(v) for n, v in other.items()}
+    against = {}
+    if trace is not None:   # (first: the call after the replay's, whose arguments a caller holds)
+        with torch.no_grad():
+            out, written, late = free_pass(torch, model, program, start, resident, stage_reads, timings, steps,
+                                           f"{what}, as a user runs it", given=given, caller=caller)
+        late += caller.check(out, steps, "fresh") if caller is not None else []
+        against = {"pass": False, "first": {"step": steps, **late[0][0], **dict.fromkeys(KEYS), "after": "fresh",
+                                            "raised": late[0][1]}} if late else \
+            _against(torch, program, judge, (trace, last), out, written, integer, feed, what, steps)
     r = {"pass": True, "inputs": sorted(other), "varied_states": sorted(far),
          **_both(torch, model, build, program, start, resident, stage_reads, timings, steps, what, given)}
-    if trace is not None:
-        with torch.no_grad():
-            out, written, _ = free_pass(torch, model, program, start, resident, stage_reads, timings, steps,
-                                        f"{what}, as a user runs it", given=given)
-        against = _against(torch, program, judge, (trace, last), out, written, integer, feed, what, steps)
-        r.update({**against, "pass": r["pass"] and against.get("pass", True),
-                  "first": r.get("first") or against.get("first")})
+    r.update({**against, "pass": r["pass"] and against.get("pass", True), "first": r.get("first") or against.get("first")})
     return {k: v for k, v in r.items() if v is not None}
 
 
@@ -271,7 +283,7 @@ def _both(torch, model, build, program, start, resident, stage_reads, timings, s
     return r
 
 
-def replay(torch, model, program, leaves, resident, stage_reads, timings, judge, steps, first, integer):
+def replay(torch, model, program, leaves, resident, stage_reads, timings, judge, steps, first, integer, caller=None):
     """Step 1's free pass again once every step ran, from the same states and inputs, against
     what it gave the first time: a module whose forward reads its buffers and arguments alone
     gives it again; one that reads a state of its own (a copy of its cache it goes on writing)
@@ -281,7 +293,7 @@ def replay(torch, model, program, leaves, resident, stage_reads, timings, judge,
     out0, states0 = first
     with torch.no_grad():
         out, written, _ = free_pass(torch, model, program, leaves, resident, stage_reads, timings, 1,
-                                     f"the free pass of step 1 again (after step {steps})")
+                                     f"the free pass of step 1 again (after step {steps})", caller=caller)
     out_m = judge.compare(out.double().numpy(), out0, integer)
     state_m = {s: judge.compare(written[s], states0[s].double().numpy(), not program.real[s])
                for s in program.states}
