@@ -304,16 +304,25 @@ def test_a_containers_memory_cap_bounds_what_a_check_may_take(tmp_path, monkeypa
 
 def test_another_build_of_one_version_is_another_environment(tmp_path, monkeypatch):
     """Two wheels of numpy 9.9 (a rebuild, another BLAS): their versions agree, their installers'
-    RECORDs (every installed file's hash) do not, and the fingerprint takes the RECORD's sha256.
-    The environment this suite runs in has one for torch and numpy."""
+    RECORDs (every installed file's hash) do not, and the fingerprint takes the RECORD's sha256:
+    of the folder the import finds numpy in, not of a stray dist-info earlier on sys.path. The
+    environment this suite runs in has one for torch and numpy."""
     import hashlib
     from emitter.verify import environment as e
     assert all(e.fingerprint()["records"][n] for n in ("numpy", "torch")), e.fingerprint()["records"]
+    real = e.records(("numpy",))
+    stray = tmp_path / "stray"
+    (stray / "numpy-9.9.dist-info").mkdir(parents=True)
+    (stray / "numpy-9.9.dist-info" / "RECORD").write_text("")
+    monkeypatch.setattr(sys, "path", [str(stray)] + sys.path)
+    assert e.records(("numpy",)) == real and e.versions(("numpy",))["numpy"] != "9.9"   # (no numpy there)
     site = tmp_path / "site"
     (site / "numpy-9.9.dist-info").mkdir(parents=True)
+    (site / "numpy").mkdir()
+    (site / "numpy" / "__init__.py").write_text("")
     record = site / "numpy-9.9.dist-info" / "RECORD"
     record.write_text("numpy/__init__.py,sha256=AAAA,10\n")
-    monkeypatch.setattr(sys, "path", [str(site)] + sys.path)
+    monkeypatch.setattr(sys, "path", [str(stray), str(site)] + sys.path)
     assert e.versions(("numpy",)) == {"numpy": "9.9"}
     assert e.records(("numpy",)) == {"numpy": hashlib.sha256(record.read_bytes()).hexdigest()}
     before = e.records(("numpy",))

@@ -382,8 +382,12 @@ def test_a_run_naming_a_lock_doit_ignores_exits_1_where_its_checks_are_not_curre
     (z / "programs/a.yaml").write_text("tolerances:\n  float64: {abs: 1.0e-30, rel: 1.0e-30}\n")
     rc, ran, out = doit(z, "lock:a")
     assert rc == 1 and "lock:a" not in ran, out
-    assert "lock:a: ignored (`doit ignore`) and not current: not passing" in out, out
+    assert "lock:a: not run (`doit ignore`, or `-s`, which runs the first task named alone) and not current" in out, out
     assert doit(z, "lock:b")[0] == 0
+    assert doit(z, "forget", "lock:a")[0] == 0
+    rc, ran, out = doit(z, "-s", "emit:a", "lock:a")   # (doit's -s runs the first task named alone)
+    assert rc == 1 and "lock:a" not in ran and "lock:a: not run" in out, out
+    assert doit(z, "-s", "emit:b", "lock:b")[0] == 0
 
 
 def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_again(tmp_path):

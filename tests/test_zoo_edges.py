@@ -524,6 +524,35 @@ def test_a_program_a_dodo_task_makes_during_the_run_is_an_error_row_of_that_run(
     assert doit(z)[:2] == (0, set())
 
 
+@pytest.mark.parametrize("task", [
+    # no target: doit may run it after the report
+    "def task_zzmake():\n    def act():\n        import shutil; shutil.copy('programs/b.logos', 'programs/late.logos')\n"
+    "    return {'actions': [act], 'uptodate': [False]}\n",
+    # a creator doit calls late (its targets cannot be told early): the report waits for nothing
+    "from doit import create_after\n\n\n@create_after()\ndef task_zzmake():\n    def act():\n"
+    "        import shutil; shutil.copy('programs/b.logos', 'programs/late.logos')\n"
+    "    return {'actions': [act], 'targets': ['programs/late.logos'], 'uptodate': [False]}\n",
+    # a program rewritten after the report (a checkout, a generator)
+    "def task_zzmake():\n    def act():\n        open('programs/b.logos', 'a').write('Let z2 be sigmoid of y.\\n')\n"
+    "    return {'actions': [act], 'uptodate': [False]}\n",
+])
+def test_a_program_moved_after_the_report_read_the_zoo_leaves_no_green_report(tmp_path, task):
+    """A task of the dodo's own that runs after the report (doit's order, where it declares no
+    target the report could wait for) makes or rewrites a program: at the run's end the report is
+    written again as the zoo is then (its rows errors, not current) and the run exits 1, naming
+    the file; it ended green."""
+    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    assert doit(z)[0] == 0
+    with open(z / "dodo.py", "a") as f:
+        f.write("\n\n" + task)
+    rc, ran, out = doit(z)
+    assert rc == 1 and "zzmake" in ran and "changed after the report read the zoo" in out, out
+    rows = _report(z)
+    bad = [r for r in rows.values() if r["verdict"] != "pass"]
+    assert bad and all(not r["current"] for r in bad), rows
+    assert not (z / "build/summary.md").read_text().startswith("## ✅"), (z / "build/summary.md").read_text()[:200]
+
+
 def test_a_defaults_file_a_dodo_task_makes_during_the_run_is_not_reported_current(tmp_path):
     """A config that was not there when the run read the zoo (the zoo's defaults, made by the
     user's task) changes every program's checks: the zoo's tasks wait for that task, and the

@@ -98,8 +98,9 @@ def report_current(entries, out_dir, threads, now=None, judge=False):
     current."""
     from .guards import began_ns
     from .keys import report_key
-    from .report_aside import JUDGED, appeared_since, changed_since, ready, recorded_key
+    from .report_aside import JUDGED, appeared_since, changed_since, mark_read, ready, recorded_key
     JUDGED.pop(out_dir, None)   # (only this judgement is handed on)
+    mark_read(out_dir)
     ran = now is None
     if ran and judge:
         from .report import judge_rows
@@ -150,3 +151,17 @@ def report_aside(build):
     longer describes build/, so it goes to build/stale/ until a run finds it current again."""
     from .report_aside import set_aside
     set_aside(build)
+
+
+def report_again(entries, out_dir, threads):
+    """Whether a program or config moved after this run's report read the zoo (report_aside's
+    moved_after_read): then the report is written again, as the zoo is now (those rows errors,
+    not current), said."""
+    from .log import LOG
+    from .report_aside import moved_after_read
+    moved = moved_after_read(entries, out_dir)
+    if moved:
+        make_report(entries, out_dir, threads)
+        LOG.error(f"{moved[0]}{f' and {len(moved) - 1} more' if len(moved) > 1 else ''}: changed after the report "
+                  "read the zoo (by a task that ran after it): the report says so; run doit again")
+    return bool(moved)

@@ -247,6 +247,7 @@ class ProgressReporter(ConsoleReporter):
         note = current().say(own) if current() is not None and "report" in self.uptodate else None   # task ran)
         if note:
             LOG.info(note.rstrip("\n"))
+        moved = ended and self.ran and "report" in self.settled and self._moved_after_report()
         if current() is not None:   # the report this run wrote or found current, into place
             from .report_aside import settle
             settle(current().build, ended)
@@ -257,21 +258,33 @@ class ProgressReporter(ConsoleReporter):
         from .doit_db import UNWRITTEN
         if UNWRITTEN:   # doit's DB could not be written (said): a full disk fails the run
             raise SystemExit(3)
-        stale = self._ignored_stale() if ended and "report" not in self.reachable else []
-        if stale:   # (a run that names its tasks: those doit ignored count as it covers them)
-            LOG.error(f"{', '.join(stale)}: ignored (`doit ignore`) and not current: not passing")
+        if moved:
+            raise SystemExit(1)
+        stale = self._unsettled() if ended and "report" not in self.reachable and not self.failed_tasks else []
+        if stale:   # (a run that names its tasks: those it covers and did not settle count)
+            LOG.error(f"{', '.join(stale)}: not run (`doit ignore`, or `-s`, which runs the first task named "
+                      "alone) and not current: not passing")
             raise SystemExit(1)
 
-    def _ignored_stale(self):
-        """The zoo's tasks `doit ignore` kept from running that are not current (a lock: its key's
-        entry not there and passing): a run that names them exits 1, as the report would."""
-        from .handing import ZOO_TASKS
+    def _moved_after_report(self):
+        from .actions import report_again
+        from .run import current
+        return current() is not None and report_again(current().entries, current().build, current().settings["threads"])
+
+    def _unsettled(self):
+        """The zoo's tasks of the run's selection that neither ran nor were found up to date (`doit
+        ignore` skipped them, or doit left them out: `doit -s A B` runs A alone) and are not
+        current (a lock: its key's entry not there and passing): a run that names them exits 1,
+        as the report would."""
+        from .handing import ZOO_TASKS, doit_args, selection
         from .keys import uptodate
         from .run import current
-        run = current()
+        run, settled = current(), set(self.settled)
         by = {e.name: e for e in run.entries} if run is not None else {}
-        return [n for n in self.ignored for kind, _, name in (n.partition(":"),) if kind in ZOO_TASKS - {"cachelookup"}
-                and name in by and not uptodate(kind, by[name], run.settings["threads"], run.settings["cache"])]
+        named = [n for n in selection(doit_args()) or () if n in self.tasks and n not in self.reachable]
+        return [n for n in [*self.reachable, *named] if n not in settled for kind, _, name in (n.partition(":"),)
+                if kind in ZOO_TASKS - {"cachelookup"} and name in by
+                and not uptodate(kind, by[name], run.settings["threads"], run.settings["cache"])]
 
     def _publish_named(self):
         """With cache=URL, a run that names its tasks (`doit lock:NAME cache=URL`) leaves out the

@@ -163,3 +163,39 @@ def appeared_since(entries, began, folder="programs"):
             except OSError:
                 pass
     return out
+
+
+READ = {}   # {build folder: when this run's report read the zoo, on the file system's clock (ns)}
+
+
+def mark_read(out_dir):
+    """Note when the report reads the zoo (its currency check, which its action follows): a file
+    under build/ written and its ctime read."""
+    path = os.path.join(out_dir, ".report-read")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, b"r")
+            READ[out_dir] = os.fstat(fd).st_ctime_ns
+        finally:
+            os.close(fd)
+    except OSError:
+        READ.pop(out_dir, None)
+
+
+def moved_after_read(entries, out_dir):
+    """[path] of the programs and configs changed, made or removed after this run's report read
+    the zoo (a task of the dodo's own that ran after it and declared no target in programs/, a
+    checkout): that report is not about the zoo as the run leaves it."""
+    read = READ.get(out_dir)
+    if read is None:
+        return []
+    moved = [src for _, src in appeared_since(entries, read)]
+    for e in entries:
+        try:
+            if os.stat(e.pc.source).st_ctime_ns >= read:
+                moved.append(e.pc.source)
+        except OSError:
+            moved.append(e.pc.source)
+    return moved + [f for f in changed_since(entries, read).values() if f not in moved]
+

@@ -77,10 +77,12 @@ def _cpu():
 
 
 def _dist_infos(names):
-    """{name: (its version, its dist-info folder)} of installed distributions, from the first
-    dist-info folder of each name on sys.path (importlib.metadata takes ~50 ms per lookup; this
-    lists each folder once)."""
-    found = {}
+    """{name: (its version, its dist-info folder)} of installed distributions: the dist-info folder
+    of each name in the folder its import is found in (a stray dist-info earlier on sys.path, in
+    the zoo's folder, names no library that runs), else the first on sys.path (importlib.metadata
+    takes ~50 ms per lookup; this lists each folder once)."""
+    from importlib.machinery import PathFinder
+    seen = {}
     for base in sys.path:
         try:
             entries = os.listdir(base or ".")
@@ -90,8 +92,16 @@ def _dist_infos(names):
             if entry.endswith(".dist-info"):
                 name, _, version = entry[:-len(".dist-info")].rpartition("-")
                 key = name.lower().replace("-", "_")
-                if key in names and key not in found:
-                    found[key] = (version, os.path.join(base or ".", entry))
+                if key in names:
+                    seen.setdefault(key, []).append((os.path.realpath(base or "."), version,
+                                                     os.path.join(base or ".", entry)))
+    found = {}
+    for n, there in seen.items():
+        spec = PathFinder.find_spec(n, sys.path)
+        origin = getattr(spec, "origin", None) or ""
+        home = os.path.realpath(os.path.dirname(os.path.dirname(origin)) if spec is not None and
+                                spec.submodule_search_locations else os.path.dirname(origin))
+        found[n] = next(((v, p) for b, v, p in there if b == home), there[0][1:])
     return found
 
 
