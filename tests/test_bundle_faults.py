@@ -268,6 +268,44 @@ def test_other_inputs_are_no_rows_a_norm_cannot_tell_from_rounding(tmp_path, x):
     assert f["output"]["worst_ratio"] < 1, f
 
 
+ILL = {   # programs whose other inputs (or states) the dtype rounds badly: (program, weights, dtype)
+    "a cancelling sum": ("Let x be a 1 by 4 tensor of Real.\nLet B be a 1 by 4 tensor of Real.\nLet y be x plus B.\n",
+                         {"x": [[1e6, 2e6, 3e6, 4e6]], "B": [[-4e6 + 0.3, -1e6 + 0.1, -2e6 + 0.2, -3e6 + 0.4]]},
+                         "float32"),
+    "a norm over a row of 1e6": (LN.format(r=1, c=8).replace("1e-12", "1e-5"),
+                                 {"X": [[1e6] * 8], "Lw": [np.linspace(0.5, 1.5, 8)], "Lb": [np.linspace(-0.1, 0.1, 8)]},
+                                 "float32"),
+    "a cancelling sum in bfloat16": ("Let x be a 1 by 4 tensor of Real.\nLet B be a 1 by 4 tensor of Real.\n"
+                                     "Let y be x plus B.\n",
+                                     {"x": [[1, 2, 3, 4]], "B": [[-4 + 0.03, -1 + 0.01, -2 + 0.02, -3 + 0.04]]},
+                                     "bfloat16"),
+    "a counter that scales logits": ("Let x be a 1 by 8 tensor of Real.\nLet c be a 1 by 1 tensor of Int.\n"
+                                     "Let one be a 1 by 1 tensor of Int.\nSet item 1 of one to 1.\n"
+                                     "Let cn be c plus one.\nSet row 0 of c to cn.\nLet s be x hadamard c.\n"
+                                     "Let y be softmax of s.\n",
+                                     {"x": [[1, 0.996, 0.992, 0.988, 0.3, -0.2, 0.5, 0.1]]}, "bfloat16"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ILL))
+def test_other_values_the_dtype_rounds_badly_are_no_finding(tmp_path, case):
+    """The fresh pass's values are none the author chose: where they make the program
+    ill-conditioned (a cancelling sum, a norm over values an ulp apart), the module's value off
+    the VM's by no more than rounding what the VM is given to the dtype moves the VM's own (four
+    times over) is the dtype's rounding, and passes; a counter that scales a value keeps its size
+    (v + 1, not 257)."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    source, weights, dtype = ILL[case]
+    (tmp_path / "p.logos").write_text(source)
+    os.makedirs(tmp_path / "w")
+    for name, value in weights.items():
+        np.asarray(value, np.float64).astype("<f8").tofile(tmp_path / "w" / f"{name}.f64")
+    write_bundle(emit_program(read_file(str(tmp_path / "p.logos")), {} if dtype == "bfloat16" else None),
+                 str(tmp_path / "b"))
+    r = lock_bundle(str(tmp_path / "b"), str(tmp_path / "p.logos"), str(tmp_path / "w"), dtype, 1)
+    assert r["verdict"] == "pass" and r["fresh"]["pass"], (r["fresh"], r["reason"])
+
+
 COUNTER = """Let x be a 1 by 2 tensor of Real.
 Let n be a 1 by 1 tensor of Int.
 Set item 1 of n to 16777116.

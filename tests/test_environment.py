@@ -305,8 +305,9 @@ def test_a_containers_memory_cap_bounds_what_a_check_may_take(tmp_path, monkeypa
 def test_another_build_of_one_version_is_another_environment(tmp_path, monkeypatch):
     """Two wheels of numpy 9.9 (a rebuild, another BLAS): their versions agree, their installers'
     RECORDs (every installed file's hash) do not, and the fingerprint takes the RECORD's sha256:
-    of the folder the import finds numpy in, not of a stray dist-info earlier on sys.path. The
-    environment this suite runs in has one for torch and numpy."""
+    of the folder the import finds numpy in, not of a stray dist-info earlier on sys.path (which
+    is named beside it: the path moved). The environment this suite runs in has one for torch and
+    numpy."""
     import hashlib
     from emitter.verify import environment as e
     assert all(e.fingerprint()["records"][n] for n in ("numpy", "torch")), e.fingerprint()["records"]
@@ -314,8 +315,9 @@ def test_another_build_of_one_version_is_another_environment(tmp_path, monkeypat
     stray = tmp_path / "stray"
     (stray / "numpy-9.9.dist-info").mkdir(parents=True)
     (stray / "numpy-9.9.dist-info" / "RECORD").write_text("")
-    monkeypatch.setattr(sys, "path", [str(stray)] + sys.path)
-    assert e.records(("numpy",)) == real and e.versions(("numpy",))["numpy"] != "9.9"   # (no numpy there)
+    monkeypatch.setattr(sys, "path", [str(stray)] + sys.path)   # (no numpy there: named, not taken)
+    assert e.records(("numpy",)) == {"numpy": [real["numpy"], ["numpy-9.9.dist-info"]]}
+    assert e.versions(("numpy",))["numpy"] != "9.9"
     site = tmp_path / "site"
     (site / "numpy-9.9.dist-info").mkdir(parents=True)
     (site / "numpy").mkdir()
@@ -324,7 +326,7 @@ def test_another_build_of_one_version_is_another_environment(tmp_path, monkeypat
     record.write_text("numpy/__init__.py,sha256=AAAA,10\n")
     monkeypatch.setattr(sys, "path", [str(stray), str(site)] + sys.path)
     assert e.versions(("numpy",)) == {"numpy": "9.9"}
-    assert e.records(("numpy",)) == {"numpy": hashlib.sha256(record.read_bytes()).hexdigest()}
+    assert e.records(("numpy",))["numpy"][0] == hashlib.sha256(record.read_bytes()).hexdigest()
     before = e.records(("numpy",))
     record.write_text("numpy/__init__.py,sha256=BBBB,10\n")   # (the same size)
     assert e.versions(("numpy",)) == {"numpy": "9.9"} and e.records(("numpy",)) != before

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import logos
-from test_pipeline import PROG_A, PROG_B, ROOT, doit, make_zoo
+from test_pipeline import PROG_A, PROG_B, ROOT, _weights, doit, make_zoo
 
 HELLO = """Let x be a 1 by 2 tensor of Real.
 Set item 1 of x to 3.
@@ -532,25 +532,46 @@ def test_a_program_a_dodo_task_makes_during_the_run_is_an_error_row_of_that_run(
     "from doit import create_after\n\n\n@create_after()\ndef task_zzmake():\n    def act():\n"
     "        import shutil; shutil.copy('programs/b.logos', 'programs/late.logos')\n"
     "    return {'actions': [act], 'targets': ['programs/late.logos'], 'uptodate': [False]}\n",
-    # a program rewritten after the report (a checkout, a generator)
-    "def task_zzmake():\n    def act():\n        open('programs/b.logos', 'a').write('Let z2 be sigmoid of y.\\n')\n"
+    # a program rewritten after the report (a checkout, a generator), by a hidden task
+    "def task__zzmake():\n    def act():\n        open('programs/b.logos', 'a').write('Let z2 be sigmoid of y.\\n')\n"
     "    return {'actions': [act], 'uptodate': [False]}\n",
+    # a weights file written after the report
+    "import pathlib\n\n\ndef task_zzmake():\n    def act():\n        p = pathlib.Path('weights/a/w.f64')\n"
+    "        p.write_bytes(p.read_bytes()[8:] + p.read_bytes()[:8])\n"
+    "    return {'actions': [act], 'task_dep': ['report'], 'uptodate': [False]}\n",
 ])
 def test_a_program_moved_after_the_report_read_the_zoo_leaves_no_green_report(tmp_path, task):
     """A task of the dodo's own that runs after the report (doit's order, where it declares no
     target the report could wait for) makes or rewrites a program: at the run's end the report is
     written again as the zoo is then (its rows errors, not current) and the run exits 1, naming
     the file; it ended green."""
-    z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
     assert doit(z)[0] == 0
     with open(z / "dodo.py", "a") as f:
         f.write("\n\n" + task)
     rc, ran, out = doit(z)
-    assert rc == 1 and "zzmake" in ran and "changed after the report read the zoo" in out, out
+    assert rc == 1 and "changed after the report read the zoo" in out, out
     rows = _report(z)
     bad = [r for r in rows.values() if r["verdict"] != "pass"]
     assert bad and all(not r["current"] for r in bad), rows
     assert not (z / "build/summary.md").read_text().startswith("## ✅"), (z / "build/summary.md").read_text()[:200]
+
+
+def test_a_program_touched_after_the_report_with_its_bytes_the_same_is_no_finding(tmp_path):
+    """A task that runs after the report touches a program and its weights (an editor's save of
+    the same bytes, a chmod): the report, judged again as the zoo is then, still passes, and the
+    run exits 0, saying nothing."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 0
+    with open(z / "dodo.py", "a") as f:
+        f.write("\n\nimport os\n\n\ndef task_zztouch():\n    def act():\n"
+                "        os.utime('programs/b.logos')\n        os.chmod('weights/a/w.f64', 0o640)\n"
+                "    return {'actions': [act], 'task_dep': ['report'], 'uptodate': [False]}\n")
+    rc, ran, out = doit(z)
+    assert rc == 0 and "zztouch" in ran and "changed after the report" not in out, out
+    assert all(r["verdict"] == "pass" and r["current"] for r in _report(z).values())
 
 
 def test_a_defaults_file_a_dodo_task_makes_during_the_run_is_not_reported_current(tmp_path):

@@ -154,14 +154,14 @@ def report_aside(build):
 
 
 def report_again(entries, out_dir, threads):
-    """Whether a program or config moved after this run's report read the zoo (report_aside's
-    moved_after_read): then the report is written again, as the zoo is now (those rows errors,
-    not current), said."""
+    """Whether a program, config or weights file moved after this run's report read the zoo
+    (report_aside's moved_after_read) so that a check is no longer current: the report is then
+    written again, as the zoo is now (those rows errors), said."""
     from .log import LOG
     from .report_aside import moved_after_read
     moved = moved_after_read(entries, out_dir)
-    if moved:
-        make_report(entries, out_dir, threads)
-        LOG.error(f"{moved[0]}{f' and {len(moved) - 1} more' if len(moved) > 1 else ''}: changed after the report "
-                  "read the zoo (by a task that ran after it): the report says so; run doit again")
-    return bool(moved)
+    if not moved or make_report(entries, out_dir, threads) is True:   # (touched, its bytes the same)
+        return False
+    LOG.error(f"{moved[0]}{f' and {len(moved) - 1} more' if len(moved) > 1 else ''}: changed after the report "
+              "read the zoo (by a task that ran after it, or by hand): the report says so; run doit again")
+    return True

@@ -96,7 +96,7 @@ class ProgressReporter(ConsoleReporter):
         self.verdicts_failed = set()   # lock tasks whose recorded checks did not all pass
         self.work, self.bar = Work([]), None
         self.settled = []   # tasks found up to date or run with success
-        self.uptodate = []
+        self.uptodate, self.executed = [], False
         self.ignored = []   # `doit ignore`d, or skipped as following one that was
 
     def initialize(self, tasks, selected_tasks):
@@ -167,6 +167,7 @@ class ProgressReporter(ConsoleReporter):
 
     def execute_task(self, task):
         self._seen(task)
+        self.executed = True   # (any task, a hidden one too: it may have moved a file)
         if counted(task):
             self.work.start(task.name, time.monotonic())
             self.ran += 1
@@ -247,7 +248,7 @@ class ProgressReporter(ConsoleReporter):
         note = current().say(own) if current() is not None and "report" in self.uptodate else None   # task ran)
         if note:
             LOG.info(note.rstrip("\n"))
-        moved = ended and self.ran and "report" in self.settled and self._moved_after_report()
+        moved = ended and self.executed and "report" in self.settled and self._moved_after_report()
         if current() is not None:   # the report this run wrote or found current, into place
             from .report_aside import settle
             settle(current().build, ended)

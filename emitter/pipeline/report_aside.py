@@ -184,9 +184,9 @@ def mark_read(out_dir):
 
 
 def moved_after_read(entries, out_dir):
-    """[path] of the programs and configs changed, made or removed after this run's report read
-    the zoo (a task of the dodo's own that ran after it and declared no target in programs/, a
-    checkout): that report is not about the zoo as the run leaves it."""
+    """[path] of the programs, configs and weights files changed, made or removed after this run's
+    report read the zoo (a task of the dodo's own that ran after it and declared no target the
+    report could wait for, a checkout): that report may not be about the zoo as the run leaves it."""
     read = READ.get(out_dir)
     if read is None:
         return []
@@ -197,5 +197,10 @@ def moved_after_read(entries, out_dir):
                 moved.append(e.pc.source)
         except OSError:
             moved.append(e.pc.source)
+        try:   # (a weights folder's files: a derived one is the import's, before the report)
+            with os.scandir(e.pc.weights if e.pc.weights and not e.pc.derive else ()) as files:
+                moved += [f.path for f in files if f.stat(follow_symlinks=False).st_ctime_ns >= read]
+        except (OSError, TypeError):
+            pass
     return moved + [f for f in changed_since(entries, read).values() if f not in moved]
 

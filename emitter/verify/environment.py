@@ -77,15 +77,17 @@ def _cpu():
 
 
 def _dist_infos(names):
-    """{name: (its version, its dist-info folder)} of installed distributions: the dist-info folder
-    of each name in the folder its import is found in (a stray dist-info earlier on sys.path, in
-    the zoo's folder, names no library that runs), else the first on sys.path (importlib.metadata
-    takes ~50 ms per lookup; this lists each folder once)."""
+    """({name: (its version, its dist-info folder)}, {name: [the others' folder names]}) of
+    installed distributions: the dist-info of each name in the folder its import is found in,
+    else the first on sys.path; and every other dist-info of that name on sys.path (a stray one
+    in the zoo's folder names no library that runs, and still moves the environment: what the
+    path holds is not what it was). importlib.metadata takes ~50 ms per lookup; this lists each
+    folder once."""
     from importlib.machinery import PathFinder
     seen = {}
     for base in sys.path:
         try:
-            entries = os.listdir(base or ".")
+            entries = sorted(os.listdir(base or "."))
         except OSError:
             continue
         for entry in entries:
@@ -95,19 +97,22 @@ def _dist_infos(names):
                 if key in names:
                     seen.setdefault(key, []).append((os.path.realpath(base or "."), version,
                                                      os.path.join(base or ".", entry)))
-    found = {}
+    found, others = {}, {}
     for n, there in seen.items():
         spec = PathFinder.find_spec(n, sys.path)
         origin = getattr(spec, "origin", None) or ""
         home = os.path.realpath(os.path.dirname(os.path.dirname(origin)) if spec is not None and
                                 spec.submodule_search_locations else os.path.dirname(origin))
-        found[n] = next(((v, p) for b, v, p in there if b == home), there[0][1:])
-    return found
+        mine = next((t for t in there if t[0] == home), there[0])
+        found[n] = mine[1:]
+        if len(there) > 1:
+            others[n] = [os.path.basename(p) for _, _, p in there if p != mine[2]]
+    return found, others
 
 
 def versions(names):
     """Installed distributions' versions, read from their dist-info folder names on sys.path."""
-    found = _dist_infos(names)
+    found = _dist_infos(names)[0]
     return {n: found[n][0] if n in found else None for n in names}
 
 
@@ -115,10 +120,12 @@ def records(names):
     """{name: the sha256 of its installer's RECORD} of installed distributions: the hash of every
     file the wheel put there, so another build of one version (a rebuilt numpy, another torch
     wheel) is another environment; None where there is none. (A file edited in place after the
-    install is not seen: reinstall the library.)"""
+    install is not seen: reinstall the library.) Where other dist-infos of a name are on sys.path,
+    its value is [that sha256, their folder names]."""
     from ..fingerprint import sha256_or_none
-    found = _dist_infos(names)
-    return {n: sha256_or_none(os.path.join(found[n][1], "RECORD")) if n in found else None for n in names}
+    found, others = _dist_infos(names)
+    shas = {n: sha256_or_none(os.path.join(found[n][1], "RECORD")) if n in found else None for n in names}
+    return {n: [sha, others[n]] if n in others else sha for n, sha in shas.items()}
 
 
 def bundled_libraries(name):

@@ -222,7 +222,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     if raised is None and another is not None:
         try:
             fresh = fresh_instance(torch, model, another, program, leaves, start, trace, resident, stage_reads,
-                                   timings, judge, steps, integer, feed, returned)
+                                   timings, judge, steps, integer, feed, returned, dtype)
             first = first or (fresh or {}).get("first")
         except Raised as e:
             raised, at = _raised_at(program, e, steps)
