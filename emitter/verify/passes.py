@@ -193,7 +193,7 @@ def fresh(torch, model, build, program, leaves, start, last, resident, stage_rea
         far = {s: c[0] for s, c in tries.items()}
         try:
             env = {**leaves, **start, **far, **other}
-            trace = vm.step(program, env, keep_stages=True)
+            trace = vm.step(program, env, keep_stages={feed})   # (a near-tie's logits: no more)
             break
         except ProgramError as e:   # (a state the refusing stage reads: its next value; else as it was)
             refused = {n for st in program.stages if st.line == e.line for n in st.inputs} & set(tries)

@@ -219,7 +219,9 @@ def _holds_integers(program, stage, value):
 
 
 def step(program, leaves, keep_stages=True):
-    """Run every stage once on `leaves`; returns the StepTrace (its states are the next leaves')."""
+    """Run every stage once on `leaves`; returns the StepTrace (its states are the next leaves').
+    `keep_stages`: every stage's value, none, or (a set of stage indices) those alone, the others
+    None in their places."""
     start = time.perf_counter()
     env = dict(leaves)
     stages = []
@@ -231,8 +233,10 @@ def step(program, leaves, keep_stages=True):
             bind_result(stage, env, result)
             if stage.writes is not None and not program.real[stage.writes]:
                 _holds_integers(program, stage, env[stage.writes])
-            if keep_stages:
+            if keep_stages is True:
                 stages.append(result)
+            elif keep_stages:
+                stages.append(result if stage.index in keep_stages else None)
     return StepTrace(stages, env[program.output], {s: env[s] for s in program.states},
                      time.perf_counter() - start)
 
