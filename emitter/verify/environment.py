@@ -77,6 +77,11 @@ def _cpu():
 
 
 def _dist_infos(names):
+    return _dist_infos_on(tuple(names), tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=8)
+def _dist_infos_on(names, path):
     """({name: (its version, its dist-info folder)}, {name: [the others' folder names]}) of
     installed distributions: the dist-info of each name in the folder its import is found in,
     else the first on sys.path; and every other dist-info of that name on sys.path (a stray one
@@ -85,7 +90,7 @@ def _dist_infos(names):
     folder once."""
     from importlib.machinery import PathFinder
     seen = {}
-    for base in sys.path:
+    for base in path:
         try:
             entries = sorted(os.listdir(base or "."))
         except OSError:
@@ -99,7 +104,7 @@ def _dist_infos(names):
                                                      os.path.join(base or ".", entry)))
     found, others = {}, {}
     for n, there in seen.items():
-        spec = PathFinder.find_spec(n, sys.path)
+        spec = PathFinder.find_spec(n, list(path))
         origin = getattr(spec, "origin", None) or ""
         home = os.path.realpath(os.path.dirname(os.path.dirname(origin)) if spec is not None and
                                 spec.submodule_search_locations else os.path.dirname(origin))
