@@ -306,6 +306,22 @@ def test_other_values_the_dtype_rounds_badly_are_no_finding(tmp_path, case):
     assert r["verdict"] == "pass" and r["fresh"]["pass"], (r["fresh"], r["reason"])
 
 
+def test_a_branch_within_what_bfloat16_rounding_moves_four_times_over_fails(tmp_path):
+    """delta at step 1 under bfloat16 is ill-conditioned on the fresh pass's inputs (its memory is
+    zero): rounding the VM's inputs to bfloat16 moves its output by up to 0.06, and four times
+    that let an output 0.2 off (a branch on the input's values) pass. Once over, it fails; the
+    right bundle passes (its error there is 0.026)."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    program, weights = os.path.join(ROOT, "programs", "delta.logos"), os.path.join(ROOT, "weights", "delta")
+    good = str(tmp_path / "good")
+    write_bundle(emit_program(read_file(program), {}), good)
+    assert lock_bundle(good, program, weights, "bfloat16", 1)["verdict"] == "pass"
+    bad = _changed(good, tmp_path, ("        return Y\n", "        return Y + (1.0 if bool(x[0, 0] < x[0, 1]) else 0.0) * "
+                                    "torch.tensor([[0, 0, 0, 0.2, 0, 0, 0.25, 0]], dtype=Y.dtype)\n"))
+    r = lock_bundle(bad, program, weights, "bfloat16", 1)
+    assert r["verdict"] == "fail" and (r["first_divergence"] or {}).get("after") == "fresh", r["reason"]
+
+
 COUNTER = """Let x be a 1 by 2 tensor of Real.
 Let n be a 1 by 1 tensor of Int.
 Set item 1 of n to 16777116.

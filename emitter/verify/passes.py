@@ -240,15 +240,17 @@ def _rounded_step(torch, program, env, dtype, timings):
 
 def _ill_conditioned(judge, got, want, moved):
     """Whether `got` is off the VM's `want` by no more, at each value, than the tolerance and four
-    times `moved` (how far the VM's own value moves when what it is given is rounded to the dtype):
-    the dtype's rounding on inputs nobody chose, where they make the program ill-conditioned (a
-    cancelling sum, a norm over a row a few ulps wide)."""
+    times `moved` (how far the VM's own value moves when what it is given is rounded to the dtype;
+    once under bfloat16, whose rounding moves an ill-conditioned program's values by far more than
+    a right module's error: four times let a value 0.2 off pass delta at step 1): the dtype's
+    rounding on inputs nobody chose, where they make the program ill-conditioned (a cancelling
+    sum, a norm over a row a few ulps wide)."""
     g, w, r = (np.asarray(x.detach().double().numpy() if hasattr(x, "double") else x, np.float64).reshape(-1)
                for x in (got, want, moved))
     if g.shape != w.shape or w.shape != r.shape:
         return False
     with np.errstate(all="ignore"):
-        bound = judge.tol["abs"] + judge.tol["rel"] * np.abs(w) + 4 * np.abs(r - w)
+        bound = judge.tol["abs"] + judge.tol["rel"] * np.abs(w) + (1 if judge.loose else 4) * np.abs(r - w)
         return bool(np.all((np.abs(g - w) <= bound) | (np.isnan(g) & np.isnan(w))))
 
 
