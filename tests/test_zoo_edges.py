@@ -27,6 +27,13 @@ Let y be rmsnorm of h.
 """
 
 
+def _copying_task(zoo, name, src, dst):
+    """A task of the dodo's own, `name`, that copies `src` to `dst` (its file_dep and target)."""
+    with open(zoo / "dodo.py", "a") as f:
+        f.write(f"\n\ndef task_{name}():\n    return {{'actions': ['cp {src} {dst}'], 'file_dep': ['{src}'],\n"
+                f"            'targets': ['{dst}']}}\n")
+
+
 def _report(zoo):
     return {(r["name"], r["check"]): r for r in json.loads((zoo / "build/report.json").read_text())["results"]}
 
@@ -488,9 +495,7 @@ def test_a_config_a_dodo_task_rewrites_during_the_run_is_not_reported_current(tm
     locks them on the new one."""
     z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
     (z / "cfgsrc").write_text("dtypes: [float64]\n")
-    with open(z / "dodo.py", "a") as f:
-        f.write("\n\ndef task_cfg():\n    return {'actions': ['cp cfgsrc programs/b.yaml'], 'file_dep': ['cfgsrc'],\n"
-                "            'targets': ['programs/b.yaml']}\n")
+    _copying_task(z, "cfg", "cfgsrc", "programs/b.yaml")
     doit(z)
     assert doit(z)[0] == 0
     (z / "cfgsrc").write_text("dtypes: [float64, float32]\n")
@@ -509,9 +514,7 @@ def test_a_program_a_dodo_task_makes_during_the_run_is_an_error_row_of_that_run(
     run exits 1, never a green report that leaves it out; the next run locks it."""
     z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None)})
     (z / "template.txt").write_text(PROG_B)
-    with open(z / "dodo.py", "a") as f:
-        f.write("\n\ndef task_gen():\n    return {'actions': ['cp template.txt programs/gen.logos'],\n"
-                "            'file_dep': ['template.txt'], 'targets': ['programs/gen.logos']}\n")
+    _copying_task(z, "gen", "template.txt", "programs/gen.logos")
     rc, ran, out = doit(z)
     assert rc == 1 and "gen" in ran, out
     rows = _report(z)
@@ -581,9 +584,7 @@ def test_a_defaults_file_a_dodo_task_makes_during_the_run_is_not_reported_curren
     z = make_zoo(tmp_path / "zoo", {"b": (PROG_B, None), "c": (PROG_B, "dtypes: [float64]\n")})
     assert doit(z)[0] == 0
     (z / "src.yaml").write_text("steps: 2\n")
-    with open(z / "dodo.py", "a") as f:
-        f.write("\n\ndef task_defaults():\n    return {'actions': ['cp src.yaml programs/defaults.yaml'],\n"
-                "            'file_dep': ['src.yaml'], 'targets': ['programs/defaults.yaml']}\n")
+    _copying_task(z, "defaults", "src.yaml", "programs/defaults.yaml")
     rc, ran, out = doit(z)
     assert rc == 1 and "defaults" in ran, out
     rows = _report(z)

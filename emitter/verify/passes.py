@@ -15,7 +15,7 @@ from ..language.errors import ProgramError
 from ..ops.experts import ROUTERS
 from . import vm
 from .compare import KEYS, figures
-from .probe import BundleFault, as_arguments, held_sum, output_label, run_module, same_values
+from .probe import BundleFault, argument_label, as_arguments, held_sum, output_label, run_module, same_values
 from .resident import Releasing, as_a_user_runs
 from .rounding import rounded
 
@@ -45,8 +45,7 @@ def free_pass(torch, model, program, states, resident, stage_reads, timings, ste
         finally:
             timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go) - \
                 (getattr(hook, "seconds", 0.0) - own)
-        late = [({"stage": "argument", "out": n, "op": "input", "line": program.bound_at.get(n)},
-                 f"{what} wrote into its argument `{n}`: a caller's input changes")
+        late = [(argument_label(program, n), f"{what} wrote into its argument `{n}`: a caller's input changes")
                 for n, a in args.items() if held_sum(torch, a, a.dtype) != sent[n]]
         if caller is not None:
             caller.hold(args, step, "free")
@@ -160,6 +159,13 @@ def excuse_tokens(program, out_m, state_m, written, tokens):
             m.update(**{"pass": True, "flip_excused": True})
 
 
+def named(step, label, after, raised, m=None):
+    """The first divergence a pass after the steps names (`after`: "replay", "fresh"), at `step`:
+    where (`label`), its figures where it has some (`m`), and why."""
+    return {"step": step, **label, **(figures(m) if m is not None else dict.fromkeys(KEYS)), "after": after,
+            "raised": raised}
+
+
 def failing(program, out_m, state_m):
     """[(label, figures)] of the output and the states that did not pass, the output first."""
     found = [] if out_m["pass"] else [(output_label(program), out_m)]
@@ -212,8 +218,7 @@ def fresh(torch, model, build, program, leaves, start, last, resident, stage_rea
             out, written, late = free_pass(torch, model, program, start, resident, stage_reads, timings, steps,
                                            f"{what}, as a user runs it", given=given, caller=caller)
         late += caller.check(out, steps, "fresh") if caller is not None else []
-        against = {"pass": False, "first": {"step": steps, **late[0][0], **dict.fromkeys(KEYS), "after": "fresh",
-                                            "raised": late[0][1]}} if late else \
+        against = {"pass": False, "first": named(steps, late[0][0], "fresh", late[0][1])} if late else \
             _against(torch, program, judge, (trace, last), out, written, integer, feed, what, steps,
                      functools.partial(_rounded_step, torch, program, env, dtype, timings))
     r = {"pass": True, "inputs": sorted(other), "varied_states": sorted(far),
@@ -290,9 +295,8 @@ def _against(torch, program, judge, traces, out, written, integer, feed, what, s
                "its inputs") if m["stayed"] else (
                "computes otherwise than the VM on these values: the forward is right on the lock's own alone (a "
                "branch on their values, a token rounded on its way to a row index, or what it kept of them)")
-        r.update({"pass": False, "first": {"step": steps, **label, **figures(m), "after": "fresh",
-                                           "raised": f"{what}, by the instance that ran the steps as a user runs "
-                                                     f"it, {why}"}})
+        r.update({"pass": False, "first": named(steps, label, "fresh", f"{what}, by the instance that ran the steps "
+                                                                        f"as a user runs it, {why}", m)})
     return r
 
 
@@ -319,11 +323,11 @@ def _both(torch, model, build, program, start, resident, stage_reads, timings, s
     r = {"same": not differ, "module": how}
     if differ:
         r["pass"] = False
-        r["first"] = {"step": steps, **differ[0][0], **{k: None for k in KEYS}, "after": "fresh", "raised": (
+        r["first"] = named(steps, differ[0][0], "fresh", (
             f"{what}, by the instance that ran the steps and by a new one from the same weights (each handed the "
             f"VM's states before step {steps}), gave other values for {differ[0][1]}: the module computes from "
             "something it kept of an earlier call (a memo of its inputs, a copy of its cache of its own), not "
-            "from what it is handed")}
+            "from what it is handed"))
     return r
 
 
@@ -345,10 +349,10 @@ def replay(torch, model, program, leaves, resident, stage_reads, timings, judge,
     r = {"pass": not found, "output": figures(out_m), "states": {s: figures(m) for s, m in state_m.items()}}
     if found:
         label, m = found[0]
-        r["first"] = {"step": steps, **label, **figures(m), "after": "replay", "raised": (
+        r["first"] = named(steps, label, "replay", (
             f"the free pass of step 1, run again after step {steps} from the same states and inputs, "
             "gave other values: the module reads something besides its buffers and arguments "
-            "(a state it keeps of its own?)")}
+            "(a state it keeps of its own?)"), m)
     return r
 
 

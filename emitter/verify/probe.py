@@ -102,6 +102,11 @@ def output_label(program):
     return {"stage": "output", "out": program.output, "op": "output", "line": program.bound_at.get(program.output)}
 
 
+def argument_label(program, name):
+    """The label of the input `name` as forward's argument, where a write into it is named."""
+    return {"stage": "argument", "out": name, "op": "input", "line": program.bound_at.get(name)}
+
+
 def run_module(model, program, what, step=0, args=None, hook=None):
     """The module's forward. An exception it raises on the program's inputs is a finding about the
     bundle (Raised, naming the stage after the last one tapped); one that is not the bundle's
@@ -303,9 +308,8 @@ class Returned:
         shares memory with, or an earlier argument changed, at most one; then `out` is held."""
         torch, label = self.torch, output_label(self.program)
         mine = out.untyped_storage().data_ptr() if isinstance(out, torch.Tensor) else None
-        found = [({"stage": "argument", "out": n, "op": "input", "line": self.program.bound_at.get(n)},
-                  f"the argument `{n}` handed to the {w} pass of step {s} changed in or after the {which} pass of "
-                  f"step {step}: a caller's earlier inputs change")
+        found = [(argument_label(self.program, n), f"the argument `{n}` handed to the {w} pass of step {s} changed "
+                  f"in or after the {which} pass of step {step}: a caller's earlier inputs change")
                  for args, sums, s, w in self.handed for n, a in args.items()
                  if held_sum(torch, a, a.dtype) != sums[n]]
         for t, was, s, w in self.kept:
