@@ -16,7 +16,7 @@ from emitter.verify.lock import lock_bundle
 from test_lock import TIED
 from test_pipeline import PROG_A, _weights, doit, make_zoo
 
-FIGURES = ("verdict", "stages", "output", "first_divergence", "worst", "steps_detail", "load")
+FIGURES = ("verdict", "stages", "output", "first_divergence", "worst", "steps_detail", "load", "fresh")
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,9 @@ def test_a_programs_second_dtype_reads_the_trace_and_runs_no_vm(ops, tmp_path):
     second = _lock(ops, "float32", spec)
     assert second["trace"]["hit"] and not second["trace"]["written"]
     assert second["timings"]["vm_s"] == 0.0 and second["timings"]["trace_s"] > 0
+    # the fresh pass's VM step too (other inputs and states): stored once, read by both
+    assert first["trace"]["fresh"] == second["trace"]["fresh"] == "read"
+    assert second["fresh"]["inputs"], second["fresh"]
     _same(first, hand["float64"])      # the same figures as the VM computed in the lock
     _same(second, hand["float32"])
     assert not [p for p in os.listdir(os.path.dirname(spec["path"])) if p.endswith(".partial")]
@@ -134,7 +137,7 @@ def test_a_view_of_a_leaf_is_stored_as_a_marker_and_rebuilt(tmp_path):
     spec = _spec(tmp_path / "t.trace", hand)
     first = lock_bundle(bundle, str(tmp_path / "t.logos"), str(w), "float64", 2, trace=spec)
     assert first["trace"]["written"]
-    assert os.path.getsize(spec["path"]) < 2 * 3000 * 8 + 4096   # y at 2 steps; E alone is 768 kB
+    assert os.path.getsize(spec["path"]) < 3 * 3000 * 8 + 4096   # y at 2 steps and the fresh pass's; E is 768 kB
     from emitter.verify.trace_format import Reader
     r = Reader(spec["path"], spec["key"], 2)
     assert [s.get("rebuild") for s in r.index["steps"][0]["stages"]] == [True, None]
@@ -146,6 +149,29 @@ def test_a_view_of_a_leaf_is_stored_as_a_marker_and_rebuilt(tmp_path):
     assert np.array_equal(got.stages[1], want.stages[1]) and got.output is got.stages[1]
     r.close()
     _same(lock_bundle(bundle, str(tmp_path / "t.logos"), str(w), "float32", 2, trace=spec), hand)
+
+
+def test_a_fresh_step_asked_for_other_values_than_the_trace_holds_is_computed(tmp_path):
+    """The trace holds the fresh pass's VM step as a float32 module's check asks it (an Int state's
+    tries no greater than 2^24). A float64 module holds a counter at 2^24 + 2 too, so its check asks
+    for other values: it computes its own step, whose figures are a hand lock's, and never takes the
+    stored one."""
+    from test_bundle_faults import COUNTER
+    text = COUNTER.replace("16777116", "16777216")
+    (tmp_path / "c.logos").write_text(text)
+    os.makedirs(tmp_path / "w")
+    np.array([[0.5, 0.25]]).astype("<f8").tofile(tmp_path / "w" / "x.f64")
+    bundle = emit_bundle(text, tmp_path / "b")
+    args = (bundle, str(tmp_path / "c.logos"), str(tmp_path / "w"), "float64", 2)
+    hand = lock_bundle(*args)
+    spec = _spec(tmp_path / "t.trace", hand)
+    first = lock_bundle(*args, trace=spec)
+    assert first["trace"]["written"] and first["trace"]["fresh"] == "computed", first["trace"]
+    from emitter.verify.trace_format import Reader
+    stored = Reader(spec["path"], spec["key"], 2).fresh(read_file(str(tmp_path / "c.logos")))
+    assert float(stored.far["n"].item()) == 16777216.0   # after step 1, n is 2^24 + 1: float32's ask is v - 1 alone
+    assert hand["fresh"]["varied_states"] == ["n"] and first["verdict"] == hand["verdict"] == "pass"
+    _same(first, hand)
 
 
 def test_a_trace_over_its_limit_is_not_stored_and_the_lock_computes_the_vm(ops, tmp_path):

@@ -26,8 +26,8 @@ CODE = {
     # what the VM's trace is computed and stored by (emitter.verify.trace): a trace is shared by a
     # program's checks until this code changes, whatever else of the lock's does
     "vm": _BASE + ("fingerprint.py", "yamlfile.py", "ops", "language", "sambaflow/__init__.py",
-                   "sambaflow/weight_files.py", "verify/__init__.py", "verify/links.py", "verify/vm.py",
-                   "verify/trace.py", "verify/trace_format.py"),
+                   "sambaflow/weight_files.py", "verify/__init__.py", "verify/fresh_inputs.py", "verify/links.py",
+                   "verify/vm.py", "verify/trace.py", "verify/trace_format.py"),
     "report": _BASE + ("fingerprint.py", "importers/__init__.py", "importers/packages.py", "lifetime.py",
                        "language/__init__.py", "language/errors.py", "language/lines.py",
                        "pipeline/__init__.py", "pipeline/digests.py", "pipeline/files_io.py",

@@ -32,9 +32,10 @@ from .compare import KEYS, compare, figures, worse, worst_of  # noqa: F401
 from .leaf_check import exact_leaves, known_view_of, load_stage, unholdable
 from .bundle_main import check_main
 from .bundle_module import build_module, load_bundle_module, read_model as _read_model
+from .fresh_inputs import feeding, varied
 from .judges import judge_for
 from .passes import (excuse_tokens, fresh as fresh_instance, free_pass, replay as replay_step_1, same_when_tapped,
-                     set_states, varied, writer)
+                     set_states, writer)
 from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, changed_after_tap, output_label,
                     run_module, watched)
 from .resident import Releasing, Resident, Watching, reads, worth_releasing
@@ -84,15 +85,8 @@ def _raised_at(program, e, step):
             {"step": step, **label, **{k: None for k in KEYS}, "raised": e.error})
 
 
-def _feeding(program):
-    """The stage whose value the (integer) output is computed from, e.g. the logits of an argmax."""
-    out = next(st for st in reversed(program.stages) if st.binds)
-    bound = {st.out: st.index for st in program.stages if st.binds}
-    return next((bound[n] for n in out.inputs if n in bound and program.real.get(n)), None)
-
-
 def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, loaded, golden=None, vm_steps=None,
-         another=None):
+         another=None, asked=None):
     """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures,
     where the module raised or None: the run stops at the step it raised in, {"replay", "fresh"}:
     the passes after the last step, emitter.verify.passes; `another()` builds the module's new
@@ -101,14 +95,15 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     own), then a probe pass (every op on the VM's inputs): the free pass runs before the module is
     handed any of the step's VM values, which it could otherwise keep and hand back. Its VM step
     also goes to `golden` (a Golden) when given; `vm_steps`, the VM's steps
-    (emitter.verify.trace.steps), computed here when not given.
+    (emitter.verify.trace.steps, given `asked`, a dict it puts the fresh pass's VM step in),
+    computed here when not given.
     `judge` (emitter.verify.judges) says what passes: each stage after the probe pass, the
     output and each state after the free pass. `loaded`: leaf_check.exact_leaves."""
     current = dict(leaves)
     details, stages_worst, first, output_worst, argmax_all = [], {}, None, None, True
     out_stage = next(st for st in reversed(program.stages) if st.binds)
     integer = out_stage.op.integer or not program.real[program.output]
-    feed = _feeding(program) if integer else None
+    feed = feeding(program)
     stage_reads = reads(program)
     raised = None
     returned = Returned(torch, program, model)   # what a caller keeps of the outputs
@@ -129,7 +124,8 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
         leaf = getattr(model, "leaf_" + read[0], None) if len(read) == 1 else None
         return leaf is not None and known_view_of(torch, value, want, read[0], leaf, leaves[read[0]],
                                                   resident, loaded)
-    vm_steps = iter(vm_steps or trace_file.steps(program, leaves, steps, timings))
+    asked = {} if vm_steps is None else asked
+    vm_steps = iter(vm_steps or trace_file.steps(program, leaves, steps, timings, fresh=asked))
     for step in range(1, steps + 1):
         start, trace = dict(current), next(vm_steps)
         if golden is not None:
@@ -222,7 +218,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     if raised is None and another is not None:
         try:
             fresh = fresh_instance(torch, model, another, program, leaves, start, trace, resident, stage_reads,
-                                   timings, judge, steps, integer, feed, returned, dtype)
+                                   timings, judge, steps, integer, feed, asked["ask"], returned, dtype)
             first = first or (fresh or {}).get("first")
         except Raised as e:
             raised, at = _raised_at(program, e, steps)
@@ -314,11 +310,12 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                 from .golden import Golden
                 keep = Golden(bundle_dir, program, weights_dir, golden, weights_dir and {
                     f: _sha256(os.path.join(weights_dir, f)) for f in set(leaves.sources.values()) - {"declared"}})
+            asked = {}
             vm_steps = trace_file.shared(trace, result, program, leaves.values, steps, lambda: weights_dir
-                                         and _as_manifest(result, weights_dir, leaves.sources, weights_shas))
+                                         and _as_manifest(result, weights_dir, leaves.sources, weights_shas), asked)
             details, stages, first, output, raised, after = _run(
                 torch, model, torch_dtype, program, leaves.values, steps, judge, result["timings"], resident,
-                exact_leaves(model, program, load), keep, vm_steps, another)
+                exact_leaves(model, program, load), keep, vm_steps, another, asked)
             load = result["load"] = judge.settled(load, replayed=any(after.values()))
             after["main"] = check_main(torch, module, model_py, weights_dir, steps, model)
             first = first or (after["main"] or {}).get("first")

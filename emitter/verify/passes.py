@@ -15,6 +15,7 @@ from ..language.errors import ProgramError
 from ..ops.experts import ROUTERS
 from . import vm
 from .compare import KEYS, figures
+from .fresh_inputs import FreshStep, other_states, varied
 from .probe import BundleFault, argument_label, as_arguments, held_sum, output_label, run_module, same_values
 from .resident import Releasing, as_a_user_runs
 from .rounding import rounded
@@ -103,51 +104,14 @@ def same_when_tapped(torch, model, program, states, resident, stage_reads, timin
     return []
 
 
-def varied(program, leaves):
-    """{input: other values of it} for each of the program's inputs: each row's values rolled by one
-    place (a column's, for a one-column input), so each row holds the values it held (a norm or
-    a softmax over it as well conditioned as on the author's inputs), or where that moves none
-    (rows of values all alike), a Real one one less with a ramp of -0.5 to 0.5 across each row
-    (down the column), an Int one one less (of no more than 0, one more): what a module that
-    kept anything of its inputs from an earlier call, or computes otherwise on inputs the lock
-    did not choose, is found out by."""
+def int_bounds(torch, program, model):
+    """{Int state: the largest integer its module buffer holds exactly} (float32: 2^24)."""
     out = {}
-    for n in program.leaves:
-        if program.roles[n] != "input":
-            continue
-        v = np.asarray(leaves[n], np.float64)
-        axis = 1 if v.ndim == 2 and v.shape[1] > 1 else 0
-        w = np.roll(v, 1, axis=axis)
-        if np.array_equal(w, v, equal_nan=True):
-            if program.real[n]:
-                ramp = np.linspace(-0.5, 0.5, v.shape[axis]) if v.shape[axis] > 1 else np.zeros(1)
-                w = v - 1 + (ramp.reshape(1, -1) if axis == 1 else ramp.reshape(-1, *([1] * (v.ndim - 1))))
-            else:
-                w = v - 1 if (v >= 1).all() else v + 1
-        out[n] = w
-    return out
-
-
-def other_states(program, states, model):
-    """{Int state: [other values, the first tried first]}: for one a stage reads as a row index
-    (a token, a position), each value v as v + 257, or v + 256 where v is odd (an odd number past
-    256, which bfloat16's 8 bits cannot hold, so a module that rounds it on its way to the index
-    is found, though the lock's own steps may reach small ones alone), then 257, the least such
-    (259 for v = 257: a table of fewer rows); for any, v + 1 (v - 1 where that is past every
-    row): a counter keeps its size (one that scales a value makes no number the dtype cannot
-    hold). Each only where the module's buffer of the state holds it exactly (float32: 2^24)."""
-    import torch
-    out = {}
-    index = {st.bound.get(slot) for st in program.stages for slot in st.op.index}
     for s in program.states:
         buf = getattr(model, "leaf_" + s, None)
         if not program.real[s] and isinstance(buf, torch.Tensor):
-            v = np.asarray(states[s], np.float64)
-            exact = 2.0 / torch.finfo(buf.dtype).eps if buf.dtype.is_floating_point else 2.0 ** 53
-            tries = [v + 257 - np.mod(v, 2), np.where(v == 257, 259.0, 257.0) + 0 * v] if s in index else []
-            tries += [v + 1, v - 1]
-            out[s] = [c for c in tries if np.abs(c).max(initial=0) <= exact]
-    return {s: c for s, c in out.items() if c}
+            out[s] = 2.0 / torch.finfo(buf.dtype).eps if buf.dtype.is_floating_point else 2.0 ** 53
+    return out
 
 
 def excuse_tokens(program, out_m, state_m, written, tokens):
@@ -173,7 +137,7 @@ def failing(program, out_m, state_m):
 
 
 def fresh(torch, model, build, program, leaves, start, last, resident, stage_reads, timings, judge, steps, integer,
-          feed, caller=None, dtype=None):
+          feed, vm_fresh, caller=None, dtype=None):
     """The last step's free pass again, from the VM's states before it (`start`) and with other
     inputs where the program has some (`varied`; the inputs as they were where the VM refuses
     those, an index out of range), three times: by the instance that ran the steps and by a new one
@@ -186,28 +150,18 @@ def fresh(torch, model, build, program, leaves, start, last, resident, stage_rea
     and nmse): a value outside the tolerance fails, named as not moving with its inputs where it is what the VM gave on the
     lock's own inputs (`last`: the VM's last step; a forward that ignores its input), else as
     right on the lock's own inputs alone (a branch on their values). Its Int states (a token, a
-    position) take other values too, the first of `other_states` the VM takes for each.
+    position) take other values too, the first of `other_states` the VM takes for each: the VM's
+    step on all of it is `vm_fresh(other, tries, feed)`'s (a fresh_inputs.FreshStep).
     {"pass", "inputs", "varied_states" (those given other values), "same", "module", "output"?,
     "states"?} and, where it fails,
     "first" (at the last step); None where each would be step 1's first call again (no input to
     vary; one step, or no state)."""
-    other, tries = varied(program, leaves), other_states(program, start, model)
+    other, tries = varied(program, leaves), other_states(program, start, int_bounds(torch, program, model))
     if not other and not tries and not (steps > 1 and program.states):
         return None
-    trace, t = None, time.perf_counter()
-    while other or tries:   # (a step of the VM's own on other values: the trace's steps are every check's)
-        far = {s: c[0] for s, c in tries.items()}
-        try:
-            env = {**leaves, **start, **far, **other}
-            trace = vm.step(program, env, keep_stages={feed})   # (a near-tie's logits: no more)
-            break
-        except ProgramError as e:   # (a state the refusing stage reads: its next value; else as it was)
-            refused = {n for st in program.stages if st.line == e.line for n in st.inputs} & set(tries)
-            tries = {s: c[1:] if s in refused else c for s, c in tries.items() if s not in refused or c[1:]} \
-                if refused else {}
-            other = other if refused or far else {}
-    far = {s: c[0] for s, c in tries.items()}
-    timings["fresh_s"] = timings.get("fresh_s", 0.0) + time.perf_counter() - t
+    got = vm_fresh(other, tries, feed) if other or tries else FreshStep("", None, {}, ())
+    trace, far, other = got.trace, got.far, {n: v for n, v in other.items() if n in got.other}
+    env = {**leaves, **start, **far, **other}
     start = {**start, **far}
     what = f"the free pass of step {steps} again" + (f" with other values of {', '.join([*other, *far])}"
                                                      if other or far else "")

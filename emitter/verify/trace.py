@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from ..files import open_regular
-from . import vm
+from . import fresh_inputs, vm
 from .trace_format import LIMIT, Damaged, Reader, Unstorable, Writer, estimate, remove as _remove
 
 MEMORY_LIMIT = 64 << 20    # a small program's trace kept in memory (`_small`): at most this
@@ -83,12 +83,12 @@ def prune(folder, keep, limit=FOLDER_LIMIT, suffix=".trace"):
             total -= size
 
 
-def shared(spec, result, program, leaves, n, check):
+def shared(spec, result, program, leaves, n, check, fresh=None):
     """The lock's VM steps from the trace file `spec` names ({"path", "key", "source",
     "environment", and what decides whether a trace is worth writing: "min_bytes", the weights its
     VM must read, and "alone", no other check of the program to read it}), or None (computed by the lock) where there is none, or where the program the
     lock read (`result`'s hashes) or its environment is not the one the key names; `result["trace"]`
-    says which. `check()` raises where the weights are no longer those keyed."""
+    says which. `check()` raises where the weights are no longer those keyed; `fresh`: see `steps`."""
     if spec is None:
         return None
     env = (result.get("environment") or {}).get("digest")
@@ -97,21 +97,26 @@ def shared(spec, result, program, leaves, n, check):
                            "why": "not used: the program or environment is not the one its key names"}
         return None
     result["trace"] = {}
-    return steps(program, leaves, n, result["timings"], spec, result["trace"], check)
+    return steps(program, leaves, n, result["timings"], spec, result["trace"], check, fresh)
 
 
-def steps(program, leaves, n, timings, spec=None, info=None, check=None):
+def steps(program, leaves, n, timings, spec=None, info=None, check=None, fresh=None):
     """Each of `n` steps' StepTrace from `leaves`: the VM's own (no `spec`), or the trace file
     `spec["path"]` under `spec["key"]`: read where it is whole, else computed (every step first,
     under a lock) and written (`check()`, raising, keeps a trace of inputs that moved from being
     stored). `timings`: vm_s (the VM's compute), trace_s (the file's writing and reading);
-    `info`: a dict told what happened (hit, written, bytes, why)."""
+    `info`: a dict told what happened (hit, written, bytes, why, and "fresh": whether the fresh
+    pass's step was the file's); `fresh`: a dict given, by the last step, "ask", the fresh pass's
+    `vm_fresh` (emitter.verify.passes.fresh): the file's step where it was asked the same, else
+    the VM's."""
     timings.setdefault("trace_s", 0.0)
     info = {} if info is None else info
     current, reader = dict(leaves), None
     if spec is not None:
         reader = _open(program, leaves, n, timings, spec, info, check)
     for i in range(n):
+        if i == n - 1 and fresh is not None:
+            fresh["ask"] = _asking(program, leaves, dict(current), timings, info, reader)
         if reader is not None:
             t = time.perf_counter()
             try:
@@ -131,6 +136,30 @@ def steps(program, leaves, n, timings, spec=None, info=None, check=None):
         current.update(trace.states)
     if reader is not None:
         reader.close()
+
+
+def _asking(program, leaves, start, timings, info, reader):
+    """The fresh pass's `vm_fresh` from the last step's start: the step `reader`'s file holds (read
+    now: the reader is closed before the pass) where it was asked the same, else the VM's own."""
+    stored, t = None, time.perf_counter()
+    try:
+        stored = reader and reader.fresh(program)
+    except (Damaged, KeyError, TypeError, ValueError, IndexError):
+        stored = None
+    finally:
+        timings["trace_s"] += time.perf_counter() - t
+
+    def ask(other, tries, feed):
+        if stored is not None and stored.request == fresh_inputs.request(other, tries, feed):
+            info["fresh"] = "read"
+            return stored
+        info["fresh"] = "computed"
+        t = time.perf_counter()
+        try:
+            return fresh_inputs.step(program, leaves, start, other, tries, feed)
+        finally:
+            timings["vm_s"] += time.perf_counter() - t
+    return ask
 
 
 def _open(program, leaves, n, timings, spec, info, check):
@@ -189,8 +218,14 @@ def _fill(writer, program, leaves, n, timings, info, check):
             trace = vm.step(program, current, keep_stages=True)
             vm_s += time.perf_counter() - t
             writer.step(program, current, trace)
+            last = dict(current)
             current.update(trace.states)
             del trace
+        other, tries, feed = fresh_inputs.standard(program, leaves, last)
+        if other or tries:   # (the fresh pass's step, as an emitted module's check asks it)
+            t = time.perf_counter()
+            writer.fresh(fresh_inputs.step(program, leaves, last, other, tries, feed), feed)
+            vm_s += time.perf_counter() - t
         info["bytes"] = writer.commit(check)
     except (Unstorable, OSError) as e:
         writer.abandon()

@@ -16,9 +16,10 @@ import numpy as np
 
 from ..files import open_regular
 from . import vm
+from .fresh_inputs import FreshStep
 
 MAGIC = b"LOGOSTR1"
-SCHEMA, VERSION = "logos.vm-trace", 1
+SCHEMA, VERSION = "logos.vm-trace", 2   # v2: the fresh pass's step (`fresh`)
 LIMIT = 1 << 30            # a trace over this many bytes is not stored (its checks compute the VM)
 _FOOTER = struct.Struct("<Q32s8s")
 
@@ -50,7 +51,7 @@ class Writer:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             self.f = open(self.tmp, "wb")
         self.f.write(MAGIC)
-        self.offset, self.steps = len(MAGIC), []
+        self.offset, self.steps, self.fresh_step = len(MAGIC), [], None
 
     def blob(self, a):
         if not isinstance(a, np.ndarray) or a.dtype.kind not in "biuf":
@@ -89,10 +90,25 @@ class Writer:
         self.steps.append({"stages": stages, "output": ref(program.output, trace.output),
                            "states": {s: ref(s, a) for s, a in trace.states.items()}})
 
+    def fresh(self, got, feed):
+        """The fresh pass's VM step (a fresh_inputs.FreshStep; `feed`: the stage it kept), or none
+        where a value is not a plain array (each check then computes its own)."""
+        try:
+            rec = {"request": got.request, "other": list(got.other),
+                   "far": {s: self.blob(np.asarray(v)) for s, v in got.far.items()}, "trace": None}
+            t = got.trace
+            if t is not None:
+                rec["trace"] = {"output": self.blob(np.asarray(t.output)), "feed": feed,
+                                "states": {s: self.blob(np.asarray(a)) for s, a in t.states.items()},
+                                "fed": None if feed is None else self.blob(t.stages[feed])}
+            self.fresh_step = rec
+        except Unstorable:
+            self.fresh_step = None
+
     def commit(self, check=None):
         """Write the index, then (`check()` not raising: the inputs are still those keyed) rename."""
         index = json.dumps({"schema": SCHEMA, "version": VERSION, "key": self.key,
-                            "steps": self.steps}).encode()
+                            "steps": self.steps, "fresh": self.fresh_step}).encode()
         self.f.write(index)
         self.f.write(_FOOTER.pack(len(index), hashlib.sha256(index).digest(), MAGIC))
         if self.tmp is not None:
@@ -145,7 +161,7 @@ class Reader:
             if hashlib.sha256(raw).digest() != sha:
                 raise Damaged("its index does not match its sha256")
             index = json.loads(raw)
-            if index.get("schema") != SCHEMA or index.get("key") != key or len(index.get("steps", ())) != steps:
+            if index.get("schema") != SCHEMA or index.get("version") != VERSION or index.get("key") != key or len(index.get("steps", ())) != steps:
                 raise Damaged("a trace of other inputs")
         except (Damaged, OSError, ValueError, struct.error) as e:
             self.f.close()
@@ -183,6 +199,20 @@ class Reader:
                 return v[r["item"]] if "item" in r else v
             return current[r["leaf"]] if "leaf" in r else self.blob(r)
         return vm.StepTrace(stages, ref(rec["output"]), {k: ref(r) for k, r in rec["states"].items()}, 0.0)
+
+    def fresh(self, program):
+        """The fresh pass's VM step stored beside the steps (a fresh_inputs.FreshStep), or None."""
+        rec = self.index.get("fresh")
+        if not isinstance(rec, dict):
+            return None
+        t, trace = rec.get("trace"), None
+        if t is not None:
+            stages = [None] * len(program.stages)
+            if t["feed"] is not None:
+                stages[t["feed"]] = self.blob(t["fed"])
+            trace = vm.StepTrace(stages, self.blob(t["output"]), {s: self.blob(b) for s, b in t["states"].items()},
+                                 0.0)
+        return FreshStep(rec["request"], trace, {s: self.blob(b) for s, b in rec["far"].items()}, tuple(rec["other"]))
 
     def close(self):
         self.f.close()
