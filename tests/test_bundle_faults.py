@@ -476,3 +476,28 @@ def test_a_token_rounded_on_its_way_to_a_row_index_fails_though_the_locks_tokens
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"]), (f, r["reason"])
     assert (f["stage"], f["after"]) == ("output", "fresh") and "other values of tok" in f["raised"], f
+
+
+def test_under_bf16_a_state_written_before_the_choice_is_judged_on_other_tokens(tmp_path):
+    """Under bfloat16 the fresh pass cannot judge a token (a near-tie of inputs nobody chose may flip
+    it, and it has no probe to tell), so what the argmax feeds fails there only where it did not
+    move. A cache the step writes before its argmax is not fed by it: it is judged as any value. A
+    module rounding its token through bfloat16 on the way to its row reads another row at 257 and
+    more, and fails at that cache, named; the same module right on it passes."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    text = TOKEN.replace("Let x be row tok of Emb.\n", "Let x be row tok of Emb.\nLet C be a 1 by 4 tensor of Real.\n"
+                         "Set row 0 of C to x.\n")
+    (tmp_path / "tk.logos").write_text(text)
+    os.makedirs(tmp_path / "w")
+    np.random.default_rng(1).standard_normal((300, 4)).astype("<f8").tofile(tmp_path / "w" / "Emb.f64")
+    program, weights = str(tmp_path / "tk.logos"), str(tmp_path / "w")
+    good = str(tmp_path / "good")
+    write_bundle(emit_program(read_file(program), {}), good)
+    r = lock_bundle(good, program, weights, "bfloat16", 2)
+    assert r["verdict"] == "pass" and r["fresh"]["varied_states"] == ["tok"], (r["fresh"], r["reason"])
+    bad = _changed(good, tmp_path, (', tok, "tok")', ', tok.to(torch.bfloat16).to(tok.dtype), "tok")'))
+    r = lock_bundle(bad, program, weights, "bfloat16", 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"]), (f, r["reason"])
+    assert (f["stage"], f["out"], f["after"]) == ("write-back", "C", "fresh") and "other values of tok" in f["raised"], f
+    assert r["fresh"]["output"]["pass"] and not r["fresh"]["states"]["C"]["pass"], r["fresh"]
