@@ -697,6 +697,29 @@ def test_a_one_value_tensor_at_any_stride_has_its_hash():
     assert bytes_hash(torch, one) == xxhash.xxh3_64_intdigest(np.float64(2.0).tobytes())
 
 
+@pytest.mark.parametrize("dtype", ["float64", "bfloat16"])
+def test_the_load_stage_hashes_each_leaf_as_it_compares_it(tmp_path, dtype):
+    """A leaf the load stage reads in blocks (a float64 or bfloat16 copy of a float32 table) is
+    hashed as it is compared, once: its hash is the hash of its bytes, and a leaf that fails is not
+    hashed."""
+    import torch
+    from types import SimpleNamespace
+    from emitter.verify.leaf_check import bytes_hash, load_stage, leaf_sums
+    (tmp_path / "t.logos").write_text("Let W be a 3000 by 700 tensor of Real.\nLet V be a 2 by 3 tensor of Real.\n"
+                                      "Let y be W hadamard W.\nLet z be V hadamard V.\n")
+    program = read_file(str(tmp_path / "t.logos"))
+    rng = np.random.default_rng(2)
+    leaves = {"W": rng.standard_normal((3000, 700)).astype(np.float32), "V": np.ones((2, 3), np.float32)}
+    t = getattr(torch, dtype)
+    model = SimpleNamespace(leaf_W=torch.from_numpy(leaves["W"]).to(t), leaf_V=torch.zeros(2, 3, dtype=t))
+    resident = SimpleNamespace(release=lambda names: None, ranges={}, maps_as=lambda *a: False)
+    sums = {}
+    load = load_stage(torch, model, program, leaves, t, {"abs": 0, "rel": 0}, resident, sums=sums)
+    assert [f["leaf"] for f in load["failed"]] == ["V"] and set(sums) == {"W"}
+    assert sums["W"][0] is model.leaf_W and sums["W"][5] == bytes_hash(torch, model.leaf_W)
+    assert leaf_sums(torch, model, ["W"], resident, sums)["W"] is sums["W"]
+
+
 OVERFLOWING = """Let x be a 1 by 2 tensor of Real.
 Set item 1 of x to {big}.
 Set item 2 of x to 2.

@@ -59,12 +59,14 @@ class Flat:
             m["pass"] = m["integer_mismatches"] == 0
         return m
 
-    def watch(self, torch, program, leaves, dtype, resident, load):
-        """The run's leaves and its load stage's record, before the steps."""
+    def watch(self, torch, program, leaves, dtype, resident, load, hashed=None):
+        """The run's leaves and its load stage's record, before the steps (`hashed`: the hashes
+        the load stage took, leaf_check.load_stage's `sums`)."""
         self.watched = (torch, program, leaves, dtype, resident)
         self.load = load
         if self.model is not None and load["pass"]:
-            self.sums = leaf_sums(torch, self.model, [n for n in program.leaves if n not in program.states], resident)
+            self.sums = leaf_sums(torch, self.model, [n for n in program.leaves if n not in program.states], resident,
+                                  hashed)
 
     def step(self, torch, program, current, trace, probe, step, label):
         """One step's probe pass judged: each stage's pass is the tolerance's, as the probe set it,

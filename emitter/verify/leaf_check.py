@@ -142,10 +142,12 @@ def _widened_equal(got, want, scratch):
     return bool(eq.all())
 
 
-def load_stage(torch, model, program, leaves, dtype, tol, resident, names=None):
+def load_stage(torch, model, program, leaves, dtype, tol, resident, names=None, sums=None):
     """Every leaf buffer (of `names`, where given) against the VM's leaf rounded to the dtype the
     module holds it in: equal, bit for bit. Returns {"pass", "leaves", "failed": [{leaf, line,
-    figures}]} (rows in blocks: a 1 GB table costs no copy)."""
+    figures}]} (rows in blocks: a 1 GB table costs no copy). `sums`: a dict given the `_sum` of
+    each leaf compared that passed, its bytes hashed block by block as they were compared (read
+    once, where hashing it after took a second read of every float64 weight)."""
     failed, scratch = [], {}
     names = program.leaves if names is None else names
     for name in names:
@@ -156,23 +158,33 @@ def load_stage(torch, model, program, leaves, dtype, tol, resident, names=None):
         ok = got is not None and tuple(got.shape) == want.shape and got.dtype == held
         rows = 1 + (1 << 20) // max(1, want.shape[1])
         same = ok and _same_bytes(torch, got, want, name, resident)   # then nothing to read
+        hashed = xxhash.xxh3_64() if sums is not None and ok and not same and _hashable(got) else None
         for r in range(0, want.shape[0], rows) if ok and not same else ():
-            if _widened_equal(got[r:r + rows], want[r:r + rows], scratch):
-                release(want)
-                continue
-            a, b = got[r:r + rows], as_dtype(torch, scratch, want[r:r + rows], held)
+            block = got[r:r + rows]
+            if not _widened_equal(block, want[r:r + rows], scratch):
+                b = as_dtype(torch, scratch, want[r:r + rows], held)
+                if not (same_bits(torch, block, b) or nan_equal(torch, block, b)):
+                    ok = False
             release(want)
-            if not (same_bits(torch, a, b) or nan_equal(torch, a, b)):
-                ok = False
+            if not ok:
                 break
+            if hashed is not None:
+                hashed.update(block.reshape(-1).view(torch.uint8).numpy())
         if not ok:
             m = compare(got if got is not None else np.zeros(0), want, tol)
             m["pass"] = False
             failed.append({"leaf": name, "line": program.decls[name].line, **figures(m),
                            "dtype": None if got is None else str(got.dtype)})
+        elif hashed is not None:
+            sums[name] = (buf, buf.data_ptr(), tuple(buf.shape), buf.stride(), buf.dtype, hashed.intdigest())
         release(want)
         resident.release([name])
     return {"pass": not failed, "leaves": len(names), "failed": failed}
+
+
+def _hashable(t):
+    """Whether `bytes_hash` hashes `t` as its blocks of rows, in order (contiguous, on the CPU)."""
+    return t.device.type == "cpu" and t.is_contiguous() and not t.is_neg() and not t.is_conj() and t.numel() > 1
 
 
 def bytes_hash(torch, t):
@@ -192,13 +204,15 @@ def _sum(torch, t):
     return None if t is None else (t, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, bytes_hash(torch, t))
 
 
-def leaf_sums(torch, model, names, resident):
+def leaf_sums(torch, model, names, resident, known=None):
     """{leaf: _sum} of the module's leaves `names` that are its own memory, what still_loaded holds
     such a leaf to, to know it unchanged with one read of its bytes (a write through any view,
     `.data` or NumPy; a leaf rebound or its storage swapped), not a cast and a comparison of the
     VM's values. (A leaf that maps its file is known unchanged from its pages, whatever wrote it:
-    resident.maps_as.)"""
-    return {n: _sum(torch, getattr(model, "leaf_" + n, None)) for n in names if n not in resident.ranges}
+    resident.maps_as.) `known`: load_stage's `sums`, taken where they are of the leaf's tensor."""
+    known = known or {}
+    return {n: known[n] if n in known and known[n][0] is getattr(model, "leaf_" + n, None)
+            else _sum(torch, getattr(model, "leaf_" + n, None)) for n in names if n not in resident.ranges}
 
 
 def _unchanged(torch, model, name, was):
@@ -215,8 +229,9 @@ def still_loaded(torch, model, program, leaves, dtype, tol, resident, load, step
     be kept on purpose, as a weight can be put back before the step ends, which no check between
     steps sees."""
     moved = [n for n in program.leaves if n not in program.states and not _unchanged(torch, model, n, sums.get(n))]
-    again = load_stage(torch, model, program, leaves, dtype, tol, resident, moved)
+    hashed = {}
+    again = load_stage(torch, model, program, leaves, dtype, tol, resident, moved, hashed)
     if again["pass"]:
-        sums.update(leaf_sums(torch, model, moved, resident))
+        sums.update(leaf_sums(torch, model, moved, resident, hashed))
         return load
     return {**load, "pass": False, "failed": [{**f, "written": step} for f in again["failed"]]}

@@ -299,12 +299,13 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             torch.set_num_threads(threads)
         mapped = files if worth_releasing(leaves.values) else set()
         with Resident(model, program.leaves, mapped) as resident:
+            hashed = {}
             result["load"] = load = load_stage(torch, model, program, leaves.values, torch_dtype,
-                                               tol, resident)
+                                               tol, resident, sums=hashed)
             result["timings"]["setup_s"] = time.perf_counter() - start
             judge = judge_for(dtype, tol, module, program, precision, bf16_bounds,
                               model if load["pass"] else None)   # its leaves: a floor's weights
-            judge.watch(torch, program, leaves.values, torch_dtype, resident, load)
+            judge.watch(torch, program, leaves.values, torch_dtype, resident, load, hashed)
             keep = None
             if golden is not None and golden_files is not None:
                 from .golden import Golden
