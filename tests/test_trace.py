@@ -151,6 +151,41 @@ def test_a_view_of_a_leaf_is_stored_as_a_marker_and_rebuilt(tmp_path):
     _same(lock_bundle(bundle, str(tmp_path / "t.logos"), str(w), "float32", 2, trace=spec), hand)
 
 
+def test_a_damaged_fresh_step_is_a_damaged_trace_and_computed_with_the_same_verdict(ops, tmp_path):
+    """A byte of the stored fresh step changed: the check computes that step itself (the same
+    figures), says why, and the file is removed (the next check writes it again); a trace of an
+    earlier format is named as one."""
+    hand = _lock(ops, "float32")
+    spec = _spec(tmp_path / "t.trace", hand)
+    assert _lock(ops, "float64", spec)["trace"]["written"]
+    from emitter.verify.trace_format import Reader
+    r = Reader(spec["path"], spec["key"], 3)
+    at = r.index["fresh"]["trace"]["output"]["o"]
+    r.close()
+    with open(spec["path"], "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+    got = _lock(ops, "float32", spec)
+    assert got["trace"]["hit"] and got["trace"]["fresh"] == "computed", got["trace"]
+    assert "fresh step damaged" in got["trace"]["fresh_why"] and not os.path.exists(spec["path"])
+    _same(got, hand)
+    again = _lock(ops, "float32", spec)
+    assert again["trace"]["written"] and again["trace"]["fresh"] == "read"
+    with open(spec["path"], "rb") as f:
+        body = f.read()
+    n, _, magic = struct.unpack("<Q32s8s", body[-48:])
+    index = json.loads(body[-48 - n:-48])
+    index["version"] = 1
+    raw = json.dumps(index).encode()
+    import hashlib
+    with open(spec["path"], "wb") as f:
+        f.write(body[:-48 - n] + raw + struct.pack("<Q32s8s", len(raw), hashlib.sha256(raw).digest(), magic))
+    old = _lock(ops, "float32", spec)
+    assert "not a trace of this format (version 1" in old["trace"]["why"], old["trace"]
+
+
 def test_a_fresh_step_asked_for_other_values_than_the_trace_holds_is_computed(tmp_path):
     """The trace holds the fresh pass's VM step as a float32 module's check asks it (an Int state's
     tries no greater than 2^24). A float64 module holds a counter at 2^24 + 2 too, so its check asks

@@ -80,7 +80,8 @@ def other_states(program, states, exact):
 
 def request(other, tries, feed):
     """The digest of a fresh step's inputs: the inputs' other values, each state's tries in order,
-    the stage kept (`feed`)."""
+    the stage kept (`feed`). Not the weights or the states it starts from: the trace's key and
+    its steps fix those (a trace file is read only under the key of what its VM read)."""
     h = hashlib.sha256(repr(feed).encode())
     for kind, items in (("input", {n: [v] for n, v in other.items()}), ("state", tries)):
         for name in sorted(items):

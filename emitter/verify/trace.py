@@ -116,7 +116,7 @@ def steps(program, leaves, n, timings, spec=None, info=None, check=None, fresh=N
         reader = _open(program, leaves, n, timings, spec, info, check)
     for i in range(n):
         if i == n - 1 and fresh is not None:
-            fresh["ask"] = _asking(program, leaves, dict(current), timings, info, reader)
+            fresh["ask"] = _asking(program, leaves, dict(current), timings, info, reader, spec and spec["path"])
         if reader is not None:
             t = time.perf_counter()
             try:
@@ -138,14 +138,17 @@ def steps(program, leaves, n, timings, spec=None, info=None, check=None, fresh=N
         reader.close()
 
 
-def _asking(program, leaves, start, timings, info, reader):
+def _asking(program, leaves, start, timings, info, reader, path):
     """The fresh pass's `vm_fresh` from the last step's start: the step `reader`'s file holds (read
-    now: the reader is closed before the pass) where it was asked the same, else the VM's own."""
+    now: the reader is closed before the pass) where it was asked the same, else the VM's own. A
+    damaged one is a damaged trace: its file (`path`) removed, said in `info["fresh_why"]`."""
     stored, t = None, time.perf_counter()
     try:
         stored = reader and reader.fresh(program)
-    except (Damaged, KeyError, TypeError, ValueError, IndexError):
-        stored = None
+    except (Damaged, KeyError, TypeError, ValueError, IndexError) as e:
+        info["fresh_why"] = f"its fresh step damaged ({e}): computed here"
+        if path:
+            _remove(path)
     finally:
         timings["trace_s"] += time.perf_counter() - t
 
@@ -226,8 +229,8 @@ def _fill(writer, program, leaves, n, timings, info, check):
             t = time.perf_counter()   # VM fails on it, each check meets that in its own fresh pass)
             try:
                 writer.fresh(fresh_inputs.step(program, leaves, last, other, tries, feed), feed)
-            except Exception:
-                pass
+            except Exception as e:   # (stored without it, said: a bug here must not pass unseen)
+                info["fresh_why"] = f"not stored: {type(e).__name__}: {e}"
             vm_s += time.perf_counter() - t
         info["bytes"] = writer.commit(check)
     except (Unstorable, OSError) as e:

@@ -92,7 +92,8 @@ class Writer:
 
     def fresh(self, got, feed):
         """The fresh pass's VM step (a fresh_inputs.FreshStep; `feed`: the stage it kept), or none
-        where a value is not a plain array (each check then computes its own)."""
+        where a value is not a plain array or the file would pass its limit (`estimate` counts
+        the steps alone): each check then computes its own."""
         try:
             rec = {"request": got.request, "other": list(got.other),
                    "far": {s: self.blob(np.asarray(v)) for s, v in got.far.items()}, "trace": None}
@@ -161,7 +162,9 @@ class Reader:
             if hashlib.sha256(raw).digest() != sha:
                 raise Damaged("its index does not match its sha256")
             index = json.loads(raw)
-            if index.get("schema") != SCHEMA or index.get("version") != VERSION or index.get("key") != key or len(index.get("steps", ())) != steps:
+            if index.get("schema") != SCHEMA or index.get("version") != VERSION:
+                raise Damaged(f"not a trace of this format (version {index.get('version')!r}, this one reads {VERSION})")
+            if index.get("key") != key or len(index.get("steps", ())) != steps:
                 raise Damaged("a trace of other inputs")
         except (Damaged, OSError, ValueError, struct.error) as e:
             self.f.close()
