@@ -124,7 +124,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
         leaf = getattr(model, "leaf_" + read[0], None) if len(read) == 1 else None
         return leaf is not None and known_view_of(torch, value, want, read[0], leaf, leaves[read[0]],
                                                   resident, loaded)
-    asked = {} if vm_steps is None else asked
+    asked = {} if asked is None else asked
     vm_steps = iter(vm_steps or trace_file.steps(program, leaves, steps, timings, fresh=asked))
     for step in range(1, steps + 1):
         start, trace = dict(current), next(vm_steps)
