@@ -22,12 +22,18 @@ class FreshStep(NamedTuple):
     other: tuple                  # the inputs given other values
 
 
+def integer_output(program):
+    """Whether the program's output is an integer (an argmax's token, an Int result)."""
+    out = next(st for st in reversed(program.stages) if st.binds)
+    return out.op.integer or not program.real[program.output]
+
+
 def feeding(program):
     """The stage whose value an integer output is computed from (the logits of an argmax), or None
     where the output is Real."""
-    out = next(st for st in reversed(program.stages) if st.binds)
-    if not (out.op.integer or not program.real[program.output]):
+    if not integer_output(program):
         return None
+    out = next(st for st in reversed(program.stages) if st.binds)
     bound = {st.out: st.index for st in program.stages if st.binds}
     return next((bound[n] for n in out.inputs if n in bound and program.real.get(n)), None)
 

@@ -32,7 +32,7 @@ from .compare import KEYS, compare, figures, worse, worst_of  # noqa: F401
 from .leaf_check import exact_leaves, known_view_of, load_stage, unholdable
 from .bundle_main import check_main
 from .bundle_module import build_module, load_bundle_module, read_model as _read_model
-from .fresh_inputs import feeding, varied
+from .fresh_inputs import feeding, integer_output, varied
 from .judges import judge_for
 from .passes import (excuse_tokens, fresh as fresh_instance, free_pass, replay as replay_step_1, same_when_tapped,
                      set_states, writer)
@@ -101,8 +101,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
     output and each state after the free pass. `loaded`: leaf_check.exact_leaves."""
     current = dict(leaves)
     details, stages_worst, first, output_worst, argmax_all = [], {}, None, None, True
-    out_stage = next(st for st in reversed(program.stages) if st.binds)
-    integer = out_stage.op.integer or not program.real[program.output]
+    integer = integer_output(program)
     feed = feeding(program)
     stage_reads = reads(program)
     raised = None
