@@ -1177,3 +1177,32 @@ def test_a_module_is_hashed_as_its_import_read_it(tmp_path):
     zoo = make_zoo(tmp_path / "zoo", {})
     assert _printed(zoo, IMPORTED_AS_READ, "source") == "True True"
     assert _printed(zoo, IMPORTED_AS_READ, "emit") == "True True False"
+
+
+def test_a_named_lock_that_ran_and_failed_is_a_failure_not_a_task_not_run(tmp_path):
+    """`doit lock:a` whose check fails: the run exits 1 with the check's FAIL line, and never says
+    the lock did not run (it ran; `doit -s` after an edit runs it too)."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 0
+    for i, args in enumerate((("lock:a",), ("-n", "2", "lock:a", "lock:b"), ("-s", "lock:a"))):
+        (z / "programs/a.yaml").write_text(f"dtypes: [float32]\ntolerances:\n  float32: {{abs: 1.0e-3{i}, rel: 0}}\n")
+        rc, ran, out = doit(z, *args)
+        assert rc == 1 and "lock:a [float32] FAIL" in out and "not run" not in out, (args, out)
+
+
+def test_a_named_run_under_another_reporter_brings_a_current_report_back(tmp_path):
+    """The zoo's reporter brings the report set aside as a run began back where it is current at
+    the run's end; under another reporter (`doit --reporter json lock:a`) the run's exit does:
+    a no-op leaves the report in build/, a run that moved a check leaves it aside."""
+    z = make_zoo(tmp_path / "zoo", {"a": (PROG_A, None), "b": (PROG_B, None)})
+    _weights(str(z / "weights/a/w.f64"), 0)
+    assert doit(z)[0] == 0
+    files = ("report.json", "junit.xml", "summary.md", "report.html")
+    wrote = {f: (z / "build" / f).read_bytes() for f in files}
+    for args in (("--reporter", "json", "lock:a"), ("-r", "executed-only", "emit:b", "lock:b")):
+        assert doit(z, *args)[0] == 0, args
+        assert {f: (z / "build" / f).read_bytes() for f in files if (z / "build" / f).exists()} == wrote, args
+    (z / "programs/a.yaml").write_text("dtypes: [float32]\ntolerances:\n  float32: {abs: 1.0e-30, rel: 0}\n")
+    assert doit(z, "--reporter", "json", "lock:a")[0] == 1
+    assert not any((z / "build" / f).exists() for f in files)   # aside: a check no longer passes

@@ -428,6 +428,9 @@ def test_history_db_versions(tmp_path):
     con.execute("INSERT INTO runs (at, name, dtype, verdict, result) VALUES ('t', 'p', 'float64', 'pass', '{}')")
     con.commit()
     con.close()
+    before = old.read_bytes()                           # a view reads it as it is: nothing brought up
+    assert [(r["verdict"], r["worst_ratio"], r["key"]) for r in results.history(str(old), "p")] == [("pass", None, None)]
+    assert old.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["old.sqlite"]
     results.record_all(str(old), [{"name": "p", "dtype": "float64", "verdict": "fail",
                                    "worst": {"stage": 3, "op": "matmul", "ratio": 2.5}}])
     rows = results.history(str(old), "p")
@@ -442,6 +445,17 @@ def test_history_db_versions(tmp_path):
     junk.write_bytes(b"not a database at all" * 100)
     p = run_cli("results", "--db", str(junk))
     assert p.returncode == 2 and "not a history" in p.stderr and "Traceback" not in p.stderr
+    other = tmp_path / "other" / "notes.sqlite"         # another program's SQLite file: left as it was
+    other.parent.mkdir()
+    con = sqlite3.connect(other)
+    con.execute("CREATE TABLE notes (body TEXT)")
+    con.commit()
+    con.close()
+    before = other.read_bytes()
+    for args in ((), ("p",), ("--json",), ("--history", "p")):
+        p = run_cli("results", "--db", str(other), *args)
+        assert p.returncode == 2 and "not a lock history" in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+    assert other.read_bytes() == before and os.listdir(other.parent) == ["notes.sqlite"]
 
 
 def test_locks_that_open_a_new_history_at_once_each_record_their_run(tmp_path):

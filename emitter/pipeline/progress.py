@@ -18,6 +18,7 @@ from doit.reporter import ConsoleReporter
 from . import guards
 from .handing import counted, reachable
 from .log import LOG
+from .report_aside import ZOO_REPORTER
 
 PROGRESS_THRESHOLD = 40
 LINE_AFTER = 3.0
@@ -79,6 +80,7 @@ class ProgressReporter(ConsoleReporter):
 
     def __init__(self, outstream, options):
         super().__init__(outstream, options)
+        ZOO_REPORTER.append(True)   # (it settles the report at the run's end)
         self.mode = os.environ.get("LOGOS_PROGRESS", "auto")
         if self.mode not in ("line", "names", "auto"):
             LOG.warning(f"LOGOS_PROGRESS={self.mode[:40]!r} is none of line, names, auto: auto")
@@ -274,13 +276,12 @@ class ProgressReporter(ConsoleReporter):
 
     def _unsettled(self):
         """The zoo's tasks of the run's selection that neither ran nor were found up to date (`doit
-        ignore` skipped them, or doit left them out: `doit -s A B` runs A alone) and are not
-        current (a lock: its key's entry not there and passing): a run that names them exits 1,
-        as the report would."""
+        ignore` skipped them, or doit left them out: `doit -s A B` runs A alone) and are not current
+        (a lock: its key's entry not there and passing): a run that names them exits 1, as the report would."""
         from .handing import ZOO_TASKS, doit_args, selection
         from .keys import uptodate
         from .run import current
-        run, settled = current(), set(self.settled)
+        run, settled = current(), set(self.settled) | self.verdicts_failed   # (ran: its checks said why)
         by = {e.name: e for e in run.entries} if run is not None else {}
         named = [n for n in selection(doit_args()) or () if n in self.tasks and n not in self.reachable]
         return [n for n in [*self.reachable, *named] if n not in settled for kind, _, name in (n.partition(":"),)

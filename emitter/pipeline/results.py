@@ -82,9 +82,7 @@ def connect(db):
     try:
         version = con.execute("PRAGMA user_version").fetchone()[0]
         if version > VERSION:
-            raise HistoryError(f"{db}: written by a newer version of this project (history schema "
-                               f"{version}; this one reads up to {VERSION}): use that version, or "
-                               "move the file aside to start a new history")
+            raise _newer(db, version)
         con.execute("PRAGMA synchronous=NORMAL")   # WAL stays consistent; a power cut may lose the last runs
         if version == VERSION:   # made by this version: WAL (kept in the file) and the schema are there
             return con
@@ -116,6 +114,45 @@ def connect(db):
         con.close()
         raise
     return con
+
+
+def reading(db):
+    """A connection that only reads the history at `db`: a view (`logos results`) never makes the
+    schema, switches a file to WAL or stamps a version (a --db naming another program's SQLite file
+    leaves it as it was); a file that holds no history of runs is a HistoryError."""
+    from urllib.parse import quote
+    if os.path.lexists(db) and not os.path.isfile(db):
+        raise _not_a_file(db)
+    try:
+        con = sqlite3.connect(f"file:{quote(os.path.abspath(db))}?mode=ro", uri=True, timeout=BUSY_S)
+    except sqlite3.Error as e:
+        raise _unreadable(db, e) from e
+    try:
+        version = con.execute("PRAGMA user_version").fetchone()[0]
+        if version > VERSION:
+            raise _newer(db, version)
+        have = {row[1] for row in con.execute("PRAGMA table_info(runs)")}
+        if not {"id", "at", "name", "dtype", "verdict", "result"} <= have:
+            raise HistoryError(f"{db}: not a lock history (no table of runs this project writes): "
+                               f"point --db at a zoo's {DEFAULT_DB}")
+    except sqlite3.DatabaseError as e:
+        con.close()
+        raise _unreadable(db, e) from e
+    except HistoryError:
+        con.close()
+        raise
+    con.row_factory = sqlite3.Row
+    return con
+
+
+# every column a version added, None in a run an older version's history holds (read as it is)
+_LATER = dict.fromkeys(c for added in _ADDED.values() for c, _ in added)
+
+
+def _newer(db, version):
+    return HistoryError(f"{db}: written by a newer version of this project (history schema {version}; "
+                        f"this one reads up to {VERSION}): use that version, or move the file aside "
+                        "to start a new history")
 
 
 def _not_a_file(db):
@@ -245,10 +282,9 @@ def _row(r, at):
 
 def latest(db):
     """The newest run per (program, dtype), sorted by program then dtype."""
-    con = connect(db)
+    con = reading(db)
     try:
-        con.row_factory = sqlite3.Row
-        return [dict(x) for x in con.execute(
+        return [{**_LATER, **x} for x in con.execute(
             "SELECT r.* FROM runs r JOIN (SELECT name, dtype, MAX(id) AS id FROM runs "
             "GROUP BY name, dtype) m ON r.id = m.id ORDER BY r.name, r.dtype")]
     finally:
@@ -257,10 +293,9 @@ def latest(db):
 
 def history(db, name):
     """Every run of one program, oldest first."""
-    con = connect(db)
+    con = reading(db)
     try:
-        con.row_factory = sqlite3.Row
-        return [dict(x) for x in con.execute(
+        return [{**_LATER, **x} for x in con.execute(
             "SELECT * FROM runs WHERE name = ? ORDER BY id", (name,))]
     finally:
         con.close()

@@ -47,7 +47,7 @@ def begin(build):
     fingerprint.bind(f"{build}/.fingerprints.json")
     if handing.is_run(handing.doit_args()):
         from .report_aside import set_aside
-        set_aside(build)
+        set_aside(build, run=True)
 
 
 def _cache(url, ask):
