@@ -79,7 +79,7 @@ def connect(db):
         con = sqlite3.connect(db, timeout=1 if _BUSY else BUSY_S)   # (held once: no wait each lock)
     except sqlite3.Error as e:
         raise HistoryError(f"{db}: cannot be opened ({e})") from e
-    try:
+    with _or_closed(con, db):
         version = con.execute("PRAGMA user_version").fetchone()[0]
         if version > VERSION:
             raise _newer(db, version)
@@ -107,13 +107,20 @@ def connect(db):
             raise
         finally:
             con.isolation_level = ""
+    return con
+
+
+@contextlib.contextmanager
+def _or_closed(con, db):
+    """`con` closed where reading it as a history fails (sqlite's error said as the history's)."""
+    try:
+        yield
     except sqlite3.DatabaseError as e:
         con.close()
         raise _unreadable(db, e) from e
     except HistoryError:
         con.close()
         raise
-    return con
 
 
 def reading(db):
@@ -127,7 +134,7 @@ def reading(db):
         con = sqlite3.connect(f"file:{quote(os.path.abspath(db))}?mode=ro", uri=True, timeout=BUSY_S)
     except sqlite3.Error as e:
         raise _unreadable(db, e) from e
-    try:
+    with _or_closed(con, db):
         version = con.execute("PRAGMA user_version").fetchone()[0]
         if version > VERSION:
             raise _newer(db, version)
@@ -135,12 +142,6 @@ def reading(db):
         if not {"id", "at", "name", "dtype", "verdict", "result"} <= have:
             raise HistoryError(f"{db}: not a lock history (no table of runs this project writes): "
                                f"point --db at a zoo's {DEFAULT_DB}")
-    except sqlite3.DatabaseError as e:
-        con.close()
-        raise _unreadable(db, e) from e
-    except HistoryError:
-        con.close()
-        raise
     con.row_factory = sqlite3.Row
     return con
 
