@@ -513,3 +513,25 @@ def test_a_weight_written_in_the_replay_pass_fails_under_bf16(qwen):
     f = r["first_divergence"]
     assert (f["stage"], f["out"], f["op"], f["step"]) == ("load", "Wq0", "written while it ran", 2), f
     assert not r["replay"]["pass"] and not r["load"]["pass"], r["replay"]
+
+
+def test_a_raise_after_a_stage_the_gate_fails_still_names_that_stage_first(qwen):
+    """A module whose forward raises late in the step, after a stage the gate fails (a 0.4% gain,
+    under bf16's noise for a flat tolerance): the first divergence is that stage, as float32 and
+    float64 name it, and the raise is said after it (the gate judges what was probed before it)."""
+    import re
+    bad = qwen["tmp"] / "gain-then-raise"
+    if not bad.exists():
+        shutil.copytree(qwen["tmp"] / "good", bad)
+        text = BUGS["mlp gain 0.4%"]((bad / "model.py").read_text(), 1)
+        at = text.index("\n        return ", text.index("    def forward("))
+        (bad / "model.py").write_text(text[:at] + "\n        raise RuntimeError('late')" + text[at:])
+    gained = int(re.search(r"self\.tap\((\d+), self\.matmul\([^\n]*\) \* 1\.004\)", (bad / "model.py").read_text())[1])
+    r = _lock(bad, _with_token(qwen, 3))
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["stage"], f["step"]) == (gained, 1) and not f.get("raised"), f
+    assert "RuntimeError: late" in r["raised"]["error"] and r["bf16"]["ops_failing"] >= 1, r["reason"]
+    from emitter.verify.verdict import describe   # (what the command line and the report say)
+    said = describe(r)
+    assert said.startswith(f"first diverging op: stage {gained} ") and "where the module raised" in said \
+        and "None" not in said, said

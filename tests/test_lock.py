@@ -433,6 +433,27 @@ def test_a_bundle_that_opens_its_weights_to_write_fails_though_it_changes_nothin
     assert r["first_divergence"]["stage"] == "load"
 
 
+@pytest.mark.parametrize("call", [
+    "os.link({victim!r}, {folder!r} + '/extra.npy')",            # the next check would read it
+    "os.symlink({victim!r}, {folder!r} + '/extra.f32')",
+    "os.mkdir({folder!r} + '/extra.f32')",
+    "os.chmod({victim!r}, 0o644)",
+])
+def test_a_bundle_that_makes_an_entry_in_its_weights_folder_fails(zoo, tmp_path, call):
+    """A forward that makes a hard or symbolic link or a folder in its weights folder, or chmods a
+    file of it, changes what the next check reads: the bundle's fault, a fail naming the path, as
+    an open to write is (Python's audit hook sees each call)."""
+    w = tmp_path / "w"
+    shutil.copytree(zoo["weights"], w)
+    victim = os.path.realpath(w / sorted(os.listdir(w))[0])
+    code = call.format(victim=victim, folder=os.path.realpath(w))
+    bundle = _sabotage(zoo, tmp_path, "        return y\n", f"        import os\n        try:\n            {code}\n"
+                       "        except FileExistsError:   # (a forward after the first)\n            pass\n        return y\n")
+    r = lock_bundle(bundle, zoo["program"], str(w), "float64", 1)
+    assert r["verdict"] == "fail" and "the bundle opened" in r["reason"] and str(w.resolve()) in r["reason"], r["reason"]
+    assert r["first_divergence"]["stage"] == "load"
+
+
 @pytest.mark.parametrize("old,new,where", [
     ("        return y\n", "        return y * (1 + 1e-9)\n", ("output", "y", "output")),
     ("self.leaf_S.copy_(S)", "self.leaf_S.copy_(S * (1 + 1e-9))", ("write-back", "S", None)),

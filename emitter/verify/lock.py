@@ -161,7 +161,10 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                     raise free_raised
                 late = changed_after_tap(torch, program, model, pout, probe.handed) + late + \
                     returned.check(pout, step, "probe")
-        except Raised as e:   # the stages compared before it still count; the check stops here
+        except Raised as e:   # the stages compared before it still count (bf16: as its gate judges
+            t = time.perf_counter()   # them); the check stops here
+            judge.step(torch, program, current, trace, probe, step, _label)
+            timings["judge_s"] += time.perf_counter() - t
             compared(step, probe)
             raised, at = _raised_at(program, e, step)
             first = first or at
@@ -324,8 +327,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             _still_as_read(result, weights_dir, leaves.sources, weights_shas, opened, watch.maybe)
         if opened:   # (though what it wrote was what the file held)
             raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None},
-                              f"the bundle opened {min(opened)} to write while it ran ({len(opened)} file(s) "
-                              "of its weights folder): a bundle reads its weights, never writes them")
+                              f"the bundle opened {min(opened)} to write, or made, linked, renamed or removed it, "
+                              f"while it ran ({len(opened)} path(s) of its weights folder): a bundle reads its "
+                              "weights, never writes them")
         # a wrong leaf is the first divergence, whatever the module did then; one the module wrote
         # (`written`: the step it was seen after) is, unless a stage diverged at that step or before
         # (the free pass's output and states, compared after the probe pass, may have read it written)

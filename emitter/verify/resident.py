@@ -74,15 +74,29 @@ def held_for_writing(paths):
 
 
 # weights folders watched while a bundle runs (real path -> [its Watching]): Python's
-# audit hook (one per process, added at the first watch) sees every open, truncate, remove or
-# rename made through Python's own functions, whoever asks for it: the bundle's code, numpy's memmap
+# audit hook (one per process, added at the first watch) sees every open to write and every
+# change of a folder's entries made through Python's own functions, whoever asks for it: the
+# bundle's code, numpy's memmap
 _WATCHED = {}
 _WATCH_LOCK = threading.Lock()
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+# the other audited calls that change a weights folder: event -> the paths it names, each (the
+# index of its path among the event's arguments, of its dir_fd ("cwd": none), whether the call
+# follows a link there, whether it makes the entry)
+_CHANGES = {
+    "os.rename": ((0, 2, False, False), (1, 3, False, False)),   # (src, dst, src_dir_fd, dst_dir_fd)
+    "os.remove": ((0, 1, False, False),),                        # (path, dir_fd)
+    "os.rmdir": ((0, 1, False, False),),                         # (path, dir_fd)
+    "os.truncate": ((0, "cwd", True, False),),                   # (path or descriptor, length)
+    "os.link": ((0, 2, True, False), (1, 3, False, True)),       # (src, dst, src_dir_fd, dst_dir_fd)
+    "os.symlink": ((1, 2, False, True),),                        # (src, dst, dir_fd)
+    "os.mkdir": ((0, 2, False, True),),                          # (path, mode, dir_fd)
+    "os.chmod": ((0, 2, True, False),),                          # (path, mode, dir_fd)
+}
 
 
 def _audit(event, args):
-    if not _WATCHED or event not in ("open", "os.truncate", "os.remove", "os.rename"):
+    if not _WATCHED or (event != "open" and event not in _CHANGES):
         return
     if event == "open":   # (path, mode, flags); os.open's mode is None and its dir_fd unsaid
         path, mode, flags = (tuple(args) + (None, None))[:3]
@@ -90,20 +104,24 @@ def _audit(event, args):
             return
         creates = isinstance(flags, int) and bool(flags & os.O_CREAT)
         named = [(path, None if mode is None else "cwd", True, creates)]
-    elif event == "os.rename":   # (src, dst, src_dir_fd, dst_dir_fd): the links themselves
-        named = [(args[0], args[2], False, False), (args[1], args[3], False, False)]
-    elif event == "os.remove":   # (path, dir_fd)
-        named = [(args[0], args[1], False, False)]
-    else:   # os.truncate (path or descriptor, length): what a link leads to
-        named = [(args[0], "cwd", True, False)]
+    else:
+        named = [(args[p], d if d == "cwd" else args[d], follow, creates) for p, d, follow, creates in _CHANGES[event]]
     with _WATCH_LOCK:
         watches = [w for ws in _WATCHED.values() for w in ws]
     roots = sorted({w.root for w in watches})
-    for real, sure in (r for path, dir_fd, follow, creates in named for r in _places(path, dir_fd, follow, creates, roots)):
-        for w in watches:
-            if (real == w.root or real.startswith(w.root + os.sep) or real in w.files) and \
-                    not (w.own and real.startswith(w.own + os.sep)):
-                (w.opened if sure else w.maybe).add(real)   # (a set's add: atomic under the GIL)
+    for path, dir_fd, follow, creates in named:
+        for real, sure in _places(path, dir_fd, follow, creates, roots):
+            for w in watches:
+                if (real == w.root or real.startswith(w.root + os.sep) or real in w.files) \
+                        and not _own(w, real, creates):
+                    (w.opened if sure else w.maybe).add(real)   # (a set's add: atomic under the GIL)
+
+
+def _own(w, real, creates):
+    """Whether `real` is the lock's own (`w.own`, its store of traces): in it, or a folder it makes
+    on the way to it."""
+    return bool(w.own) and ((real + os.sep).startswith(w.own + os.sep)
+                            or creates and (w.own + os.sep).startswith(real + os.sep))
 
 
 def _places(path, dir_fd, follow, creates, roots):
@@ -135,8 +153,8 @@ def _places(path, dir_fd, follow, creates, roots):
 
 class Watching:
     """The files under a weights folder (and `files`, those the check read, wherever their links
-    lead) that this process opens to write, truncates, removes or renames through Python from now
-    until `stop()` (`opened`; `maybe`, where the call did not say which folder; `own`: a folder of
+    lead) that this process opens to write, truncates, removes, renames, links, makes or chmods
+    through Python from now until `stop()` (`opened`; `maybe`, where the call did not say which folder; `own`: a folder of
     the lock's own writes, not counted): a bundle reads its weights only. Any thread's calls count (the lock's process runs one check at a time; the
     checks of a Dask worker's threads share the blame of one that writes into a folder they watch);
     a call that does not go through Python's own functions (torch.save's and torch.from_file's C++,

@@ -61,17 +61,22 @@ def describe(r, limit=240):
         # under the bf16 gate, the op furthest towards any bound, `by` naming which
         bound = f"its {w['by']} bound" if w.get("by") else "its tolerance"
         parts.append(f"worst: {where(w)}, not its exact floor value for value (it only moves values)"
-                     if w.get("by") == "floor" else f"worst: {where(w)} at {number(w.get('ratio'))}× {bound}")
+                     if w.get("by") == "floor" else f"worst: {where(w)}, where the module raised"
+                     if w.get("ratio") is None and r.get("raised") else
+                     f"worst: {where(w)} at {number(w.get('ratio'))}× {bound}")
     g = r.get("bf16")
     if g:
         we, wz, mc = g.get("worst_excess") or {}, g.get("worst_z") or {}, g.get("min_cosine") or {}
         wd = g.get("worst_deviation") or {}
-        parts.append(f"bf16 gate: worst excess {number(we.get('excess'))} (bound {number(we.get('limit'))}) "
-                     f"at `{we.get('out')} = {we.get('op')}`, worst deviation "
-                     f"{number(wd.get('deviation'))} (bound {number((g.get('bounds') or {}).get('deviation'))}) "
-                     f"at `{wd.get('out')}`, worst |z| {number(wz.get('z'))} at "
-                     f"`{wz.get('out')}`, min cosine {number(mc.get('cosine'))}, "
-                     f"{g.get('ops_failing', 0)} op(s) failing")
+        if not (we or wz or mc or wd):
+            parts.append("bf16 gate: no op judged")
+        else:
+            parts.append(f"bf16 gate: worst excess {number(we.get('excess'))} (bound {number(we.get('limit'))}) "
+                         f"at `{we.get('out')} = {we.get('op')}`, worst deviation "
+                         f"{number(wd.get('deviation'))} (bound {number((g.get('bounds') or {}).get('deviation'))}) "
+                         f"at `{wd.get('out')}`, worst |z| {number(wz.get('z'))} at "
+                         f"`{wz.get('out')}`, min cosine {number(mc.get('cosine'))}, "
+                         f"{g.get('ops_failing', 0)} op(s) failing")
         rf = g.get("routing_failed")
         if rf:   # a router's other choice the gate does not excuse: named first
             parts.insert(0, f"routing: {where(rf)} {describe_flip(rf)}, outside its noise")
