@@ -153,6 +153,32 @@ def report_aside(build):
     set_aside(build)
 
 
+def report_aside_for_run(build, current):
+    """As this process's run begins: the last report set aside (report_aside.set_aside), and
+    `unreported` at the process's exit (`current()`: the run, once its first task creator made it)."""
+    import atexit
+    from .report_aside import set_aside
+    set_aside(build)
+    atexit.register(unreported, build, current)
+
+
+def unreported(out_dir, current):
+    """At the exit of a run that no zoo reporter ran (`doit --reporter json lock:NAME`): the report
+    set aside as it began comes back where it is current now, by its key, as the zoo's reporter
+    brings it back at a run's end (one the run wrote is in place already). Best effort: else it
+    stays aside, not current."""
+    from .report_aside import ZOO_REPORTER
+    run = current()
+    if ZOO_REPORTER or run is None:
+        return
+    from .keys import made_current
+    try:
+        if all(made_current(e) for e in run.entries):   # (what the report key takes from records)
+            report_current(run.entries, out_dir, run.settings["threads"])
+    except Exception:   # noqa: BLE001 (at exit: nothing left to tell it to)
+        pass
+
+
 def report_again(entries, out_dir, threads):
     """Whether a program, config or weights file moved after this run's report read the zoo
     (report_aside's moved_after_read) so that a check is no longer current: the report is then

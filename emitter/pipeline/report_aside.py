@@ -59,38 +59,16 @@ def report_files(out_dir):
     return [*REPORT_FORMATS, *sorted(more)]
 
 
-def set_aside(out_dir, run=False):
+def set_aside(out_dir):
     """At the start of a run: the report of the last complete run moves to build/stale/ (a rename
     each), so a run that does not end (SIGKILL, a full disk, a crash) leaves no report that says
-    pass; `restore` brings it back once the run finds it current, a new report replaces it.
-    `run`: as this process's run begins (then `unreported` at its exit)."""
+    pass; `restore` brings it back once the run finds it current, a new report replaces it."""
     for f in report_files(out_dir):
         try:
             os.makedirs(os.path.join(out_dir, STALE), exist_ok=True)
             os.replace(os.path.join(out_dir, f), os.path.join(out_dir, STALE, f))
         except OSError:
             pass
-    if run:
-        import atexit
-        atexit.register(unreported, out_dir)
-
-
-def unreported(out_dir):
-    """At the exit of a run that no zoo reporter ran (`doit --reporter json lock:NAME`): the report
-    set aside as it began comes back where it is current now, by its key, as the zoo's reporter
-    brings it back at a run's end (one the run wrote is in place already). Best effort: else it
-    stays aside, not current."""
-    from .run import current
-    run = current()
-    if ZOO_REPORTER or run is None:
-        return
-    from .actions import report_current
-    from .keys import made_current
-    try:
-        if all(made_current(e) for e in run.entries):   # (what the report key takes from records)
-            report_current(run.entries, out_dir, run.settings["threads"])
-    except Exception:   # noqa: BLE001 (at exit: nothing left to tell it to)
-        pass
 
 
 def restore(out_dir):

@@ -46,8 +46,8 @@ def begin(build):
     guards.pause_collector()
     fingerprint.bind(f"{build}/.fingerprints.json")
     if handing.is_run(handing.doit_args()):
-        from .report_aside import set_aside
-        set_aside(build, run=True)
+        from .actions import report_aside_for_run
+        report_aside_for_run(build, current)
 
 
 def _cache(url, ask):
