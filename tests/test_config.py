@@ -99,6 +99,12 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
     ("limits: {seconds: 1000000000000}\n", "programs/p.yaml:1",
      "`limits.seconds`: must be a whole number from 1 to 31622400, got 1000000000000"),
     ("limits: {steps: 0}\n", "programs/p.yaml:1", "`limits.steps`: must be a whole number from 1 to"),
+    # a path longer than any file's (resolving 500 000 `a/` parts took a minute, every run)
+    ("weights: " + "a/" * 500_000 + "\n", "programs/p.yaml:1",
+     "a/a…` is a path of 1000000 bytes, over the 4096 a file's path can have"),
+    ("derive: {importer: gguf, checkpoint: " + "b/" * 300_000 + "x.gguf}\n", "programs/p.yaml:1",
+     "`derive.checkpoint`: `b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/b/"
+     "b/b/b/b/b/b/b/b/b/b/b/b/b…` is a path of 600006 bytes, over the 4096"),
     ("steps: 2\n\nlock: tr\x07ue\n", "programs/p.yaml:3: not valid YAML: the character U+0007 (", ""),
     ("steps: 2\n\ufffe: 1\n", "programs/p.yaml:2: not valid YAML: the character U+FFFE (", ""),
     ("steps: 2\r\rlock: \x00\r", "programs/p.yaml:3: not valid YAML: the character U+0000 (", ""),
@@ -408,6 +414,9 @@ def test_a_root_that_holds_the_repository_or_lies_in_it_is_refused(tmp_path, mon
         got = zoo(repo, {"programs/defaults.yaml": f"roots: [/srv, {json.dumps(root)}]\n",
                          "programs/p.logos": SRC})
         assert got["p"].error.startswith(f"programs/defaults.yaml:1: `roots`: `{root}` {why}"), got["p"].error
+    got = zoo(repo, {"programs/defaults.yaml": "roots: [" + "/srv" * 200_000 + "]\n", "programs/p.logos": SRC})
+    assert got["p"].error.startswith("programs/defaults.yaml:1: `roots`: `/srv/srv") and \
+        "is a path of 800000 bytes, over the 4096 a file's path can have" in got["p"].error, got["p"].error
     (tmp_path / "shared").mkdir()
     got = zoo(repo, {"programs/defaults.yaml": "roots: [../shared]\n", "programs/p.logos": SRC})
     assert got["p"].error is None

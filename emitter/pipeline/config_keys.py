@@ -118,6 +118,19 @@ def check_tolerances(p, t):
     return tol
 
 
+PATH_BYTES = 4096   # the longest path Linux opens (PATH_MAX): a longer one names no file, and
+#                    resolving one costs a stat per part (a 1 MB `a/a/…` took a minute each run)
+
+
+def _short_path(p, key, x):
+    """`x`, a path from a config, refused before anything resolves it where it is over PATH_BYTES."""
+    n = len(x.encode("utf-8", "surrogatepass"))
+    if n > PATH_BYTES:
+        raise p.error(key, f"`{excerpt(x, 120)}` is a path of {n} bytes, over the {PATH_BYTES} a file's path "
+                      "can have")
+    return x
+
+
 def check_roots(p, v, root):
     """`roots:` (programs/defaults.yaml): the folders outside the repository that weights and
     checkpoints may come from, each resolved (a relative one from the repository's root)."""
@@ -125,6 +138,7 @@ def check_roots(p, v, root):
         v = [v]
     if not isinstance(v, list) or not all(isinstance(x, str) and x and "\0" not in x for x in v):
         raise p.error("roots", "must be a list of folders (absolute, or relative to the repository)")
+    v = [_short_path(p, "roots", x) for x in v]
     out = tuple(os.path.realpath(os.path.join(root, x)) for x in v)
     for x, r in zip(v, out):
         why = root_problem(os.path.realpath(root), r)
@@ -256,7 +270,7 @@ def check_derive(p, d, keys, root, tree, roots):
             return imp, ck, resolve_package_file(ck[len("package:"):])
     except ValueError as e:
         raise p.error("derive.checkpoint", str(e)) from None
-    resolved = inside(root, ck, tree, roots)
+    resolved = inside(root, _short_path(p, "derive.checkpoint", ck), tree, roots)
     if resolved is None:
         raise p.error("derive.checkpoint", leaves_message(ck, roots))
     if not os.path.isfile(os.path.join(root, resolved)) and not (tree and tree.to_be_made(resolved)):
@@ -287,7 +301,7 @@ def check_weights(p, w, root, tree, roots):
     """The weights folder a config names, as `inside` gives it; it must exist."""
     if not isinstance(w, str) or not w:
         raise p.error("weights", f"must be a directory path, got {excerpt(repr(w), 40)}")
-    rel = inside(root, w, tree, roots)
+    rel = inside(root, _short_path(p, "weights", w), tree, roots)
     if rel is None:
         raise p.error("weights", leaves_message(w, roots))
     if rel == "." or rel == "build" or rel.startswith("build/"):

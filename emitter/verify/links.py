@@ -23,7 +23,7 @@ def find_zoo_root(start):
 def env_roots(root="."):
     """The roots LOGOS_ROOTS names (os.pathsep between folders), each resolved."""
     return tuple(os.path.realpath(os.path.join(root, x))
-                 for x in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if x and "\0" not in x)
+                 for x in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if x and "\0" not in x and len(x) <= 4096)
 
 
 def _named_roots(zoo):
@@ -39,8 +39,8 @@ def _named_roots(zoo):
     except ConfigError:
         return ()
     v = [v] if isinstance(v, str) else v
-    if not isinstance(v, list) or not all(isinstance(x, str) and x and "\0" not in x for x in v):
-        return ()
+    if not isinstance(v, list) or not all(isinstance(x, str) and x and "\0" not in x and len(x) <= 4096 for x in v):
+        return ()   # (no longer than a path can be: the config's check says so)
     return tuple(os.path.realpath(os.path.join(zoo, x)) for x in v)
 
 
