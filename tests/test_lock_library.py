@@ -308,6 +308,7 @@ def test_what_is_not_the_bundles_fault_stays_an_error(zoo, tmp_path):
         r = lock_bundle(slow, zoo["program"], zoo["weights"], "float64", 1)
     assert r["verdict"] == "error" and "TimeLimit: the float64 lock check took over 1 s" in r["reason"], r["reason"]
     assert r["first_divergence"] is None and "raised" not in r
+    assert r["reason"].startswith("the module was stopped at stage "), r["reason"]   # (it raised nothing)
     spin = _mutated(zoo, tmp_path, "def gelu_tanh(x):\n", "def gelu_tanh(x):\n    while True:\n        pass\n",
                     name="spin")
     got = []

@@ -146,6 +146,8 @@ def test_junit_place_comes_from_the_op_or_the_reason():
     assert junit_place(err) == (src, 7)
     assert junit_place({**ROW, "reason": "the bundle's PRECISION says stage 3 `h = plus` (line 9) runs in"}) == (src, 9)
     assert junit_place({**ROW, "reason": "build/results/x/float64.json: refused: not current"}) == (src, None)
+    assert junit_place({**ROW, "reason": "the module was stopped at stage 76 (m38 = matmul, line 80) in the probe "
+                                         "pass of step 1: TimeLimit: the float32 lock check took over 2 s"}) == (src, 80)
     assert junit_place({**GATED, "first_divergence": {"line": 12}}) == ("programs/m.logos", 12)
     assert junit_place(GATED) == ("programs/m.logos", 1797)
     # a config's refusal is at its YAML line, the program's own config or the zoo's defaults

@@ -252,7 +252,7 @@ def junit_place(r):
         m = re.search("(" + "|".join(map(re.escape, files)) + r"):(\d+):", reason)
         if m:
             return m.group(1), int(m.group(2))
-    m = re.search(r"\(line (\d+)", reason)
+    m = re.search(r"[(,] ?line (\d+)", reason)   # `(line 9)`, `(m38 = matmul, line 80)`
     return source, int(m.group(1)) if m else None
 
 

@@ -7,6 +7,7 @@ import threading
 
 class TimeLimit(Exception):
     """A task's work ran past its wall-time limit."""
+    stops = True   # (what it interrupts did not raise: it was stopped, the lock says)
 
 
 @contextlib.contextmanager

@@ -140,7 +140,8 @@ def run_module(model, program, what, step=0, args=None, hook=None):
             raise Raised(nxt, what, str(e) if isinstance(e, Wrong) else f"{type(e).__name__}: {e}") from None
         where = "" if nxt is None else (f" at stage {nxt} ({program.stages[nxt].out} = "
                                         f"{program.stages[nxt].op.name}, line {program.stages[nxt].line})")
-        raise CouldNotRun(f"the module raised{where} in {what}: {type(e).__name__}: {e}") from None
+        did = "was stopped" if getattr(e, "stops", False) else "raised"   # (a time limit)
+        raise CouldNotRun(f"the module {did}{where} in {what}: {type(e).__name__}: {e}") from None
     raise BundleFault(output_label(program), f"in {what} the module's output is the buffer of its state `{alias}`, "
                       "which the next step overwrites: a caller's earlier outputs would change", step)
 
@@ -196,8 +197,7 @@ class Probe:
         return self.torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64)).to(dtype, copy=True)
 
     def _own(self, value):
-        """The module's value as float64 NumPy, a copy of its own (the module may write into its
-        value after the stage)."""
+        """The module's value as float64 NumPy, a copy of its own (the module may write into it after the stage)."""
         v = value.detach()
         if v.dtype in (self.torch.float32, self.torch.float64) and not v.is_neg() and v.device.type == "cpu":
             return np.array(v.numpy(), dtype=np.float64)
