@@ -310,8 +310,8 @@ class Dask(Executor):
             from distributed import KilledWorker
             if isinstance(e, KilledWorker):
                 who = getattr(e.last_worker, "address", None) or str(e.last_worker)
-                return {"error": f"{_what(job, self.kind)}: worker {who} died while running it "
-                                 "(the check was not retried)", "infrastructure": True}
+                return {"error": f"{_what(job, self.kind)}: worker {who} died while running it, or while it "
+                                 "was queued there (the check was not retried)", "infrastructure": True}
             return {"error": f"{_what(job, self.kind)} raised: {type(e).__name__}: {str(e)[:300]}",
                     "infrastructure": True}
         starts = []
