@@ -69,6 +69,14 @@ def test_weights_files_f64_f32_and_unmatched(tmp_path):
     np.testing.assert_allclose(out, [[3.0, 8.0, 15.0]])
 
 
+def test_a_folder_of_thousands_of_stray_files_is_warned_of_in_a_few_lines():
+    from emitter.verify.verdict import UNMATCHED_SAID, unmatched
+    lines = unmatched("weights/p", [f"junk{i:04d}.bin" for i in range(3000)])
+    assert len(lines) == UNMATCHED_SAID + 1 and "`junk0000.bin` matches no leaf" in lines[0]
+    assert lines[-1] == f"warning: weights/p: {3000 - UNMATCHED_SAID} more files match no leaf of the program (ignored)"
+    assert unmatched("w", ["a.f64"]) == ["warning: w: `a.f64` matches no leaf of the program (ignored)"]
+
+
 @pytest.mark.parametrize("files,needle", [
     ({"x.f64": ([1, 2], "<f8")}, "expected 24 bytes of float64, the file has 16"),
     ({"x.f32": ([1, 2, 3, 4], "<f4")}, "expected 12 bytes of float32, the file has 16"),

@@ -103,11 +103,18 @@ def line(r):
     return f"[{r.get('dtype')}] {str(r.get('verdict')).upper()}: {describe(r, 300)}"
 
 
+UNMATCHED_SAID = 10   # lines of a folder's stray files: a folder of thousands says how many more
+
+
 def unmatched(weights, names):
     """The terminal's warning lines for the files of the weights folder `weights` that no leaf of
     the program claims (`names`, a result's `unmatched_weights`): a stray `b1_old.f64` is likely a
-    leaf renamed, or a file meant for another program."""
-    return [f"warning: {weights}: `{short(n, 120)}` matches no leaf of the program (ignored)" for n in names]
+    leaf renamed, or a file meant for another program. The first UNMATCHED_SAID, then a count."""
+    names = list(names)
+    more = [f"warning: {weights}: {len(names) - UNMATCHED_SAID} more files match no leaf of the program "
+            "(ignored)"] if len(names) > UNMATCHED_SAID else []
+    return [f"warning: {weights}: `{short(n, 120)}` matches no leaf of the program (ignored)"
+            for n in names[:UNMATCHED_SAID]] + more
 
 
 def _gate_figure(g, by):
