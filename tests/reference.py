@@ -1,4 +1,4 @@
-"""An independent NumPy reading of SEMANTICS.md, written element by element with plain loops.
+"""An independent NumPy reading of docs/SUGAR.md, written element by element with plain loops.
 
 Nothing here imports the emitter: the VM and the emitted torch helpers are both checked against it.
 """

@@ -157,7 +157,7 @@ def test_an_op_without_spelling_is_refused_by_name():
         torch_spelling("selective scan")
     for op in ("softmax routing", "sigmoid routing", "experts"):   # routed experts have a spelling
         assert torch_spelling(op)
-    # the original emitter's `moe of X` (SEMANTICS.md): read, and refused by name
+    # the original emitter's `moe of X` (docs/SUGAR.md): read, and refused by name
     with pytest.raises(ProgramError) as e:
         emit_torch_module("Let a be a 1 by 2 tensor of Real.\nLet y be moe of a.\n")
     assert e.value.line == 2 and "`Let y be moe of a.`: `moe` has no torch spelling" in e.value.message

@@ -72,6 +72,25 @@ def test_no_module_over_450_lines():
     assert long == {}
 
 
+def test_every_document_the_project_names_is_in_it():
+    """The project stands alone: a document its docs, code, tests or benches cite by name (`LOCK.md`)
+    is one of its own (the specification it was written from is not: carry the facts into docs/)."""
+    import re
+    have = {f for d in ("", "docs", "bench") for f in os.listdir(os.path.join(ROOT, d)) if f.endswith(".md")}
+    cited = {}
+    for folder in ("", "docs", "emitter", "tests", "bench"):
+        for dirpath, dirs, files in os.walk(os.path.join(ROOT, folder)):
+            dirs[:] = [] if not folder else [d for d in dirs if d != "__pycache__"]
+            for f in files:
+                if f.endswith((".py", ".md")):
+                    with open(os.path.join(dirpath, f), encoding="utf-8") as fh:
+                        for name in re.findall(r"\b[A-Z][A-Z0-9_-]*\.md\b", fh.read()):
+                            cited.setdefault(name, os.path.relpath(os.path.join(dirpath, f), ROOT))
+    assert {n: at for n, at in cited.items() if n not in have} == {}
+    assert not [f for d in ("", "docs") for f in os.listdir(os.path.join(ROOT, d)) if f.endswith(".md")
+                and re.search(r"shared/(spec|design)\b", open(os.path.join(ROOT, d, f), encoding="utf-8").read())]
+
+
 def test_every_part_is_a_package_with_a_docstring():
     for part in [p for p in LAYERS[:-1] if p not in MODULES]:
         init = os.path.join(ROOT, "emitter", part, "__init__.py")

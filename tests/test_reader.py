@@ -175,7 +175,7 @@ def test_set_row_writes_back_and_output_skips_it():
 
 
 def test_an_int_result_only_where_integers_stay_integers():
-    # Real where the first input is (SEMANTICS.md); Int tensors hold integers, so an op of an Int
+    # Real where the first input is (docs/SUGAR.md); Int tensors hold integers, so an op of an Int
     # tensor that makes non-integers (sigmoid, a product with a Real) is Real too
     p = read_program("Let t be a 1 by 2 tensor of Int.\nLet r be a 1 by 2 tensor of Real.\n"
                      "Let T be a 3 by 2 tensor of Int.\nLet i be a 1 by 1 tensor of Int.\n"

@@ -1,5 +1,5 @@
 """The hand-written programs in programs/ (one per op family) on the VM, against NumPy written here
-from SEMANTICS.md — never by calling emitter.ops. Weights are read straight from weights/NAME/*.f64."""
+from docs/SUGAR.md — never by calling emitter.ops. Weights are read straight from weights/NAME/*.f64."""
 
 import math
 import os
@@ -35,7 +35,7 @@ def run_vm(name, keep_stages=False):
     return program, vm.run(program, leaves.values, steps=STEPS.get(name, 1), keep_stages=keep_stages)
 
 
-# ── plain NumPy from SEMANTICS.md ─────────────────────────────────────────────────────────────────
+# ── plain NumPy from docs/SUGAR.md ─────────────────────────────────────────────────────────────────
 
 def sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))

@@ -166,8 +166,8 @@ class Op:
     def result_real(self, bound, real):
         """Whether the result is Real (`real`: {name: whether it is Real}): an index's (argmax) as
         its first input is; one that keeps integers Int where every input it takes values from
-        (an index aside) is Int; any other Real, since it makes non-integers (SEMANTICS.md: Real
-        where the first input is; Int tensors hold integers)."""
+        (an index aside) is Int; any other Real, since it makes non-integers (docs/SUGAR.md:
+        Real where the first input is; Int tensors hold integers)."""
         inputs = self.tensor_inputs(bound)
         if self.integer:
             return real[inputs[0]]

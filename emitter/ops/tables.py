@@ -94,7 +94,7 @@ def refused_vm(name, instead=""):
 
 
 OPS = (
-    # Mamba's selective state-space scan, and the original emitter's `moe of X` (SEMANTICS.md):
+    # Mamba's selective state-space scan, and the original emitter's `moe of X` (docs/SUGAR.md):
     # read, then refused by name at emission and in the VM
     Op("selective scan", "selective scan of X", shape=refused_shape, vm=refused_vm("selective scan"),
        call=None, spelling=None),
