@@ -29,12 +29,27 @@ COMMANDS = {
 def add_emit_arguments(p):
     p.add_argument("program", help="PROGRAM.logos")
     p.add_argument("-o", "--out", required=True, help="bundle directory")
+    p.add_argument("--bfloat16", action="store_true",
+                   help="with the precision policy a bfloat16 module follows (its PRECISION table; the "
+                        "default policy, or --precision's): what `logos lock --dtype bfloat16` needs")
+    p.add_argument("--precision", action="append", default=[], metavar="OP=COMPUTE,OUTPUT",
+                   help="with --bfloat16: the program's policy, as its config's `precision:` (repeatable; "
+                        "e.g. sigmoid=fp32,fp32)")
 
 
 def emit_main(args):
     from .language.reader import read_file
+    from .ops.precision import parse_policy
     from .sambaflow.emit import emit_program, write_bundle
-    write_bundle(emit_program(read_file(args.program)), args.out)
+    if args.precision and not args.bfloat16:
+        print("--precision is a bfloat16 policy: give --bfloat16 with it", file=sys.stderr)
+        return 2
+    try:
+        policy = parse_policy(args.precision) if args.bfloat16 else None
+    except ValueError as e:
+        print(f"--precision: {e}", file=sys.stderr)
+        return 2
+    write_bundle(emit_program(read_file(args.program), policy), args.out)
     return 0
 
 

@@ -202,3 +202,24 @@ def test_an_output_named_as_a_fifo_or_a_link_is_written_into_never_replaced(loop
     os.symlink(tmp_path / "nowhere" / "r.json", tmp_path / "r.json")   # said before the lock runs
     done = run_cli("lock", str(tmp_path / "b"), "--program", path, "--weights", weights, "-o", str(tmp_path / "r.json"))
     assert done.returncode == 2 and f"{tmp_path / 'nowhere'} is not a folder" in done.stderr, done.stderr
+
+
+def test_a_bundle_emitted_by_hand_for_bfloat16_is_locked_at_bfloat16(tmp_path):
+    """`logos emit --bfloat16` writes the precision policy a bfloat16 module follows (PRECISION):
+    `logos lock --dtype bfloat16` takes that bundle, and refuses a plain one naming the option."""
+    from conftest import ROOT
+    program, weights = os.path.join(ROOT, "programs", "mlp.logos"), os.path.join(ROOT, "weights", "mlp")
+    assert run_cli("emit", program, "-o", str(tmp_path / "bf"), "--bfloat16").returncode == 0
+    assert run_cli("emit", program, "-o", str(tmp_path / "plain")).returncode == 0
+    assert "PRECISION = {\n" in (tmp_path / "bf" / "model.py").read_text()
+    assert "PRECISION = {}" in (tmp_path / "plain" / "model.py").read_text()
+    done = run_cli("lock", str(tmp_path / "bf"), "--program", program, "--weights", weights, "--dtype", "bfloat16",
+                   "-o", str(tmp_path / "r.json"))
+    assert done.returncode == 0 and "PASS" in done.stdout, done.stdout + done.stderr
+    done = run_cli("lock", str(tmp_path / "plain"), "--program", program, "--weights", weights, "--dtype", "bfloat16",
+                   "-o", str(tmp_path / "r2.json"))
+    assert done.returncode == 2 and "`logos emit --bfloat16`" in done.stdout + done.stderr, done.stdout + done.stderr
+    for args, said in (((), "--precision is a bfloat16 policy: give --bfloat16 with it"),
+                       (("--bfloat16",), "--precision: `nosuch` is not an op")):
+        done = run_cli("emit", program, "-o", str(tmp_path / "x"), "--precision", "nosuch=fp32", *args)
+        assert done.returncode == 2 and said in done.stderr and not (tmp_path / "x").exists(), done.stderr

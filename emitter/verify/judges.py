@@ -255,7 +255,7 @@ def _precisions(module, program, policy):
     have = {int(k): tuple(v) for k, v in (getattr(module, "PRECISION", None) or {}).items()}
     if not have:
         raise CouldNotRun("the bundle has no precision policy (PRECISION): emit it for bfloat16 "
-                          "(a program whose dtypes include bfloat16 is, in the pipeline)")
+                          "(`logos emit --bfloat16`; in the pipeline, a program whose dtypes include bfloat16 is)")
     wrong = [i for i in sorted(want) if have.get(i) != want[i]]
     if wrong:
         st = program.stages[wrong[0]]
