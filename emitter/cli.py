@@ -199,6 +199,9 @@ def main(argv=None):
     except ProgramError as e:
         print(e, file=sys.stderr)
         return 1
+    except BrokenPipeError:   # the reader went (`logos results | head -1`): quiet, as a shell's tools are
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # (nothing more to flush at exit)
+        return 141   # (128 + SIGPIPE: what a tool the pipe ended shows)
     except OSError as e:   # a full disk, a file that went: one line, no traceback
         where = f"{e.filename}: " if e.filename else ""
         print(f"logos {args.command}: {where}{e.strerror or e}", file=sys.stderr)

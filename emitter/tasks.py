@@ -86,8 +86,9 @@ def task_report():
 
 
 def task_cachelookup():
-    """With cache=URL: whether the cache holds every verdict of a derived program (then its lock
-    needs no import); else its lock waits for the weights."""
+    """With cache=URL: whether the cache holds every verdict of a derived program.
+
+    Where it does, its lock needs no import; else its lock waits for the weights."""
     yield from run().cachelookup_tasks()
 
 

@@ -223,3 +223,14 @@ def test_a_bundle_emitted_by_hand_for_bfloat16_is_locked_at_bfloat16(tmp_path):
                        (("--bfloat16",), "--precision: `nosuch` is not an op")):
         done = run_cli("emit", program, "-o", str(tmp_path / "x"), "--precision", "nosuch=fp32", *args)
         assert done.returncode == 2 and said in done.stderr and not (tmp_path / "x").exists(), done.stderr
+
+
+def test_output_into_a_pipe_its_reader_closed_ends_quietly():
+    """`logos check --forms | head -1`: the reader goes, the command ends as a shell's tools do
+    (status 141, 128 + SIGPIPE), no `Broken pipe` line, no traceback."""
+    from conftest import ROOT
+    code = ("import os, sys\nr, w = os.pipe()\nos.close(r)\nos.dup2(w, 1)\n"
+            "from emitter.cli import main\nsys.exit(main(['check', '--forms']))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 141 and done.stderr == "", done.stderr
