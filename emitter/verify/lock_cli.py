@@ -31,7 +31,8 @@ def add_arguments(p):
     p.add_argument("--program", required=True, help="PROGRAM.logos the bundle was emitted from")
     p.add_argument("--weights", help="directory of the leaves' files: <var>.f64 / .f32 / .npy, or "
                    ".safetensors files of tensors named by variable")
-    p.add_argument("--dtype", default="float64", choices=sorted(TOLERANCES), help="the module's dtype (default float64)")
+    p.add_argument("--dtype", default="float64", choices=sorted(TOLERANCES),
+                   help="the module's dtype (default float64)")
     p.add_argument("--steps", type=int, default=1, help="steps of the program, states carried (default 1)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default by dtype)")
     p.add_argument("--rtol", type=float, help="relative tolerance (default by dtype)")
