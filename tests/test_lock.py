@@ -438,6 +438,7 @@ def test_a_bundle_that_opens_its_weights_to_write_fails_though_it_changes_nothin
     "os.symlink({victim!r}, {folder!r} + '/extra.f32')",
     "os.mkdir({folder!r} + '/extra.f32')",
     "os.chmod({victim!r}, 0o644)",
+    "os.chmod(os.open({victim!r}, os.O_RDONLY), 0o644)",   # through a descriptor
 ])
 def test_a_bundle_that_makes_an_entry_in_its_weights_folder_fails(zoo, tmp_path, call):
     """A forward that makes a hard or symbolic link or a folder in its weights folder, or chmods a
@@ -452,6 +453,17 @@ def test_a_bundle_that_makes_an_entry_in_its_weights_folder_fails(zoo, tmp_path,
     r = lock_bundle(bundle, zoo["program"], str(w), "float64", 1)
     assert r["verdict"] == "fail" and "the bundle opened" in r["reason"] and str(w.resolve()) in r["reason"], r["reason"]
     assert r["first_divergence"]["stage"] == "load"
+
+
+def test_a_bundle_that_makes_a_folder_already_there_changes_nothing_and_passes(zoo, tmp_path):
+    """`os.makedirs(weights, exist_ok=True)` in a forward: the call is audited before it fails on
+    the folder there, and makes nothing: no blame."""
+    w = tmp_path / "w"
+    shutil.copytree(zoo["weights"], w)
+    bundle = _sabotage(zoo, tmp_path, "        return y\n", f"        import os\n        os.makedirs({str(w)!r}, "
+                       "exist_ok=True)\n        return y\n")
+    r = lock_bundle(bundle, zoo["program"], str(w), "float64", 1)
+    assert r["verdict"] == "pass", r["reason"]
 
 
 @pytest.mark.parametrize("old,new,where", [

@@ -456,6 +456,10 @@ def test_history_db_versions(tmp_path):
         p = run_cli("results", "--db", str(other), *args)
         assert p.returncode == 2 and "not a lock history" in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
     assert other.read_bytes() == before and os.listdir(other.parent) == ["notes.sqlite"]
+    odd = os.path.join(os.fsencode(tmp_path), b"h\xff #?%41.sqlite")   # a name that is no UTF-8, and URI marks
+    with open(odd, "wb") as f:
+        f.write(old.read_bytes())
+    assert [r["verdict"] for r in results.history(os.fsdecode(odd), "p")] == ["pass", "fail"]
 
 
 def test_locks_that_open_a_new_history_at_once_each_record_their_run(tmp_path):

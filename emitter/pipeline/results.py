@@ -131,7 +131,7 @@ def reading(db):
     if os.path.lexists(db) and not os.path.isfile(db):
         raise _not_a_file(db)
     try:
-        con = sqlite3.connect(f"file:{quote(os.path.abspath(db))}?mode=ro", uri=True, timeout=BUSY_S)
+        con = sqlite3.connect(f"file:{quote(os.fsencode(os.path.abspath(db)))}?mode=ro", uri=True, timeout=BUSY_S)
     except sqlite3.Error as e:
         raise _unreadable(db, e) from e
     with _or_closed(con, db):

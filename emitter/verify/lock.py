@@ -327,9 +327,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             _still_as_read(result, weights_dir, leaves.sources, weights_shas, opened, watch.maybe)
         if opened:   # (though what it wrote was what the file held)
             raise BundleFault({"stage": "load", "out": None, "op": "load_weights", "line": None},
-                              f"the bundle opened {min(opened)} to write, or made, linked, renamed or removed it, "
-                              f"while it ran ({len(opened)} path(s) of its weights folder): a bundle reads its "
-                              "weights, never writes them")
+                              f"the bundle opened {min(opened)} to write, or made, linked, renamed, removed or "
+                              f"chmod-ed it, while it ran ({len(opened)} path(s) of its weights folder): a bundle "
+                              "reads its weights, never writes them")
         # a wrong leaf is the first divergence, whatever the module did then; one the module wrote
         # (`written`: the step it was seen after) is, unless a stage diverged at that step or before
         # (the free pass's output and states, compared after the probe pass, may have read it written)

@@ -104,17 +104,30 @@ def _audit(event, args):
             return
         creates = isinstance(flags, int) and bool(flags & os.O_CREAT)
         named = [(path, None if mode is None else "cwd", True, creates)]
-    else:
-        named = [(args[p], d if d == "cwd" else args[d], follow, creates) for p, d, follow, creates in _CHANGES[event]]
+    else:   # (a descriptor, `os.chmod(fd)`, `os.truncate(fd)`: the file it is open on)
+        named = [(_fd_path(args[p]), d if d == "cwd" else args[d], follow, creates)
+                 for p, d, follow, creates in _CHANGES[event]]
     with _WATCH_LOCK:
         watches = [w for ws in _WATCHED.values() for w in ws]
     roots = sorted({w.root for w in watches})
     for path, dir_fd, follow, creates in named:
         for real, sure in _places(path, dir_fd, follow, creates, roots):
+            if creates and event != "open" and os.path.lexists(real):   # (it will fail: nothing made;
+                continue                                                # `os.makedirs(w, exist_ok=True)`)
             for w in watches:
                 if (real == w.root or real.startswith(w.root + os.sep) or real in w.files) \
                         and not _own(w, real, creates):
                     (w.opened if sure else w.maybe).add(real)   # (a set's add: atomic under the GIL)
+
+
+def _fd_path(path):
+    """An audited call's path; for a descriptor, the file it is open on (None: not one of ours)."""
+    if not isinstance(path, int):
+        return path
+    try:
+        return os.readlink(f"/proc/self/fd/{path}")
+    except OSError:
+        return None
 
 
 def _own(w, real, creates):
