@@ -12,7 +12,8 @@ import re
 from ..importers import IMPORTERS, chunked_spec, chunks, declared_reads, resolve_package_file
 from ..language.errors import excerpt
 from ..language.hints import did_you_mean, unknown
-from ..verify.links import ROOTS_ENV, env_roots, root_problem  # noqa: F401  (config reads env_roots here)
+from ..verify.links import (PATH_BYTES, ROOTS_ENV, env_roots, path_bytes,  # noqa: F401  (config reads env_roots here)
+                            root_problem)
 from ..verify.tolerances import DTYPES
 from .paths import inside
 from ..yamlfile import ConfigError
@@ -118,13 +119,9 @@ def check_tolerances(p, t):
     return tol
 
 
-PATH_BYTES = 4096   # the longest path Linux opens (PATH_MAX): a longer one names no file, and
-#                    resolving one costs a stat per part (a 1 MB `a/a/…` took a minute each run)
-
-
 def _short_path(p, key, x):
     """`x`, a path from a config, refused before anything resolves it where it is over PATH_BYTES."""
-    n = len(x.encode("utf-8", "surrogatepass"))
+    n = path_bytes(x)
     if n > PATH_BYTES:
         raise p.error(key, f"`{excerpt(x, 120)}` is a path of {n} bytes, over the {PATH_BYTES} a file's path "
                       "can have")

@@ -22,10 +22,13 @@ class FreshStep(NamedTuple):
     other: tuple                  # the inputs given other values
 
 
+def _output_stage(program):
+    return next(st for st in reversed(program.stages) if st.binds)
+
+
 def integer_output(program):
     """Whether the program's output is an integer (an argmax's token, an Int result)."""
-    out = next(st for st in reversed(program.stages) if st.binds)
-    return out.op.integer or not program.real[program.output]
+    return _output_stage(program).op.integer or not program.real[program.output]
 
 
 def feeding(program):
@@ -33,7 +36,7 @@ def feeding(program):
     where the output is Real."""
     if not integer_output(program):
         return None
-    out = next(st for st in reversed(program.stages) if st.binds)
+    out = _output_stage(program)
     bound = {st.out: st.index for st in program.stages if st.binds}
     return next((bound[n] for n in out.inputs if n in bound and program.real.get(n)), None)
 

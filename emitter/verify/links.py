@@ -6,6 +6,13 @@ are; anywhere else it is refused, naming the file and its target."""
 import os
 
 ROOTS_ENV = "LOGOS_ROOTS"
+PATH_BYTES = 4096   # the longest path Linux opens (PATH_MAX): a longer one names no file, and
+#                    resolving one costs a stat per part (a 1 MB `a/a/…` took a minute each run)
+
+
+def path_bytes(x):
+    """The bytes of the path `x` as the system takes it (UTF-8; a name that is no UTF-8 as it came)."""
+    return len(x.encode("utf-8", "surrogatepass"))
 
 
 def find_zoo_root(start):
@@ -22,8 +29,8 @@ def find_zoo_root(start):
 
 def env_roots(root="."):
     """The roots LOGOS_ROOTS names (os.pathsep between folders), each resolved."""
-    return tuple(os.path.realpath(os.path.join(root, x))
-                 for x in os.environ.get(ROOTS_ENV, "").split(os.pathsep) if x and "\0" not in x and len(x) <= 4096)
+    return tuple(os.path.realpath(os.path.join(root, x)) for x in os.environ.get(ROOTS_ENV, "").split(os.pathsep)
+                 if x and "\0" not in x and path_bytes(x) <= PATH_BYTES)
 
 
 def _named_roots(zoo):
@@ -39,7 +46,8 @@ def _named_roots(zoo):
     except ConfigError:
         return ()
     v = [v] if isinstance(v, str) else v
-    if not isinstance(v, list) or not all(isinstance(x, str) and x and "\0" not in x and len(x) <= 4096 for x in v):
+    if not isinstance(v, list) or not all(isinstance(x, str) and x and "\0" not in x
+                                          and path_bytes(x) <= PATH_BYTES for x in v):
         return ()   # (no longer than a path can be: the config's check says so)
     return tuple(os.path.realpath(os.path.join(zoo, x)) for x in v)
 

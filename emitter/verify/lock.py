@@ -123,6 +123,10 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
         leaf = getattr(model, "leaf_" + read[0], None) if len(read) == 1 else None
         return leaf is not None and known_view_of(torch, value, want, read[0], leaf, leaves[read[0]],
                                                   resident, loaded)
+    def judged(trace, probe, step):   # the judge on a step's probe pass, its time the judge's
+        t = time.perf_counter()
+        judge.step(torch, program, current, trace, probe, step, _label)
+        timings["judge_s"] += time.perf_counter() - t
     asked = {} if asked is None else asked
     vm_steps = iter(vm_steps or trace_file.steps(program, leaves, steps, timings, fresh=asked))
     for step in range(1, steps + 1):
@@ -162,9 +166,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                 late = changed_after_tap(torch, program, model, pout, probe.handed) + late + \
                     returned.check(pout, step, "probe")
         except Raised as e:   # the stages compared before it still count (bf16: as its gate judges
-            t = time.perf_counter()   # them); the check stops here
-            judge.step(torch, program, current, trace, probe, step, _label)
-            timings["judge_s"] += time.perf_counter() - t
+            judged(trace, probe, step)   # them); the check stops here
             compared(step, probe)
             raised, at = _raised_at(program, e, step)
             first = first or at
@@ -175,9 +177,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
             missing = [i for i in range(len(program.stages)) if i not in probe.results]
             raise BundleFault(_label(program, missing[0]), f"the module's forward never tapped stage "
                               f"{missing[0]}: the bundle does not match the program", step)
-        t = time.perf_counter()
-        judge.step(torch, program, current, trace, probe, step, _label)   # bf16: the rounding floors
-        timings["judge_s"] += time.perf_counter() - t
+        judged(trace, probe, step)   # bf16: the rounding floors
 
         out_m = judge.compare(out.double().numpy(), trace.output)
         out_m["argmax_agree"] = bool(out.numel() == trace.output.size and   # (of any dtype: an integer one

@@ -167,8 +167,8 @@ def _places(path, dir_fd, follow, creates, roots):
 class Watching:
     """The files under a weights folder (and `files`, those the check read, wherever their links
     lead) that this process opens to write, truncates, removes, renames, links, makes or chmods
-    through Python from now until `stop()` (`opened`; `maybe`, where the call did not say which folder; `own`: a folder of
-    the lock's own writes, not counted): a bundle reads its weights only. Any thread's calls count (the lock's process runs one check at a time; the
+    through Python from now until `stop()` (`opened`; `maybe`, where the call did not say which
+    folder; `own`: a folder of the lock's own writes, not counted): a bundle reads its weights only. Any thread's calls count (the lock's process runs one check at a time; the
     checks of a Dask worker's threads share the blame of one that writes into a folder they watch);
     a call that does not go through Python's own functions (torch.save's and torch.from_file's C++,
     C's open) is not seen."""
