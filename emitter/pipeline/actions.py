@@ -167,10 +167,11 @@ def unreported(out_dir, current):
     set aside as it began comes back where it is current now, by its key, as the zoo's reporter
     brings it back at a run's end (one the run wrote is in place already). Best effort: else it
     stays aside, not current."""
-    from .report_aside import ZOO_REPORTER
+    from .report_aside import STALE, ZOO_REPORTER, report_files
     run = current()
-    if ZOO_REPORTER or run is None:
-        return
+    if ZOO_REPORTER or run is None or not any(os.path.exists(os.path.join(out_dir, STALE, f))
+                                              for f in report_files(out_dir)):
+        return   # (nothing aside: the run wrote its report, or brought it back, or had none)
     from .keys import made_current
     try:
         if all(made_current(e) for e in run.entries):   # (what the report key takes from records)
