@@ -11,7 +11,7 @@ import pytest
 
 from conftest import emit_bundle, run_cli, write_weights
 from emitter import read_file
-from emitter.verify import vm
+from emitter.verify import verdict, vm
 from emitter.verify.lock import compare, lock_bundle
 
 
@@ -95,8 +95,32 @@ def test_wrong_state_write_back_fails_at_its_step_and_each_step_is_teacher_force
         assert (f["stage"], f["out"], f["op"], f["step"], f["line"]) == ("write-back", "cs", "causal conv", 1, 4)
         assert r["steps_detail"][0]["output"]["pass"]  # the output of step 1 is right
         assert not r["steps_detail"][0]["states"]["cs"]["pass"]  # the ring it carries is not
+        # the worst is that write-back (no stage fails), at its own figures
+        worst_cs = max(d["states"]["cs"]["worst_ratio"] for d in r["steps_detail"])
+        assert worst_cs > 1 and r["worst"] == {"stage": "write-back", "out": "cs", "op": "causal conv", "line": 4,
+                                               "ratio": worst_cs, "max_abs": r["worst"]["max_abs"],
+                                               "guarded_rel": r["worst"]["guarded_rel"]}
+        assert "worst: write-back `cs = causal conv` (line 4) at " in verdict.describe(r)
     assert two["steps_detail"][1]["output"]["pass"]      # step 2 starts from the VM's ring
     assert not two["steps_detail"][1]["states"]["cs"]["pass"]
+
+
+def test_an_output_wrong_past_its_last_op_is_the_worst(zoo, tmp_path):
+    """A value no stage covers (the output, scaled after its last op) that fails is the worst,
+    not the passing stage nearest its tolerance."""
+    program = read_file(zoo["program"])
+    text = open(os.path.join(zoo["bundle"], "model.py")).read()
+    old = f"        return {program.output}\n"
+    assert text.count(old) == 1
+    bundle = _sabotage(zoo, tmp_path, old, f"        return {program.output} * (1 + 1e-6)\n")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"])
+    out = r["steps_detail"][0]["output"]
+    assert not out["pass"] and r["worst"]["stage"] == "output" and r["worst"]["out"] == program.output
+    seen = [out] + ([r["fresh"]["output"]] if r.get("fresh") else [])   # the step's and the fresh pass's
+    assert r["worst"]["ratio"] == max(o["worst_ratio"] for o in seen) > 1
+    ok = lock_bundle(zoo["bundle"], zoo["program"], zoo["weights"], "float64", 1)   # a pass names its stage
+    assert ok["verdict"] == "pass" and isinstance(ok["worst"]["stage"], int)
 
 
 def test_state_read_before_its_write_back_keeps_the_old_value(tmp_path):
@@ -928,3 +952,42 @@ def test_a_leaf_the_module_holds_as_inf_says_so_in_its_first_divergence(zoo, tmp
     assert r["verdict"] == "fail" and (f["stage"], f["out"], f.get("nonfinite")) == ("load", w, 1), f
     assert "1 value(s) NaN or Inf on one side only" in describe(r), describe(r)
 
+
+
+@pytest.mark.parametrize("when", ["torch.is_grad_enabled()", "not torch.is_grad_enabled()"])
+def test_a_forward_that_computes_otherwise_with_autograd_on_or_off_fails(zoo, tmp_path, when):
+    """A user's call runs with autograd on (torch's default; compile.py traces it so), the probe
+    pass with it off: a forward wrong in either mode fails."""
+    program = read_file(zoo["program"])
+    y = program.output
+    bundle = _sabotage(zoo, tmp_path, f"        return {y}\n", f"        if {when}:\n            {y} = {y} * 1.5\n"
+                       f"        return {y}\n")
+    r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float32", 1)
+    assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == "output", r["first_divergence"]
+
+
+@pytest.mark.parametrize("when", ["import", "forward"])
+def test_a_bundle_that_rebinds_what_the_vm_computes_with_fails_and_it_is_put_back(zoo, tmp_path, when):
+    """model.py rebinding numpy.sqrt (the VM's rmsnorm) and torch.sqrt alike, once per process, as it
+    is imported or in its forward, would move the meaning it is compared with: a fail at import,
+    and both are put back for what the process locks next."""
+    import torch
+    patch = ("import numpy as _np\nif not hasattr(_np, '_p'):\n    _np._p = 1\n"
+             "    _s = _np.sqrt; _np.sqrt = lambda x, *a, **k: _s(x * 1.01, *a, **k)\n"
+             "    _t = torch.sqrt; torch.sqrt = lambda x, *a, **k: _t(x * 1.01, *a, **k)\n")
+    sqrt, tsqrt = np.sqrt, torch.sqrt
+    y = read_file(zoo["program"]).output
+    if when == "import":
+        bundle = _sabotage(zoo, tmp_path, "import torch\n", "import torch\n" + patch)
+    else:
+        bundle = _sabotage(zoo, tmp_path, f"        return {y}\n",
+                           "".join("        " + line + "\n" for line in patch.splitlines()) + f"        return {y}\n")
+    try:
+        r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+        assert np.sqrt is sqrt and torch.sqrt is tsqrt
+    finally:
+        np.sqrt, torch.sqrt = sqrt, tsqrt
+        vars(np).pop("_p", None)
+    assert r["verdict"] == "fail", r["reason"]
+    f = r["first_divergence"]
+    assert (f["stage"], f["op"]) == ("import", "model.py") and "rebound `numpy.sqrt` and 1 more" in f["raised"], f

@@ -27,7 +27,7 @@ from ..files import BUNDLE_FILES, size_text
 from ..language.errors import ProgramError
 from ..language.reader import read_file
 from ..sambaflow.marks import program_name
-from . import environment, heap, trace as trace_file, verdict, vm
+from . import environment, heap, trace as trace_file, untouched, verdict, vm
 from .compare import KEYS, compare, figures, worse, worst_of  # noqa: F401
 from .leaf_check import exact_leaves, known_view_of, load_stage, unholdable
 from .bundle_main import check_main
@@ -35,7 +35,7 @@ from .bundle_module import build_module, load_bundle_module, read_model as _read
 from .fresh_inputs import feeding, integer_output, varied
 from .judges import judge_for
 from .passes import (excuse_tokens, fresh as fresh_instance, free_pass, replay as replay_step_1, same_when_tapped,
-                     set_states, writer)
+                     set_states, worst_value, writer)
 from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, changed_after_tap, output_label,
                     run_module, watched)
 from .resident import Releasing, Resident, Watching, reads, worth_releasing
@@ -245,7 +245,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     for the caller to write (`write_golden`). `trace`: the VM's trace file this check shares with
     its program's others ({"path", "key", "source", "environment"}: emitter.verify.trace), used
     only where the program read and this process's environment are those its key names."""
-    start, watch, paused = time.perf_counter(), None, False
+    start, watch, paused, before = time.perf_counter(), None, False, None
     result = unfinished(bundle_dir, program_path, weights_dir, dtype, steps, atol, rtol, None)
     tol = result["tolerance"]
     try:
@@ -288,7 +288,9 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         watch = Watching(weights_dir, own=trace and os.path.dirname(os.path.dirname(trace["path"])),
                          files=[os.path.join(weights_dir, f) for f in set(leaves.sources.values()) - {"declared"}]
                          if weights_dir is not None else ())
+        before = untouched.snapshot()   # (what the VM and the judges compute with, as the bundle finds it)
         module = load_bundle_module(bundle_dir, model_py, absurd(program))
+        untouched.kept(before)
         if getattr(module, "PROGRAM", None) != result["program"]:
             raise CouldNotRun(f"the bundle is of program {getattr(module, 'PROGRAM', None)!r}, the source "
                               f"is {result['program']!r}: emit it again")
@@ -321,6 +323,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
                 exact_leaves(model, program, load), keep, vm_steps, another, asked)
             load = result["load"] = judge.settled(load, replayed=any(after.values()))
             after["main"] = check_main(torch, module, model_py, weights_dir, steps, model)
+            untouched.kept(before)
             first = first or (after["main"] or {}).get("first")
         opened = watch.stop()
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
@@ -350,6 +353,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         for name, r in after.items():
             if r is not None:
                 result[name] = {k: v for k, v in r.items() if k != "first"}
+        if raised is None:
+            result["worst"] = worst_value(program, result) or result["worst"]
         result["verdict"] = "pass" if load["pass"] and all(d["pass"] for d in details) and \
             all(r is None or r["pass"] for r in after.values()) else "fail"
         if keep is not None and raised is None:   # a verdict, every step run: the VM's outputs
@@ -370,6 +375,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
     finally:
         if watch is not None:
             watch.stop()
+        if before is not None:
+            untouched.put_back(before)
         if paused:
             heap.resume()
     t = result["timings"]

@@ -40,9 +40,10 @@ def free_pass(torch, model, program, states, resident, stage_reads, timings, ste
         sent = {n: held_sum(torch, a, a.dtype) for n, a in args.items()}
         hook = getattr(seen, "hook", None)
         t, let_go, own = time.perf_counter(), resident.seconds, getattr(hook, "seconds", 0.0)
-        try:
-            out = run_module(model, program, f"{what} (its inputs passed as arguments, their buffers NaN)"
-                             if args else what, step, args, seen)
+        try:   # (autograd on, as a user's call and compile.py's trace have it: the buffers need no
+            with torch.enable_grad():   # grad, so nothing is recorded; the probe pass runs without)
+                out = run_module(model, program, f"{what} (its inputs passed as arguments, their buffers NaN)"
+                                 if args else what, step, args, seen)
         finally:
             timings["module_s"] += time.perf_counter() - t - (resident.seconds - let_go) - \
                 (getattr(hook, "seconds", 0.0) - own)
@@ -339,3 +340,21 @@ def set_states(torch, model, program, values, step=0):
     for s in program.states:   # (one copy: into the buffer; a read-only map is copied to hand it on)
         v = np.asarray(values[s], np.float64)
         state_buffer(torch, model, program, s, step).copy_(torch.from_numpy(v if v.flags.writeable else v.copy()))
+
+
+def worst_value(program, result):
+    """The worst where no leaf and no stage fails but a value no stage covers does (the output or a
+    write-back, of a step or of the fresh pass: a value wrong past its last op), the furthest of
+    those from its tolerance; else None (the judge's stage stands). Under bfloat16 the gate names
+    its own."""
+    if result["load"]["failed"] or result.get("bf16") or any(not s["pass"] for s in result["stages"]):
+        return None
+    failing = [(output_label(program), d.get("output")) for d in result["steps_detail"] + [result.get("fresh")] if d]
+    failing += [(writer(program, s), m) for d in result["steps_detail"] + [result.get("fresh")] if d
+                for s, m in (d.get("states") or {}).items()]
+    failing = [(label, m) for label, m in failing if m and m.get("pass") is False]
+    if not failing:
+        return None
+    label, m = max(failing, key=lambda x: x[1].get("worst_ratio") or 0.0)
+    return {**label, **{k: m.get(f) for k, f in (("ratio", "worst_ratio"), ("max_abs", "max_abs"),
+                                                   ("guarded_rel", "guarded_rel"))}}
