@@ -150,3 +150,57 @@ def test_a_tensor_of_the_wrong_shape_half_way_leaves_nothing_written(tmp_path):
     assert done.stderr.strip() == (f"{prog}:3: `on` is 1 by 32 but `output_norm.weight` is 16 as "
                                    "the program uses it")
     assert not (tmp_path / "w").exists()
+
+
+def test_a_tensor_the_file_says_is_huge_is_refused_by_its_shape_before_it_is_read(tmp_path):
+    """A Q8_0 `token_embd.weight` the tensor list says is 10,000,000 by 32 (a sparse file of 340 MB,
+    3 GB dequantised) for a 40 by 32 `emb`: refused from the tensor list, its blocks never read."""
+    import subprocess
+    import sys
+    import gguf
+    import numpy as np
+    from conftest import ROOT
+    ckpt = str(tmp_path / "huge.gguf")
+    w = gguf.GGUFWriter(ckpt, "llama")
+    for key, value in [("block_count", 1), ("embedding_length", 32), ("feed_forward_length", 8),
+                       ("attention.head_count", 4)]:
+        w.add_uint32(f"llama.{key}", value)
+    n_bytes = 10_000_000 * 34   # (Q8_0: 34 bytes a block of 32)
+    w.add_tensor_info("token_embd.weight", (10_000_000, 34), np.dtype(np.uint8), n_bytes,
+                      raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    os.truncate(ckpt, -(-os.path.getsize(ckpt) // 32) * 32 + n_bytes)
+    prog = tmp_path / "p.logos"
+    prog.write_text("Let tok be a 1 by 1 tensor of Int.\nLet emb be a 40 by 32 tensor of Real.\n"
+                    "Let e be row tok of emb.\n")
+    p = subprocess.Popen([sys.executable, "-m", "emitter", "import-gguf", ckpt, "--program", str(prog), "-o",
+                          str(tmp_path / "w")], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = p.stderr.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
+    assert err.strip() == f"{prog}:2: `emb` is 40 by 32 but `token_embd.weight` is 10000000 by 32 as the program uses it"
+    assert usage.ru_maxrss * 1024 < 1 << 30   # (reading it took 3 GB)
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_quantised_tensor_of_a_big_endian_gguf_is_refused_naming_it(tmp_path, monkeypatch):
+    """gguf-py dequantises little-endian blocks alone: a big-endian file's Q8_0 `ffn_up` would be
+    other numbers (finite, at times, and passing a lock), so it is refused, the file named."""
+    import sys
+    from gguf.scripts import gguf_convert_endian
+    ckpt = str(tmp_path / "be.gguf")
+    write_tiny_gguf(ckpt, tied=True)
+    prog = str(tmp_path / "tiny.logos")
+    assert run_cli("import-gguf", ckpt, "--program", prog, "--write-program", "--context", "6").returncode == 0
+    monkeypatch.setattr("builtins.input", lambda *a: "YES")
+    monkeypatch.setattr(sys, "argv", ["gguf-convert-endian", ckpt, "big"])
+    gguf_convert_endian.main()
+    out = tmp_path / "w"
+    done = run_cli("import-gguf", ckpt, "--program", prog, "-o", str(out))
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert done.stderr.strip().startswith(f"{ckpt}: `blk.0.ffn_up.weight` is a Q8_0 tensor of a big-endian GGUF")
+    assert not out.exists()

@@ -9,6 +9,7 @@ the transpose. A table read by `row TOK of TABLE` (the token embedding) keeps nu
 import contextlib
 import hashlib
 import json
+import math
 import os
 
 import numpy as np
@@ -60,7 +61,7 @@ def field_value(reader, key, default=None):
     f = reader.fields.get(key)
     if f is None:
         if default is None:
-            raise ProgramError(f"the GGUF metadata has no `{key}`")
+            raise ProgramError(f"the GGUF metadata has no `{key}`", path=reader.path)
         return default
     return f.contents()
 
@@ -71,13 +72,19 @@ def shortest_f32(x):
     return float(str(np.float32(x)))
 
 
-def tensor_array(tensor):
-    """A GGUF tensor as float32 in numpy's layout (dims reversed from the GGUF's)."""
+def tensor_array(tensor, order="<", path=None):
+    """A GGUF tensor as float32 in numpy's layout (dims reversed from the GGUF's). `order`: the
+    file's byte order; a quantised tensor of a big-endian file is refused (`path` named): gguf-py
+    dequantises little-endian blocks alone, and would read its scales as other numbers."""
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
     shape = tuple(int(d) for d in reversed(tensor.shape))
     if tensor.tensor_type in (Q.F32, Q.F16):
         data = np.asarray(tensor.data, dtype=np.float32)
+    elif order != "<":
+        raise ProgramError(f"`{tensor.name}` is a {Q(tensor.tensor_type).name} tensor of a big-endian GGUF: its "
+                           "blocks cannot be dequantised here (gguf-py reads little-endian blocks alone; "
+                           "gguf-py's gguf_convert_endian makes the file little-endian)", path=path)
     else:
         data = dequantize(np.asarray(tensor.data), tensor.tensor_type)   # (a plain view: no memmap per row)
     return np.ascontiguousarray(data, dtype=np.float32).reshape(shape)
@@ -137,16 +144,17 @@ def gguf_leaves(program, reader, aliases=None, fix=None, plan=None):
     for var, name in gguf_plan(program, reader, aliases) if plan is None else plan:
         decl = program.decls[var]
         rows, cols, line = decl.rows, decl.cols, decl.line
-        w = tensor_array(tensors[name])
+        shape = tuple(int(d) for d in reversed(tensors[name].shape))   # (numpy's layout)
+        if len(shape) == 2 and var not in tables:
+            shape = shape[::-1]   # a linear map: numpy (out, in) -> the sugar's (in, out)
+        if math.prod(shape) != rows * cols or (len(shape) == 2 and shape != (rows, cols)):   # (before it is read:
+            raise ProgramError(f"`{var}` is {rows} by {cols} but `{name}` is "   # a tensor the file only says is
+                               f"{' by '.join(map(str, shape))} as the program uses it",   # huge costs nothing)
+                               line, program.path)
+        w = tensor_array(tensors[name], reader.order, reader.path)
         if fix is not None:
             w = fix(name, w)
-        if w.ndim == 2 and var not in tables:
-            w = w.T       # a linear map: numpy (out, in) -> the sugar's (in, out)
-        if w.size != rows * cols or (w.ndim == 2 and w.shape != (rows, cols)):
-            raise ProgramError(f"`{var}` is {rows} by {cols} but `{name}` is "
-                               f"{' by '.join(map(str, w.shape))} as the program uses it",
-                               line, program.path)
-        yield var, w.reshape(rows, cols)
+        yield var, (w.T if w.ndim == 2 and var not in tables else w).reshape(rows, cols)
 
 
 @contextlib.contextmanager

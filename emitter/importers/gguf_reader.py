@@ -3,7 +3,8 @@
 gguf-py's GGUFReader makes a NumPy view for every part of every field: for Gemma 3's 262144-entry
 vocabulary (three arrays of it) that is millions of views, 30 s and more per open on this project's
 machines, and each import opens its checkpoint twice. This reads the same layout (GGUF versions 2
-and 3, either byte order) in well under a second, refusing with a ValueError whatever does not
+and 3, either byte order: a big-endian file's quantised blocks are refused where they would be
+dequantised, gguf_file.tensor_array) in well under a second, refusing with a ValueError whatever does not
 fit the file; `fields[key].contents()` is GGUFReader's (a number, a bool, a str, or a list of
 them; an array of arrays nested, where GGUFReader flattens it) and each tensor's `data` is
 GGUFReader's map of its bytes (the same dtype and shape), for gguf-py's `dequantize`.
@@ -33,6 +34,7 @@ class GGUFFile:
     """`fields` ({key: Field}, in the file's order) and `tensors` (a list of Tensor) of a GGUF."""
 
     def __init__(self, path):
+        self.path = str(path)
         self.map = np.memmap(path, mode="r")
         self.buf, self.at = memoryview(self.map), 0
         if len(self.buf) < 24 or bytes(self.buf[:4]) != MAGIC:
