@@ -248,3 +248,33 @@ def test_value_order_pairs_key_heads():
     assert sorted(order) == list(range(d.hv))
     for j, hf in enumerate(order):       # the sugar's head j reads key j mod hk; HF's head reads hf // r
         assert j % d.hk == hf // d.ratio
+
+
+def test_a_tensor_no_leaf_reads_is_never_read(tmp_path, weights):
+    """The checkpoint with one more F16 tensor of 400M values no leaf reads (a sparse file: 3.2 GB
+    as float64, where every tensor of the file was read): the same leaves, the big one never read."""
+    import shutil
+    import struct
+    import subprocess
+    import sys
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(CHECKPOINT, ckpt)
+    path = ckpt / "model.safetensors"
+    data = path.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header, body = json.loads(data[8:8 + n]), data[8 + n:]
+    header["unused.weight"] = {"dtype": "F16", "shape": [400_000_000], "data_offsets": [len(body), len(body) + 800_000_000]}
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + body)
+    os.truncate(path, 8 + len(text) + len(body) + 800_000_000)
+    out = tmp_path / "w"
+    p = subprocess.Popen([sys.executable, "-m", "emitter", "import-qwen35", str(path), "--program", PROGRAM, "-o",
+                          str(out), "--token", str(FIRST_TOKEN)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = p.stderr.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, err
+    assert usage.ru_maxrss * 1024 < 1.5 * (1 << 30)   # (reading it took 4.7 GB)
+    for f in sorted(os.listdir(weights)):
+        if not f.startswith("."):
+            assert (out / f).read_bytes() == open(os.path.join(weights, f), "rb").read(), f
