@@ -229,6 +229,32 @@ def test_a_signed_verdict_recording_another_key_or_environment_is_a_miss(store):
     assert store.get(KEY, "e2") is None and "another key or environment" in store.said[-1]
     store.put("b" * 64, _result(key=KEY, hashes={"environment": "e1"}))
     assert store.get("b" * 64, "e1") is None and len(store.said) == 2
+    assert store.has(KEY, "e1") and not store.has(KEY, "e2") and not store.has("b" * 64, "e1")   # as get takes it
+    assert len(store.said) == 2
+
+
+def test_a_derived_programs_entry_of_another_environment_is_a_miss_and_its_weights_are_made(tmp_path):
+    """The lookup that decides whether a derived program needs its import takes an entry as the
+    lock does: one whose verdict records another environment than its key names is a miss, so the
+    weights are made and the check runs here (it erred: no weights), and its entry is replaced."""
+    url, key = (tmp_path / "cache").as_uri(), {"LOGOS_CACHE_KEY": "ci-secret"}
+    ci = _zoo(tmp_path, "ci")
+    rc, ran, out = doit(ci, f"cache={url}", env=key)
+    assert rc == 0, out
+    c, keys = vc.VerdictCache(url, "ci-secret"), {}
+    for dt in ("float64", "float32"):   # published by a writer that computed them elsewhere
+        r = json.loads((ci / f"build/results/d/{dt}.json").read_text())
+        keys[dt], env = r["key"], r["hashes"]["environment"]
+        r["hashes"]["environment"] = "f" * 64
+        assert c.put(r["key"], r)
+    dev = _zoo(tmp_path, "dev")
+    rc, ran, out = doit(dev, f"cache={url}", env=key)
+    assert rc == 0 and "weights:d" in ran and out.count("another key or environment") == 2, out
+    got = _results(dev)
+    for dt in ("float64", "float32"):
+        assert got[("d", dt)]["verdict"] == "pass" and not got[("d", dt)].get("from_cache"), got[("d", dt)]
+        assert got[("a", dt)]["from_cache"]
+        assert vc.VerdictCache(url, "ci-secret").get(keys[dt], env)["verdict"] == "pass"   # replaced
 
 
 def test_a_folder_in_an_entrys_place_is_replaced_by_the_entry(store):

@@ -14,11 +14,11 @@ is reported by the progress reporter, so the report is always this run's.
 import os
 import sys
 
-from ..files import BUNDLE_FILES, json_lines, write_atomic
+from ..files import BUNDLE_FILES, json_lines, read_json, write_atomic
 from ..fingerprint import sha256_text
 from . import digests, files_io
 from .guards import freeze_heap
-from .keys import emit_key
+from .keys import check_key, current_parts, emit_key
 
 
 def emit_bundle(entry, run=None):
@@ -115,9 +115,27 @@ def report_current(entries, out_dir, threads, now=None, judge=False):
     return True
 
 
-def cache_lookup(*args):
-    from .cache import lookup_deps
-    return lookup_deps(*args)
+def cache_lookup(entry, threads, url):
+    """`cachelookup:NAME` (doit's calc_dep of `lock:NAME`) for a derived program: when every check
+    holds its pass here or is in the cache under its key (the import key names the checkpoint, not
+    the derived files), the lock needs no import; else (or where the weights were made before,
+    and are kept current) it waits for `weights:NAME`."""
+    from .cache import store
+    need = {"task_dep": [f"weights:{entry.name}"]}
+    if os.path.isdir(entry.pc.weights):
+        return need
+    cache = store(url)
+    status = read_json(entry.status)
+    recorded = (read_json(entry.lock_status) or {}).get("checks") or {}
+    for dtype, parts in current_parts(entry, threads, status).items():
+        if parts is None:   # no bundle: the lock records the emit's error, no weights needed
+            return {}
+        key = check_key(parts)
+        if (recorded.get(dtype) or {}).get("key") == key and recorded[dtype].get("verdict") == "pass":
+            continue
+        if cache is None or not cache.has(key, parts["environment"]):   # (the entry the lock takes)
+            return need
+    return {}
 
 
 def cache_publish(*args):

@@ -30,7 +30,7 @@ from ..files import open_regular, read_json, write_atomic
 from ..fingerprint import sha256_or_none
 from .digests import canonical
 from .guards import say_once
-from .keys import check_key, check_parts, current_keys, lock_records
+from .keys import check_key, check_parts, lock_records
 from .log import LOG
 
 SCHEMA, VERSION = "logos.verdict-cache", 1
@@ -41,27 +41,6 @@ CACHEABLE = ("pass", "fail")   # an error says something about the run, not abou
 
 class CacheError(Exception):
     """A cache URL that cannot be used (no such fsspec protocol, a bad URL): one line."""
-
-
-def lookup_deps(entry, threads, url):
-    """`cachelookup:NAME` (doit's calc_dep of `lock:NAME`) for a derived program: when every check
-    holds its pass here or is in the cache under its key (the import key names the checkpoint, not
-    the derived files), the lock needs no import; else (or where the weights were made before,
-    and are kept current) it waits for `weights:NAME`."""
-    need = {"task_dep": [f"weights:{entry.name}"]}
-    if os.path.isdir(entry.pc.weights):
-        return need
-    cache = store(url)
-    status = read_json(entry.status)
-    recorded = (read_json(entry.lock_status) or {}).get("checks") or {}
-    for dtype, key in current_keys(entry, threads, status).items():
-        if key is None:   # no bundle: the lock records the emit's error, no weights needed
-            return {}
-        if (recorded.get(dtype) or {}).get("key") == key and recorded[dtype].get("verdict") == "pass":
-            continue
-        if cache is None or not cache.has(key):
-            return need
-    return {}
 
 
 _RUN = None
@@ -237,27 +216,35 @@ class VerdictCache:
         `environment`: the digest the key names, which the verdict must record as its own (one a
         writer computed elsewhere is not this key's, however it is signed)."""
         entry = self._entry(key)
-        if entry is None:
+        if entry is None or not self._keyed(key, entry, environment):
             return None
         r = entry["result"]
-        if environment is not None and (r.get("key") != key or
-                                        (r.get("hashes") or {}).get("environment") != environment):
-            self._bad(key, "signed, but its verdict records another key or environment than its key names")
-            return None
         r["from_cache"] = True
         r["cache"] = {"url": self.url, "key": key, "written_by": entry.get("written_by")}
         return r
 
-    def has(self, key):
-        """A valid entry is there (a bad one is not, and is said once); asked once per run."""
+    def _keyed(self, key, entry, environment):
+        """Whether a verified entry's verdict records `key` and `environment` (the digest the key
+        names; None: not asked) as its own: one a writer computed elsewhere is not this key's,
+        however it is signed (said once)."""
+        r = entry["result"]
+        if environment is None or (r.get("key") == key and (r.get("hashes") or {}).get("environment") == environment):
+            return True
+        self._bad(key, "signed, but its verdict records another key or environment than its key names")
+        return False
+
+    def has(self, key, environment=None):
+        """A valid entry is there that `get(key, environment)` takes (a bad one is not, and is said
+        once); asked once per run."""
         with self._lock:
-            if key in self._valid:
+            if key in self._valid and environment is None:
                 return True
         entry = self._entry(key)
-        if entry is not None:
-            with self._lock:
-                self._checked[key] = entry
-        return entry is not None
+        if entry is None or not self._keyed(key, entry, environment):
+            return False
+        with self._lock:
+            self._checked[key] = entry
+        return True
 
     def listed(self):
         """The keys this key's folder holds an entry under, by name (one listing), or None where it
@@ -388,7 +375,7 @@ def publish_all(entries, threads, url):
             if not publishable(r, check_parts(e, c, status, ran)) or (held is not None and r["key"] in held):
                 continue
             try:
-                if held is not None or not cache.has(r["key"]):
+                if held is not None or not cache.has(r["key"], (r.get("hashes") or {}).get("environment")):
                     cache.put(r["key"], r)
                     sent += 1
             except Exception as x:   # the verdicts stand; the cache is best effort

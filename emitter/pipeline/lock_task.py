@@ -189,9 +189,12 @@ def lock_program(entry, run, db):
             done[c.dtype] = hit
             taken.add(c.dtype)
             continue
-        if pc.weights and not os.path.isdir(pc.weights):
+        if pc.weights and not os.path.isdir(pc.weights):   # (derived: the import was skipped for the
+            # cache's entry, which the lock then could not take)
+            why = ("; the import was skipped for the shared cache's entry of this check, which was not there "
+                   "to take when the lock read it: run again" if pc.derive is not None and store is not None else "")
             done[c.dtype] = error_result(pc.name, pc.source, c.dtype, pc.steps,
-                                         f"{pc.weights}: the weights directory does not exist")
+                                         f"{pc.weights}: the weights directory does not exist{why}")
             fresh.add(c.dtype)   # (this run's verdict: in the history too)
             continue
         unread = _unread(entry, parts)
