@@ -1206,3 +1206,48 @@ def test_a_named_run_under_another_reporter_brings_a_current_report_back(tmp_pat
     (z / "programs/a.yaml").write_text("dtypes: [float32]\ntolerances:\n  float32: {abs: 1.0e-30, rel: 0}\n")
     assert doit(z, "--reporter", "json", "lock:a")[0] == 1
     assert not any((z / "build" / f).exists() for f in files)   # aside: a check no longer passes
+
+
+def test_a_build_made_on_a_machine_with_other_memory_is_current_where_its_programs_fit(tmp_path):
+    """The tensor limit by default is half the machine's memory: no part of an emit's key (a build/
+    restored on a machine with other memory reruns nothing and every verdict is current there),
+    though a program whose tensors are over the limit there is not current (its emit refuses it)."""
+    import subprocess
+    import sys
+    z = make_zoo(tmp_path / "zoo", {"p": (PROG_B, None)})
+    assert doit(z)[0] == 0
+
+    def other(memory, *args):   # `python -m doit` / `logos` on a machine with `memory` bytes
+        code = ("import os, sys\nsysconf = os.sysconf\n"   # (before anything reads it)
+                "os.sysconf = lambda n: %d // sysconf('SC_PAGE_SIZE') if n == 'SC_PHYS_PAGES' else sysconf(n)\n"
+                "sys.argv[0] = 'doit'\n" % memory + ("from doit.__main__ import main; sys.exit(main())" if args[0] == "doit"
+                                                     else "from emitter.cli import main; sys.exit(main())"))
+        return subprocess.run([sys.executable, "-c", code, *args[1:]], cwd=z, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(z), "LOGOS_PROGRESS": "names"})
+    for memory in (3 << 30, 64 << 30):
+        res = other(memory, "logos", "results")
+        assert res.returncode == 0 and "0 not current" in res.stdout, res.stdout + res.stderr
+        res = other(memory, "doit")
+        assert res.returncode == 0 and not [line for line in res.stdout.splitlines() if line.startswith(".  ")], \
+            res.stdout + res.stderr
+    res = other(0, "logos", "results")   # its tensors (float64) are over half of no memory there
+    assert res.returncode == 1 and "not current" in res.stdout, res.stdout + res.stderr
+    assert other(0, "doit").returncode == 1
+    rc, ran, out = doit(z)   # and back here: emitted again, its lock taken from the store
+    assert rc == 0 and "emit:p" in ran, out
+    assert subprocess.run([sys.executable, "-m", "emitter", "results"], cwd=z, capture_output=True).returncode == 0
+
+
+def test_a_checkpoint_is_keyed_by_the_file_it_names_not_its_spelling(tmp_path):
+    """`./ckpt//w.bin` is `ckpt/w.bin`: no import and no lock again; a path holding a `+` is a path,
+    not a chunked `package:` spec."""
+    z = _derived_zoo(tmp_path)
+    assert doit(z)[0] == 0
+    (z / "programs/d.yaml").write_text("derive:\n  importer: fake\n  checkpoint: ./ckpt//w.bin\n")
+    rc, ran, out = doit(z)
+    assert rc == 0 and not {"weights:d", "lock:d"} & ran, out
+    os.rename(z / "ckpt", z / "ckpt+v2")
+    (z / "programs/d.yaml").write_text("derive:\n  importer: fake\n  checkpoint: ckpt+v2/w.bin\n")
+    rc, ran, out = doit(z)
+    assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
+    assert _results(z)[("d", "float64")]["verdict"] == "pass"

@@ -14,7 +14,7 @@ IMPORTERS = {
 
 from .packages import chunked_spec, chunks, resolve_checkpoint, resolve_package_file  # noqa: E402
 
-__all__ = ["CONFIG_BYTES", "IMPORTERS", "READS", "declared_reads", "read_limit", "chunked_spec", "chunks", "resolve_checkpoint", "resolve_package_file"]
+__all__ = ["CONFIG_BYTES", "IMPORTERS", "READS", "declared_reads", "read_limit", "spec_name", "chunked_spec", "chunks", "resolve_checkpoint", "resolve_package_file"]
 
 
 # What each importer reads of its checkpoint beyond the file itself (the program it is handed is
@@ -26,15 +26,23 @@ READS = {"qwen35": "hf", "qwen3next": "hf"}
 CONFIG_BYTES = 16 << 20   # a model's config.json is kilobytes: an importer refuses one over this
 
 
+def spec_name(spec):
+    """A checkpoint spec as a key names it: a path's normal spelling (`./a//b/` is `a/b`: one file,
+    one name), a `package:` or chunked spec as written."""
+    import posixpath
+    return spec if spec.startswith("package:") or chunks(spec) is not None else posixpath.normpath(spec)
+
+
 def declared_reads(importer, spec, path):
     """[(name, path)] of every file `importer` reads of the checkpoint `spec` (as a config writes
-    it) resolved to `path`: the name is the spec's own (a `package:` spec, a repository path), so
-    a key built from names and contents is the same on every clone."""
+    it) resolved to `path`: the name is the spec's own (a `package:` spec, a repository path in
+    its normal spelling), so a key built from names and contents is the same on every clone."""
     import os
     import posixpath
     found = chunks(spec)
     if found is not None:
         return [(p, resolve_package_file(p[len("package:"):])) for p in found[0]]
+    spec = spec_name(spec)
     if READS.get(importer, "file") == "file":
         return [(spec, path)]
     if os.path.isdir(path):

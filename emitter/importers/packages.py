@@ -99,9 +99,10 @@ SHA_RE = re.compile(r"[0-9a-f]{64}")
 
 
 def chunks(spec):
-    """(part specs, sha256) of a chunked checkpoint spec `PART+PART+…#sha256=HEX`, or None for any
-    other spec; a ValueError saying why when it is malformed."""
-    if "+" not in spec and "#sha256=" not in spec:
+    """(part specs, sha256) of a chunked checkpoint spec `PART+PART+…#sha256=HEX` (its parts
+    `package:` files), or None for any other spec (a path may hold a `+`); a ValueError saying why
+    when it is malformed."""
+    if not spec.startswith(PREFIX) or ("+" not in spec and "#sha256=" not in spec):
         return None
     parts, _, sha = spec.partition("#sha256=")
     parts = [p.strip() for p in parts.split("+")]

@@ -34,8 +34,8 @@ def emit_bundle(entry, run=None):
     from ..files import write_files
     from ..language.errors import ProgramError
     pc = entry.pc
-    state = {"schema": "logos.pipeline.emit", "version": 3, "name": pc.name, "source": pc.source,
-             "source_sha": None, "leaves": None}
+    state = {"schema": "logos.pipeline.emit", "version": 4, "name": pc.name, "source": pc.source,
+             "source_sha": None, "leaves": None, "tensor_bytes": None}
     key = emit_key(entry)   # the inputs as they are when it starts
     error = pc.error
     if error is None:
@@ -44,7 +44,8 @@ def emit_bundle(entry, run=None):
             from ..sambaflow.emit import emit_program
             program = read_file(pc.source, pc.limits["program_bytes"])
             state.update(source_sha=sha256_text(program.source),   # leaves: {name: [rows, cols]}
-                         leaves={n: [program.decls[n].rows, program.decls[n].cols] for n in sorted(program.leaves)})
+                         leaves={n: [program.decls[n].rows, program.decls[n].cols] for n in sorted(program.leaves)},
+                         tensor_bytes=program.tensor_bytes)   # (float64: what limits.tensor_bytes bounds)
             error = program.over_limits(pc.limits)
             error = error and f"{program.path}: {error}"
             artifact = None if error else emit_program(program, pc.precision)

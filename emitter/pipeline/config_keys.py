@@ -253,6 +253,8 @@ def check_derive(p, d, keys, root, tree, roots):
             raise p.error("derive.checkpoint" if "checkpoint" in d else "derive",
                           "a checkpoint in chunks is a list of `package:MODULE/path` parts, in "
                           "order, with `sha256:` the joined file's")
+        if not all(x.startswith("package:") for x in ck):
+            raise p.error("derive.checkpoint", "each part of a chunked checkpoint must be a `package:MODULE/path` file")
         ck = chunked_spec(ck, sha)
     if not isinstance(ck, str) or not ck:
         raise p.error("derive.checkpoint" if "checkpoint" in d else "derive",

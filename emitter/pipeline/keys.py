@@ -22,11 +22,10 @@ from ..sambaflow.weight_files import LEAF_SUFFIXES, TENSOR_FILES, claimed_files,
 from ..verify.links import refused_link, refused_links
 from . import digests
 from .digests import digest
+from .config import LIMITS
 from .files_io import uptodate_check
 
 SCHEMA, VERSION = "logos.check-key", 3
-
-
 DERIVED = ".derived.json"
 
 
@@ -83,12 +82,12 @@ def check_key(parts):
 
 def import_inputs(pc):
     """What a program's derived weights are made from: the importer, the checkpoint as the config
-    names it, the sha256 of every file the importer declares it reads, the program's sentences
+    names it (`spec_name`), the sha256 of every file the importer declares it reads, the program's sentences
     (the importer reads its leaves and ops; its comments and line numbers make nothing) and the
     importer's code with its libraries' versions and origins, and the environment it runs in (the
     same inputs in another make other bits, and a verdict on those is not about these). None when
     one cannot be read (the import then says why)."""
-    from ..importers import declared_reads
+    from ..importers import declared_reads, spec_name
     from ..language.lines import sentences_only
     derive = pc.derive
     try:
@@ -101,7 +100,7 @@ def import_inputs(pc):
         return None
     if any(v is None for v in reads.values()) or len(text) > pc.limits["program_bytes"]:
         return None
-    return {"importer": derive.importer, "checkpoint": derive.checkpoint, "reads": reads,
+    return {"importer": derive.importer, "checkpoint": spec_name(derive.checkpoint), "reads": reads,
             "program": sha256_text(program), "code": digests.code("import"), "environment": digests.env()}
 
 
@@ -110,13 +109,11 @@ def _read_sha(name, path):
     refuses it at (read_limit: never hashed, the import says why), or None where it cannot be read."""
     from ..importers import read_limit
     limit = read_limit(name)
-    if limit is not None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        return f"over the limit: {st.st_size} bytes" if st.st_size > limit else sha256_or_none(path, st)
-    return sha256_or_none(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"over the limit: {st.st_size} bytes" if limit is not None and st.st_size > limit else sha256_or_none(path, st)
 
 
 def import_key(pc):
@@ -148,7 +145,9 @@ def emit_key(entry):
     """The key of an emit: the program's bytes, what of the config it uses (a refusal, the limits
     it checks, the precision policy) and the emit code."""
     pc = entry.pc
-    limits = {k: pc.limits.get(k) for k in ("program_bytes", "tensor_bytes", "sentences")}
+    limits = {k: pc.limits.get(k) for k in ("program_bytes", "sentences")}   # (the machine's default
+    limits["tensor_bytes"] = None if pc.limits["tensor_bytes"] == LIMITS["tensor_bytes"] else \
+        pc.limits["tensor_bytes"]   # tensor_bytes, half its memory, is none: emit_current checks the need)
     return digest({"source": None if pc.error else source_sha(pc), "error": pc.error,
                    "limits": limits, "policy": pc.precision, "code": digests.code("emit")})
 
@@ -251,7 +250,9 @@ def emit_current(entry, st=None):
         return False
     if not entry.locked and (os.path.exists(f"{entry.bundle}/golden") or os.path.exists(entry.lock_status)):
         return False   # locked before `lock: false`: the emit removes what its lock left
-    return st.get("status") == "ok" and bundle_as_recorded(entry, st)
+    need = st.get("tensor_bytes")   # (within this machine's limit, where the key names none)
+    return st.get("status") == "ok" and isinstance(need, int) and need <= entry.pc.limits["tensor_bytes"] \
+        and bundle_as_recorded(entry, st)
 
 
 def bundle_as_recorded(entry, st):
