@@ -204,3 +204,33 @@ def test_a_quantised_tensor_of_a_big_endian_gguf_is_refused_naming_it(tmp_path, 
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert done.stderr.strip().startswith(f"{ckpt}: `blk.0.ffn_up.weight` is a Q8_0 tensor of a big-endian GGUF")
     assert not out.exists()
+
+
+def test_a_gguf_whose_metadata_names_a_billion_layers_is_refused_before_a_program_is_made(tmp_path):
+    """`--write-program` from a small GGUF that says `block_count: 1e9` grew without bound (7 GB in
+    30 s); it is refused from its metadata, naming the file and the value. One with no token
+    embedding is refused naming that (it was a KeyError)."""
+    import gguf
+    import numpy as np
+
+    def write(name, layers, embedding):
+        ckpt = str(tmp_path / name)
+        w = gguf.GGUFWriter(ckpt, "llama")
+        for key, value in [("block_count", layers), ("embedding_length", 32), ("feed_forward_length", 8),
+                           ("attention.head_count", 4)]:
+            w.add_uint32(f"llama.{key}", value)
+        if embedding:
+            w.add_tensor("token_embd.weight", np.ones((40, 32), dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return ckpt
+    prog = tmp_path / "p.logos"
+    for ckpt, said in [(write("big.gguf", 10 ** 9, True), "block_count 1000000000 is not a whole number from 1 "
+                        "to 4096 (what a program is generated with)"),
+                       (write("none.gguf", 1, False), "the GGUF has no 2-D `token_embd.weight` (the token embedding)")]:
+        done = run_cli("import-gguf", ckpt, "--program", str(prog), "--write-program")
+        assert done.returncode == 1, (done.stdout, done.stderr)
+        assert done.stderr.strip() == f"{ckpt}: {said}"
+        assert not prog.exists()

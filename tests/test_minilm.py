@@ -20,6 +20,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from conftest import run_cli  # noqa: E402
 from emitter.verify import vm  # noqa: E402
 from emitter.language.errors import ProgramError  # noqa: E402
 from emitter.importers import safetensors as st  # noqa: E402
@@ -190,6 +191,11 @@ def test_generator_refuses_bad_tokens_and_configs():
         st.bert_program({**TINY, "hidden_act": "relu"}, [0])
     with pytest.raises(ValueError, match="layer_norm_eps"):
         st.bert_program({**TINY, "layer_norm_eps": 0}, [0])
+    # a hostile config's sizes: refused before a sentence is made (a billion layers' grew without bound)
+    with pytest.raises(ValueError, match=r"num_hidden_layers 1000000000 is not a whole number from 1 to 4096"):
+        st.bert_program({**TINY, "num_hidden_layers": 10 ** 9}, [0])
+    with pytest.raises(ValueError, match=r"intermediate_size 2.5 is not a whole number from 1 to 131072"):
+        st.bert_program({**TINY, "intermediate_size": 2.5}, [0])
 
 
 @pytest.mark.parametrize("act,sentence", [("gelu", "exact gelu of"), ("gelu_new", "gelu of"),
@@ -216,3 +222,11 @@ def test_command_line(tmp_path, capsys):
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["written"] == len(st.bert_names(1))
     assert read_file(str(prog)).shapes["X1"] == (2, 4)
+    rc = main(["import-safetensors", str(tmp_path / "m.safetensors"), "--program", str(prog),
+               "-o", str(tmp_path / "w"), "--write-program", "--tokens", "3,x"])
+    assert rc == 2 and capsys.readouterr().err.strip() == "--tokens: comma-separated token ids, got '3,x'"
+    with open(tmp_path / "config.json", "w") as f:   # over the size an importer reads a config at
+        f.truncate(16 << 20 | 1)
+    done = run_cli("import-safetensors", str(tmp_path / "m.safetensors"), "--program", str(prog),
+                   "-o", str(tmp_path / "w"), "--write-program", "--tokens", "3,1")
+    assert done.returncode == 1 and done.stderr.strip() == f"{tmp_path / 'config.json'}: the config is over 16777216 bytes"

@@ -278,3 +278,10 @@ def test_a_tensor_no_leaf_reads_is_never_read(tmp_path, weights):
     for f in sorted(os.listdir(weights)):
         if not f.startswith("."):
             assert (out / f).read_bytes() == open(os.path.join(weights, f), "rb").read(), f
+
+
+def test_a_config_of_a_billion_layers_is_refused_before_its_layers_are_listed():
+    c = json.load(open(os.path.join(CHECKPOINT, "config.json")))
+    c["num_hidden_layers"] = 10 ** 9
+    with pytest.raises(q.ConfigError, match="num_hidden_layers 1000000000 is not a whole number from 1 to 4096"):
+        q.dims_of(c)

@@ -34,8 +34,9 @@ import numpy as np
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
+from .bounds import size_problems
 from .gguf import MASK, _lit, _printable, decode_head, decode_start, head_padding, run_import
-from .gguf_file import (check_fills, checkpoint_file, field_value, gguf_leaves, gguf_plan,
+from .gguf_file import (check_fills, checkpoint_file, embedding_rows, field_value, gguf_leaves, gguf_plan,
                         import_record, nothing_left, open_gguf, shortest_f32, write_weights)
 from .packages import chunks
 
@@ -49,7 +50,7 @@ def gemma3_meta(reader):
     """The decode step's hyperparameters from a Gemma 3 GGUF's own metadata."""
     arch = field_value(reader, "general.architecture")
     if arch != "gemma3":
-        raise ProgramError(f"the Gemma 3 decode step needs a gemma3 GGUF, this one is `{arch}`")
+        raise ProgramError(f"the Gemma 3 decode step needs a gemma3 GGUF, this one is `{arch}`", path=reader.path)
 
     def k(key, default=None):
         return field_value(reader, f"gemma3.{key}", default)
@@ -64,7 +65,7 @@ def gemma3_meta(reader):
         "n_head_kv": int(k("attention.head_count_kv")),
         "head_dim": int(k("attention.key_length")),
         "n_ff": int(k("feed_forward_length")),
-        "vocab": int(tensors["token_embd.weight"].shape[1]),
+        "vocab": embedding_rows(reader),
         "rope_theta": float(k("rope.freq_base")),
         "rope_theta_local": LOCAL_THETA,
         "window": int(k("attention.sliding_window")),
@@ -73,12 +74,18 @@ def gemma3_meta(reader):
         "bos": int(field_value(reader, "tokenizer.ggml.bos_token_id", 2)),
         "tied": "output.weight" not in tensors,
     }
+    problems = size_problems(("block_count", meta["n_layer"]), {
+        "embedding_length": meta["n_embd"], "attention.head_count": meta["n_head"],
+        "attention.head_count_kv": meta["n_head_kv"], "attention.key_length": meta["head_dim"],
+        "feed_forward_length": meta["n_ff"]})
+    if problems:
+        raise ProgramError("; ".join(problems), path=reader.path)
     if int(k("attention.value_length", meta["head_dim"])) != meta["head_dim"] or meta["head_dim"] % 2 \
             or meta["n_head"] % meta["n_head_kv"]:
-        raise ProgramError(f"the decode step needs equal, even key and value heads: {meta}")
+        raise ProgramError(f"the decode step needs equal, even key and value heads: {meta}", path=reader.path)
     if not meta["tied"]:
         raise ProgramError("this Gemma 3 GGUF has an `output.weight`; the decode step reads the "
-                           "tied embedding")
+                           "tied embedding", path=reader.path)
     return meta
 
 

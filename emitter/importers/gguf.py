@@ -41,7 +41,8 @@ import numpy as np
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
-from .gguf_file import (check_fills, checkpoint_file, field_value, gguf_leaves, gguf_plan,
+from .bounds import size_problems
+from .gguf_file import (check_fills, checkpoint_file, embedding_rows, field_value, gguf_leaves, gguf_plan,
                         import_record, nothing_left, open_gguf, shortest_f32, write_weights)
 from .packages import resolve_checkpoint
 
@@ -60,13 +61,13 @@ def llama_meta(reader):
     """The decode step's hyperparameters from a llama-architecture GGUF's own metadata."""
     arch = field_value(reader, "general.architecture")
     if arch != "llama":
-        raise ProgramError(f"the llama decode step needs a llama GGUF, this one is `{arch}`")
+        raise ProgramError(f"the llama decode step needs a llama GGUF, this one is `{arch}`", path=reader.path)
     k = lambda key, default=None: field_value(reader, f"{arch}.{key}", default)  # noqa: E731
     tensors = {t.name: t for t in reader.tensors}
     n_embd, n_head = int(k("embedding_length")), int(k("attention.head_count"))
     vocab = k("vocab_size", -1)
     if vocab == -1:
-        vocab = int(tensors["token_embd.weight"].shape[1])
+        vocab = embedding_rows(reader)
     meta = {
         "arch": arch,
         "name": str(field_value(reader, "general.name", "")),
@@ -82,11 +83,16 @@ def llama_meta(reader):
         "tied": "output.weight" not in tensors,
         "bos": int(field_value(reader, "tokenizer.ggml.bos_token_id", 0)),
     }
+    problems = size_problems(("block_count", meta["n_layer"]), {
+        "embedding_length": n_embd, "attention.head_count": n_head,
+        "attention.head_count_kv": meta["n_head_kv"], "feed_forward_length": meta["n_ff"]})
+    if problems:
+        raise ProgramError("; ".join(problems), path=reader.path)
     hd = n_embd // n_head
     rot = int(k("rope.dimension_count", hd))
     if n_embd % n_head or rot != hd or hd % 2:
         raise ProgramError(f"the decode step needs full rotary over an even head size: "
-                           f"n_embd {n_embd}, {n_head} heads, rope dims {rot}")
+                           f"n_embd {n_embd}, {n_head} heads, rope dims {rot}", path=reader.path)
     meta["head_dim"] = hd
     return meta
 

@@ -66,6 +66,15 @@ def field_value(reader, key, default=None):
     return f.contents()
 
 
+def embedding_rows(reader):
+    """The vocabulary a GGUF's `token_embd.weight` holds (its rows), or a ProgramError naming the
+    file where it has none."""
+    t = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if t is None or len(t.shape) != 2:
+        raise ProgramError("the GGUF has no 2-D `token_embd.weight` (the token embedding)", path=reader.path)
+    return int(t.shape[1])
+
+
 def shortest_f32(x):
     """A float32 metadata value as the shortest decimal that rounds to it: GGUF stores the rms
     epsilon as float32, so 1e-5 reads back as 9.999999747378752e-06; the model's config said 1e-5."""

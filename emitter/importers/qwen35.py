@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 from ..extras import require
-from . import CONFIG_BYTES
+from .bounds import read_json_config
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
@@ -44,26 +44,9 @@ def checkpoint_files(checkpoint):
 
 
 def read_config(checkpoint):
-    """The config.json dict of a checkpoint (its directory, or a safetensors file inside it); one
-    that cannot be read, is over CONFIG_BYTES, is not JSON (or nests too deep) or is not an object
-    is a ProgramError naming it."""
-    path = os.path.join(checkpoint_files(checkpoint)[0], "config.json")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(CONFIG_BYTES + 1)
-    except OSError as e:
-        raise ProgramError(f"cannot read the config: {e.strerror or e}", path=path) from None
-    if len(data) > CONFIG_BYTES:
-        raise ProgramError(f"the config is over {CONFIG_BYTES} bytes", path=path)
-    try:
-        config = json.loads(data.decode("utf-8"))
-    except RecursionError:
-        raise ProgramError("cannot read the config: its JSON nests too deep", path=path) from None
-    except ValueError as e:
-        raise ProgramError(f"cannot read the config: {str(e)[:200]}", path=path) from None
-    if not isinstance(config, dict):
-        raise ProgramError(f"the config is a JSON {type(config).__name__}, not an object", path=path)
-    return config
+    """The config.json dict of a checkpoint (its directory, or a safetensors file inside it):
+    bounds.read_json_config."""
+    return read_json_config(os.path.join(checkpoint_files(checkpoint)[0], "config.json"))
 
 
 class _Tensors(dict):

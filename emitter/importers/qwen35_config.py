@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops import EPS
+from .bounds import size_problems
 
 DEFAULT_CTX = 8
 
@@ -127,6 +128,10 @@ def dims_of(config, ctx=DEFAULT_CTX):
     problems = _not_whole({k: v for k, v in n.items() if k != "head_dim" or v is not None}) + \
         [f"{k} {v!r} is not a positive number" for k, v in (("rope_theta", theta), ("partial_rotary_factor", factor))
          if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf]
+    if not problems:   # (before a list of its layers is made)
+        problems = size_problems(("num_hidden_layers", n["num_hidden_layers"]), {
+            k: v for k, v in n.items() if k not in ("num_hidden_layers", "vocab_size", "full_attention_interval")
+            and v is not None})
     if problems:
         raise ConfigError(UNSPELT + "; ".join(problems))
     rope_type = rope.get("rope_type", "default")

@@ -34,6 +34,7 @@ import numpy as np
 from ..extras import require
 from ..files import write_atomic
 from ..language.errors import ProgramError
+from .bounds import read_json_config, size_problems
 from .leaves import unfilled, write_leaf
 from .packages import resolve_checkpoint
 
@@ -86,6 +87,10 @@ def _check_config(config):
     missing = [k for k in need if k not in config]
     if missing:
         raise ValueError(f"config.json lacks {', '.join(missing)}")
+    problems = size_problems(("num_hidden_layers", config["num_hidden_layers"]), {
+        k: config[k] for k in ("hidden_size", "num_attention_heads", "intermediate_size")})
+    if problems:
+        raise ValueError("; ".join(problems))
     if config.get("model_type", "bert") != "bert":
         raise ValueError(f"model_type `{config['model_type']}` is not a BERT encoder")
     if config.get("position_embedding_type", "absolute") != "absolute":
@@ -275,9 +280,12 @@ def main(args):
             print("--write-program needs --tokens", file=sys.stderr)
             return 2
         config_path = os.path.join(os.path.dirname(checkpoint), "config.json")
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-        tokens = [int(t) for t in args.tokens.split(",")]
+        config = read_json_config(config_path)
+        try:
+            tokens = [int(t) for t in args.tokens.split(",")]
+        except ValueError:
+            print(f"--tokens: comma-separated token ids, got {args.tokens!r}", file=sys.stderr)
+            return 2
         try:
             text = bert_program(config, tokens, args.title)
         except ValueError as e:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..language.errors import excerpt
 from .names import NAME_RE, slug
-from ..verify.memory import memory_bytes
+from ..verify.memory import default_tensor_bytes
 from ..verify.tolerances import DEFAULT_TOLERANCES
 from .config_keys import (Problems, check_bf16, check_common, check_derive, check_precision,
                           check_weights, env_roots, leaves_message)
@@ -30,7 +30,7 @@ DEFAULTS_FILE = "defaults.yaml"
 
 # What one program may cost, each raised per program (or zoo-wide in defaults.yaml) under `limits:`.
 LIMITS = {
-    "tensor_bytes": memory_bytes() // 2,   # every tensor of the program in float64, checked at read
+    "tensor_bytes": default_tensor_bytes(),   # every tensor of the program in float64, checked at read
     "seconds": 3600,                        # wall time of one lock check, and of one import
     "steps": 100_000,                       # the largest `steps:`
     "program_bytes": 8 << 20,               # the program file (gemma3's: 141 KiB)

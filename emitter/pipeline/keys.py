@@ -19,10 +19,10 @@ import os
 from ..files import read_json
 from ..fingerprint import sha256_or_none, sha256_text
 from ..sambaflow.weight_files import LEAF_SUFFIXES, TENSOR_FILES, claimed_files, size_refusal
+from ..verify.memory import default_tensor_bytes
 from ..verify.links import refused_link, refused_links
 from . import digests
 from .digests import digest
-from .config import LIMITS
 from .files_io import uptodate_check
 
 SCHEMA, VERSION = "logos.check-key", 3
@@ -146,7 +146,7 @@ def emit_key(entry):
     it checks, the precision policy) and the emit code."""
     pc = entry.pc
     limits = {k: pc.limits.get(k) for k in ("program_bytes", "sentences")}   # (the machine's default
-    limits["tensor_bytes"] = None if pc.limits["tensor_bytes"] == LIMITS["tensor_bytes"] else \
+    limits["tensor_bytes"] = None if pc.limits["tensor_bytes"] == default_tensor_bytes() else \
         pc.limits["tensor_bytes"]   # tensor_bytes, half its memory, is none: emit_current checks the need)
     return digest({"source": None if pc.error else source_sha(pc), "error": pc.error,
                    "limits": limits, "policy": pc.precision, "code": digests.code("emit")})

@@ -1,6 +1,7 @@
 """How much memory this process may take: a check's tensor limit by default, and what a trace
 may hold in memory (the machine's, or its container's where that is less)."""
 
+import functools
 import os
 
 
@@ -13,6 +14,13 @@ def memory_bytes():
     except (ValueError, OSError, AttributeError):
         machine = 16 << 30
     return min([machine, *_cgroup_limits()])
+
+
+@functools.lru_cache(maxsize=None)
+def default_tensor_bytes():
+    """limits.tensor_bytes by default: half the memory this process may take (no part of a key:
+    clones on other machines share keys)."""
+    return memory_bytes() // 2
 
 
 CGROUPS = ("/proc/self/cgroup", "/sys/fs/cgroup")   # (where this process's cgroups are named, mounted)
