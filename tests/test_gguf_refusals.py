@@ -234,3 +234,12 @@ def test_a_gguf_whose_metadata_names_a_billion_layers_is_refused_before_a_progra
         assert done.returncode == 1, (done.stdout, done.stderr)
         assert done.stderr.strip() == f"{ckpt}: {said}"
         assert not prog.exists()
+
+
+@pytest.mark.parametrize("context", ["0", "-3", "x", str((1 << 20) + 1)])
+def test_a_context_that_is_no_count_of_positions_is_refused_by_the_command(tiny, tmp_path, context):
+    importer, ckpt, _ = tiny
+    prog = tmp_path / "p.logos"
+    done = run_cli(f"import-{importer}", ckpt, "--program", str(prog), "--write-program", f"--context={context}")
+    assert done.returncode == 2 and f"--context: must be a whole number from 1 to 1048576, got '{context}'" in done.stderr
+    assert not prog.exists()

@@ -1240,7 +1240,7 @@ def test_a_build_made_on_a_machine_with_other_memory_is_current_where_its_progra
 
 def test_a_checkpoint_is_keyed_by_the_file_it_names_not_its_spelling(tmp_path):
     """`./ckpt//w.bin` is `ckpt/w.bin`: no import and no lock again; a path holding a `+` is a path,
-    not a chunked `package:` spec."""
+    not a chunked `package:` spec, and one named `--help` a file, not the importer's option."""
     z = _derived_zoo(tmp_path)
     assert doit(z)[0] == 0
     (z / "programs/d.yaml").write_text("derive:\n  importer: fake\n  checkpoint: ./ckpt//w.bin\n")
@@ -1251,3 +1251,8 @@ def test_a_checkpoint_is_keyed_by_the_file_it_names_not_its_spelling(tmp_path):
     rc, ran, out = doit(z)
     assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
     assert _results(z)[("d", "float64")]["verdict"] == "pass"
+    os.rename(z / "ckpt+v2/w.bin", z / "--help")   # a file named like an option is a file
+    (z / "programs/d.yaml").write_text("derive:\n  importer: fake\n  checkpoint: --help\n")
+    rc, ran, out = doit(z)
+    assert rc == 0 and {"weights:d", "lock:d"} <= ran, out
+    assert (z / "build/weights/d/w.f64").read_bytes() == (z / "--help").read_bytes()

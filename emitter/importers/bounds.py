@@ -11,6 +11,7 @@ from . import CONFIG_BYTES
 
 MAX_LAYERS = 4096         # layers of a generated program (real models: up to about 128)
 MAX_WIDTH = 1 << 17       # a hidden size, an FFN's, a head count or width (real models: up to about 53 248)
+MAX_CONTEXT = 1 << 20     # a generated program's positions (its KV cache's rows: `--context`)
 
 
 def read_json_config(path):
@@ -44,3 +45,12 @@ def size_problems(layers, widths):
             out.append(f"{name} {v!r} is not a whole number from 1 to {most} (what a program is "
                        "generated with)")
     return out
+
+
+def context(text):
+    """A `--context` (or `--ctx`, `--window`) as argparse reads it: a whole number from 1 to
+    MAX_CONTEXT (0 or -3 wrote a program the reader refuses)."""
+    import argparse
+    if not text.isdigit() or not 1 <= int(text) <= MAX_CONTEXT:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_CONTEXT}, got {text!r}")
+    return int(text)

@@ -63,7 +63,8 @@ def command(name, checkpoint, program, out):
     code an import key names, so how an import is asked for moves that key (and the verdicts
     computed on what it made) as any edit of an importer does; its libraries found where this
     process finds them, which the key names."""
-    return same_path("emitter.importers", [name, checkpoint, "--program", program, "-o", out])
+    return same_path("emitter.importers", [name, "--program", program, "-o", out, "--", checkpoint])   # (a
+    # checkpoint named `--help` or `-h.gguf` is a file, not an option)
 
 
 def main(argv=None):

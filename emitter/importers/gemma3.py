@@ -34,7 +34,7 @@ import numpy as np
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
-from .bounds import size_problems
+from .bounds import context, size_problems
 from .gguf import MASK, _lit, _printable, decode_head, decode_start, head_padding, run_import
 from .gguf_file import (check_fills, checkpoint_file, embedding_rows, field_value, gguf_leaves, gguf_plan,
                         import_record, nothing_left, open_gguf, shortest_f32, write_weights)
@@ -251,9 +251,9 @@ def add_arguments(p):
     p.add_argument("-o", "--out", help="the weights directory (<var>.f32 files)")
     p.add_argument("--write-program", action="store_true",
                    help="first write PROG.logos: the Gemma 3 decode step from the GGUF's metadata")
-    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
+    p.add_argument("--context", type=context, default=DEFAULT_CONTEXT,
                    help=f"rows of the global KV caches and rope tables (default {DEFAULT_CONTEXT})")
-    p.add_argument("--window", type=int, help="the local layers' sliding window (default the GGUF's)")
+    p.add_argument("--window", type=context, help="the local layers' sliding window (default the GGUF's)")
 
 
 def main(args):

@@ -41,7 +41,7 @@ import numpy as np
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
-from .bounds import size_problems
+from .bounds import context, size_problems
 from .gguf_file import (check_fills, checkpoint_file, embedding_rows, field_value, gguf_leaves, gguf_plan,
                         import_record, nothing_left, open_gguf, shortest_f32, write_weights)
 from .packages import resolve_checkpoint
@@ -308,7 +308,7 @@ def add_arguments(p):
     p.add_argument("-o", "--out", help="the weights directory (<var>.f32 files)")
     p.add_argument("--write-program", action="store_true",
                    help="first write PROG.logos: the llama decode step from the GGUF's metadata")
-    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
+    p.add_argument("--context", type=context, default=DEFAULT_CONTEXT,
                    help=f"rows of the KV caches and rope tables (default {DEFAULT_CONTEXT})")
 
 

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 from ..extras import require
-from .bounds import read_json_config
+from .bounds import context, read_json_config
 from ..files import write_atomic
 from ..language.errors import ProgramError
 from ..ops.rope import rope_tables
@@ -286,7 +286,7 @@ def add_arguments(p):
     p.add_argument("--token", type=int, default=0, help="the first step's token (Tok.f64)")
     p.add_argument("--position", type=int, default=0, help="the first step's position (Pos.f64)")
     p.add_argument("--dtype", choices=["f64", "f32"], default="f64")
-    p.add_argument("--ctx", type=int, default=DEFAULT_CTX,
+    p.add_argument("--ctx", type=context, default=DEFAULT_CTX,
                    help="KV cache rows when the program is written (--write-program)")
     p.add_argument("--write-program", action="store_true",
                    help="first write the program generated from the checkpoint's config to --program")

@@ -46,15 +46,19 @@ def import_weights(pc, tmp_root="build/tmp"):
         sys.stdout.write(done.stdout[-20000:])
         sys.stderr.write(done.stderr[-20000:])
         if done.returncode != 0:
-            last = [x for x in done.stderr.splitlines() if x.strip()][-1:] or [""]
+            last = ([x for x in done.stderr.splitlines() if x.strip()][-1:] or [""])[0]
+            last = last if len(last) <= 300 else f"{last[:100]}…{last[-200:]}"   # (its reason is at its end)
             return TaskFailed(f"import-{derive.importer} {derive.checkpoint_path} --program {source} (into "
-                              f"{out_dir}) exited {done.returncode}: {last[0][:300]}")
+                              f"{out_dir}) exited {done.returncode}: {last}")
         if not digests.unchanged("import"):
             return TaskFailed("the importers' code changed while the import ran: run doit again")
         if key is None or import_key(pc) != key:
             return TaskFailed(f"the checkpoint {derive.checkpoint} (or a file its importer reads) "
                               "changed or could not be read while it was imported: run doit again")
         made = os.path.join(tmp, "out")
+        if not os.path.isdir(made):
+            return TaskFailed(f"import-{derive.importer} {derive.checkpoint_path} --program {source} exited 0 "
+                              f"but wrote no weights folder")
         odd = sorted(n for n, e in entries(made).items() if not is_file(e) or e.is_symlink())
         if odd:   # (a leaf's file is a plain file: every reader refuses anything else)
             return TaskFailed(f"import-{derive.importer} {derive.checkpoint_path} made `{odd[0]}` in "
