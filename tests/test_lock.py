@@ -108,7 +108,9 @@ def test_wrong_state_write_back_fails_at_its_step_and_each_step_is_teacher_force
 def test_an_output_wrong_past_its_last_op_is_the_worst(zoo, tmp_path):
     """A value no stage covers (the output, scaled after its last op) that fails is the worst,
     not the passing stage nearest its tolerance."""
+    import math
     program = read_file(zoo["program"])
+    y = program.output
     text = open(os.path.join(zoo["bundle"], "model.py")).read()
     old = f"        return {program.output}\n"
     assert text.count(old) == 1
@@ -119,6 +121,10 @@ def test_an_output_wrong_past_its_last_op_is_the_worst(zoo, tmp_path):
     assert not out["pass"] and r["worst"]["stage"] == "output" and r["worst"]["out"] == program.output
     seen = [out] + ([r["fresh"]["output"]] if r.get("fresh") else [])   # the step's and the fresh pass's
     assert r["worst"]["ratio"] == max(o["worst_ratio"] for o in seen) > 1
+    nan = _sabotage(zoo, tmp_path / "nan", old, f"        {y} = {y}.clone()\n        {y}[0, 0] = float('nan')\n"
+                    f"        return {y}\n")   # NaN on one side only: past any tolerance, whatever its figures
+    r = lock_bundle(nan, zoo["program"], zoo["weights"], "float64", 1)
+    assert r["verdict"] == "fail" and (r["worst"]["stage"], r["worst"]["ratio"]) == ("output", math.inf), r["worst"]
     ok = lock_bundle(zoo["bundle"], zoo["program"], zoo["weights"], "float64", 1)   # a pass names its stage
     assert ok["verdict"] == "pass" and isinstance(ok["worst"]["stage"], int)
 
@@ -966,16 +972,30 @@ def test_a_forward_that_computes_otherwise_with_autograd_on_or_off_fails(zoo, tm
     assert r["verdict"] == "fail" and r["first_divergence"]["stage"] == "output", r["first_divergence"]
 
 
-@pytest.mark.parametrize("when", ["import", "forward"])
-def test_a_bundle_that_rebinds_what_the_vm_computes_with_fails_and_it_is_put_back(zoo, tmp_path, when):
-    """model.py rebinding numpy.sqrt (the VM's rmsnorm) and torch.sqrt alike, once per process, as it
-    is imported or in its forward, would move the meaning it is compared with: a fail at import,
-    and both are put back for what the process locks next."""
-    import torch
-    patch = ("import numpy as _np\nif not hasattr(_np, '_p'):\n    _np._p = 1\n"
+_REBINDS = {   # (what model.py runs, where, once per process; what the lock names)
+    "sqrt": ("import numpy as _np\nif not hasattr(_np, '_p'):\n    _np._p = 1\n"
              "    _s = _np.sqrt; _np.sqrt = lambda x, *a, **k: _s(x * 1.01, *a, **k)\n"
-             "    _t = torch.sqrt; torch.sqrt = lambda x, *a, **k: _t(x * 1.01, *a, **k)\n")
-    sqrt, tsqrt = np.sqrt, torch.sqrt
+             "    _t = torch.sqrt; torch.sqrt = lambda x, *a, **k: _t(x * 1.01, *a, **k)\n", "numpy.sqrt` and 1 more"),
+    "pi": ("import math as _m\n_m.pi = 3.3\n", "math.pi`"),
+    "code": ("import emitter.verify.compare as _c\n_c.compare.__code__ = (lambda got, want, tol: None).__code__\n",
+             "emitter.verify.compare.compare.__code__`"),
+    "tensor": ("torch.Tensor.numpy = lambda self, force=False: torch._C.TensorBase.numpy(self) * 0.5\n",
+               "torch.Tensor.numpy`"),
+}
+
+
+@pytest.mark.parametrize("when", ["import", "forward"])
+@pytest.mark.parametrize("what", sorted(_REBINDS))
+def test_a_bundle_that_rebinds_what_the_vm_computes_with_fails_and_it_is_put_back(zoo, tmp_path, when, what):
+    """model.py rebinding numpy.sqrt (the VM's rmsnorm) and torch.sqrt alike, math.pi (the VM's
+    gelu), a judge's code, or adding a method to torch.Tensor (which the lock reads values with), as
+    it is imported or in its forward, would move the meaning it is compared with: a fail at import,
+    and each is put back for what the process locks next."""
+    import math
+    import torch
+    import emitter.verify.compare as cmp
+    patch, said = _REBINDS[what]
+    sqrt, tsqrt, pi, code = np.sqrt, torch.sqrt, math.pi, cmp.compare.__code__
     y = read_file(zoo["program"]).output
     if when == "import":
         bundle = _sabotage(zoo, tmp_path, "import torch\n", "import torch\n" + patch)
@@ -984,10 +1004,25 @@ def test_a_bundle_that_rebinds_what_the_vm_computes_with_fails_and_it_is_put_bac
                            "".join("        " + line + "\n" for line in patch.splitlines()) + f"        return {y}\n")
     try:
         r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
-        assert np.sqrt is sqrt and torch.sqrt is tsqrt
+        assert (np.sqrt, torch.sqrt, math.pi, cmp.compare.__code__) == (sqrt, tsqrt, pi, code)
+        assert "numpy" not in torch.Tensor.__dict__
     finally:
-        np.sqrt, torch.sqrt = sqrt, tsqrt
+        np.sqrt, torch.sqrt, math.pi, cmp.compare.__code__ = sqrt, tsqrt, pi, code
         vars(np).pop("_p", None)
+        if "numpy" in torch.Tensor.__dict__:
+            del torch.Tensor.numpy
     assert r["verdict"] == "fail", r["reason"]
     f = r["first_divergence"]
-    assert (f["stage"], f["op"]) == ("import", "model.py") and "rebound `numpy.sqrt` and 1 more" in f["raised"], f
+    assert (f["stage"], f["op"]) == ("import", "model.py") and f"rebound `{said}" in f["raised"], f
+    assert lock_bundle(zoo["bundle"], zoo["program"], zoo["weights"], "float64", 1)["verdict"] == "pass"
+
+
+def test_torch_wrapping_its_own_as_a_bundle_runs_is_not_the_bundles_doing(zoo, tmp_path):
+    """torch.utils.checkpoint (non-reentrant) imports torch._dynamo, which wraps torch.manual_seed:
+    a correct bundle that uses it passes, in a process whatever it locked before."""
+    y = read_file(zoo["program"]).output
+    bundle = _sabotage(zoo, tmp_path, f"        return {y}\n", "        import torch.utils.checkpoint as _ck\n"
+                       f"        return _ck.checkpoint(lambda t: t, {y}, use_reentrant=False)\n")
+    for _ in range(2):
+        r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
+        assert r["verdict"] == "pass", (r["reason"], r["first_divergence"])

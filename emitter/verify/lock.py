@@ -61,6 +61,15 @@ def _load_wins(result):
                       worst=worst_of([], result["load"]))
 
 
+def _bundles_fault(result, e):
+    """The result of a check the bundle's BundleFault `e` ended: a fail naming where (a leaf the
+    load stage found wrong is the first divergence still)."""
+    result.update(verdict="fail", reason=str(e), first_divergence={
+        "step": e.step, **e.where, **{k: None for k in KEYS}, "raised": str(e)},
+        worst={**e.where, "ratio": None, "max_abs": None, "guarded_rel": None})
+    _load_wins(result)
+
+
 def _label(program, index):
     st = program.stages[index]
     return {"stage": st.index, "out": st.out, "op": st.op.name, "line": st.line}
@@ -365,13 +374,14 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         result["reason"] = str(e)
         _load_wins(result)
     except BundleFault as e:   # (a leaf the load stage found wrong is the first divergence still)
-        result.update(verdict="fail", reason=str(e), first_divergence={
-            "step": e.step, **e.where, **{k: None for k in KEYS}, "raised": str(e)},
-            worst={**e.where, "ratio": None, "max_abs": None, "guarded_rel": None})
-        _load_wins(result)
-    except (Exception, SystemExit) as e:  # anything else is still "could not run" (exit 2), never a fail
-        result["reason"] = f"the lock check raised {type(e).__name__}: {e}"
-        _load_wins(result)
+        _bundles_fault(result, e)
+    except (Exception, SystemExit) as e:  # anything else is still "could not run" (exit 2), never a fail,
+        try:   # unless the bundle changed what the lock computes with (and the lock raised for it)
+            untouched.kept(before or {})
+            result["reason"] = f"the lock check raised {type(e).__name__}: {e}"
+            _load_wins(result)
+        except BundleFault as fault:
+            _bundles_fault(result, fault)
     finally:
         if watch is not None:
             watch.stop()

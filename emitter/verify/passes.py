@@ -7,6 +7,7 @@ one (`fresh`), which a module that computes from what it kept of an earlier call
 import contextlib
 import functools
 import itertools
+import math
 import time
 
 import numpy as np
@@ -355,6 +356,7 @@ def worst_value(program, result):
     failing = [(label, m) for label, m in failing if m and m.get("pass") is False]
     if not failing:
         return None
-    label, m = max(failing, key=lambda x: x[1].get("worst_ratio") or 0.0)
-    return {**label, **{k: m.get(f) for k, f in (("ratio", "worst_ratio"), ("max_abs", "max_abs"),
-                                                   ("guarded_rel", "guarded_rel"))}}
+    def ratio(m):   # (a value NaN or Inf on one side only is past any tolerance: no figure counts it)
+        return math.inf if m.get("nonfinite_mismatch") else m.get("worst_ratio") or 0.0
+    label, m = max(failing, key=lambda x: ratio(x[1]))
+    return {**label, "ratio": ratio(m), "max_abs": m.get("max_abs"), "guarded_rel": m.get("guarded_rel")}

@@ -1,9 +1,12 @@
-"""What a bundle may not change in the lock's process: the functions, classes and modules the VM,
-the judges and the lock compute with (NumPy's, math's, the builtins, torch's top level and its
-Tensor class, the emitter's own). A model.py that rebinds one (`np.sqrt = …` as it is imported)
-would move the program's meaning the lock compares it with, and a pass would be about another
-program; the lock fails it, naming the first it finds, and puts every one back (a process that
-goes on to lock other bundles computes with the originals)."""
+"""What a bundle may not change in the lock's process: what the VM, the judges and the lock compute
+with. NumPy's, math's, the builtins' and torch's top-level names (every value: `math.pi` is the
+VM's gelu's), torch.Tensor's methods (none added: its own methods are inherited, so a new one
+overrides them), the emitter's functions and classes, and the code and defaults of every function
+among them. A model.py that rebinds one (`np.sqrt = …` as it is imported, a function's `__code__`
+swapped) would move the program's meaning the lock compares it with, and a pass would be about
+another program; the lock fails it, naming the first it finds, and puts every one back (a process
+that goes on to lock other bundles computes with the originals). torch wrapping one of its own
+(importing torch._dynamo wraps `torch.manual_seed`) is torch's, not the bundle's."""
 
 import sys
 import types
@@ -11,42 +14,69 @@ import types
 from .probe import BundleFault
 
 _MODULES = ("math", "builtins", "numpy", "torch")
+_MISSING = object()
 
 
 def _spaces():
-    """(name, namespace) of each module the lock computes with, as loaded now, and torch.Tensor's."""
+    """(name, owner, namespace, every value or callables and modules alone, keys kept as they are)
+    of each namespace the lock computes with, as loaded now."""
     for name, mod in list(sys.modules.items()):
         if mod is not None and (name in _MODULES or name.startswith(("numpy.", "emitter."))):
             space = getattr(mod, "__dict__", None)
-            if isinstance(space, dict):
-                yield name, mod, space
+            if isinstance(space, dict):   # (an emitter module's own state, `_RUN`, moves as it runs)
+                yield name, mod, space, not name.startswith("emitter."), False
     torch = sys.modules.get("torch")
     if torch is not None:
-        yield "torch.Tensor", torch.Tensor, torch.Tensor.__dict__
+        yield "torch.Tensor", torch.Tensor, torch.Tensor.__dict__, True, True
+
+
+def _code(f):
+    return (f.__code__, f.__defaults__, f.__kwdefaults__)
 
 
 def snapshot():
-    """{namespace name: (its owner, {name: the callable or module it holds})}: about 6,000 names, 3 ms."""
-    return {name: (owner, {k: v for k, v in space.items() if callable(v) or isinstance(v, types.ModuleType)})
-            for name, owner, space in _spaces()}
+    """{namespace name: (its owner, {name: value}, {name: a function's code and defaults}, its
+    keys or None)}: about 20,000 names, a few ms."""
+    out = {}
+    for name, owner, space, every, keys in _spaces():
+        held = {k: v for k, v in space.items()
+                if every or callable(v) or isinstance(v, types.ModuleType)}
+        out[name] = (owner, held, {k: _code(v) for k, v in held.items() if isinstance(v, types.FunctionType)},
+                     set(space) if keys else None)
+    return out
+
+
+def _torchs(now, was):
+    """Whether `now` is torch's own wrapper of `was` (functools.wraps, in a torch module)."""
+    return getattr(now, "__wrapped__", None) is was and str(getattr(now, "__module__", "")).startswith("torch")
 
 
 def put_back(before):
-    """The `module.name`s whose value is not the one `before` saw (rebound or removed since), each
-    put back as it was; [] where none. A module imported since is the bundle's own to change."""
+    """The `namespace.name`s that moved since `before` (rebound, removed, a function's code or
+    defaults swapped, a method added to torch.Tensor), each put back as it was; [] where none. A
+    module imported since is the bundle's own to change."""
     moved = []
-    for name, (owner, was) in before.items():
+    for name, (owner, held, codes, keys) in before.items():
         space = owner.__dict__
-        for k, v in was.items():
-            if space.get(k) is not v:
+        for k, v in held.items():
+            now = space.get(k, _MISSING)
+            if now is not v and not _torchs(now, v):
                 moved.append(f"{name}.{k}")
                 setattr(owner, k, v)
+        for k, (code, defaults, kwdefaults) in codes.items():
+            f = held[k]
+            if _code(f) != (code, defaults, kwdefaults):
+                moved.append(f"{name}.{k}.__code__")
+                f.__code__, f.__defaults__, f.__kwdefaults__ = code, defaults, kwdefaults
+        for k in sorted(set(space) - keys) if keys is not None else ():
+            moved.append(f"{name}.{k}")
+            delattr(owner, k)
     return moved
 
 
 def kept(before):
-    """A BundleFault at `import` where the bundle rebound a function or module the lock computes
-    with, since `before` (each put back)."""
+    """A BundleFault at `import` where the bundle changed what the lock computes with, since
+    `before` (each put back)."""
     moved = put_back(before)
     if moved:
         raise BundleFault({"stage": "import", "out": None, "op": "model.py", "line": None},
