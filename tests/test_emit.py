@@ -230,3 +230,17 @@ def test_a_set_of_files_is_all_or_none_when_a_rename_fails(tmp_path, monkeypatch
     files.write_files(str(tmp_path), {"a": "new a", "b": "new b", "c": "new c"})
     assert [(tmp_path / n).read_text() for n in "abc"] == ["new a", "new b", "new c"]
     assert sorted(os.listdir(tmp_path)) == ["a", "b", "c"]
+
+
+def test_the_row_index_of_a_view_read_as_a_parameter_is_an_input():
+    """`row pos of COS` read only as rope's cos (a parameter slot) keeps COS a weight, but the row it
+    selects is read as data: `pos` is an input (forward's argument; the fresh pass varies it), as
+    it is where the row is read as data (`plus`)."""
+    from emitter.language.reader import read_program
+    head = ("Let pos be a 1 by 1 tensor of Int.\nLet COS be a 8 by 2 tensor of Real.\n"
+            "Let SIN be a 8 by 2 tensor of Real.\nLet q be a 1 by 4 tensor of Real.\n"
+            "Let c be row pos of COS.\nLet s be row pos of SIN.\n")
+    for tail in ("Let qr be rope of q with cos c and sin s.\n", "Let qr be c plus s.\n"):
+        roles = read_program(head + tail).roles
+        assert roles["pos"] == "input", tail
+        assert roles["COS"] == roles["SIN"] == "weight", tail   # (a table: a parameter slot)

@@ -334,11 +334,13 @@ def _roles(c):
     is read as data by some op (the row index of a table, the X of a matmul); a weight is read only
     in parameter slots (a matmul's B, a norm's weight, a table) or not at all. A view (`transpose
     of E`) read only in parameter slots is a parameter too: a tied output projection `E`
-    transposed keeps `E` a weight."""
+    transposed keeps `E` a weight; the row index of one (`row pos of COS`) is data still."""
     data = set()
     for st in reversed(c.stages):   # every reader of a name comes after the stage that binds it
         if not (st.op.view and st.binds and st.out not in data):
             data.update(st.op.data_inputs(st.bound))
+        else:   # (the row a view selects is data whatever reads the view: `row pos of COS` into rope)
+            data.update(st.bound[p] for p in st.op.index if isinstance(st.bound.get(p), str))
     return {v: "state" if v in c.written else "input" if v in data else "weight" for v in c.decls}
 
 
