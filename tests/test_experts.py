@@ -106,6 +106,36 @@ def test_the_lock_holds_the_module_to_the_vm(dtype, tmp_path):
         assert r["output"]["max_abs"] < 1e-13
 
 
+OVERFLOWING = """Let x be a 1 by 2 tensor of Real.
+Set item 1 of x to 1e20.
+Let lg be a 1 by 2 tensor of Real.
+Set item 1 of lg to 5.
+Let wg be a 2 by 2 tensor of Real.
+Set item 1 of wg to 1e-20.
+Set item 2 of wg to 1e20.
+Let wu be a 2 by 2 tensor of Real.
+Set item 1 of wu to 1e-20.
+Set item 2 of wu to 1e20.
+Let wd be a 2 by 2 tensor of Real.
+Set item 1 of wd to 1.
+Set item 4 of wd to 1.
+Let r be softmax routing of lg choosing 1.
+Let e be experts of x weighted by r with gate wg up wu down wd.
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_an_expert_not_chosen_adds_nothing_though_its_activation_overflows(dtype, tmp_path):
+    """Expert 2 (not chosen) overflows in float32 (1e40): inf × its routing weight 0 was NaN in the
+    module's dense form, where the VM, which never runs it, gives [0.726, 0]."""
+    (tmp_path / "x.logos").write_text(OVERFLOWING)
+    program = read_file(str(tmp_path / "x.logos"))
+    out = vm.run(program, vm.load_leaves(program, None).values)[-1].output
+    assert np.all(np.isfinite(out)) and out[0, 1] == 0
+    r = lock_bundle(emit_bundle(OVERFLOWING, tmp_path / "b"), str(tmp_path / "x.logos"), None, dtype, 1)
+    assert r["verdict"] == "pass", (r["reason"], r["first_divergence"])
+
+
 def test_the_lock_catches_an_expert_reading_its_neighbours_weights(tmp_path):
     from emitter.sambaflow.emit import emit_program, write_bundle
     write_bundle(emit_program(read_file(SMALL), {}), str(tmp_path / "b"))

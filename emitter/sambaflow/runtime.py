@@ -158,9 +158,12 @@ def sigmoid_routing(l, bias, k, kept, groups, renormalised, factor):
 def experts(x, r, wg, wu, wd, n):
     """Routed SwiGLU experts in dense form: every expert on every row, each expert's F columns
     weighted by its routing weight (0 when not chosen), then the stacked down projections:
-    sum over e of r[:, e] * (silu(x wg_e) * (x wu_e)) wd_e, in three matmuls of fixed shape."""
+    sum over e of r[:, e] * (silu(x wg_e) * (x wu_e)) wd_e, in three matmuls of fixed shape. An
+    expert not chosen adds nothing, even where its activation overflows (inf × 0 is NaN): its
+    columns are 0, as the VM, which never runs it, has them."""
     h = F.silu(x @ wg) * (x @ wu)
-    return (h * r.repeat_interleave(wg.shape[1] // n, dim=1)) @ wd
+    w = r.repeat_interleave(wg.shape[1] // n, dim=1)
+    return torch.where(w != 0, h * w, torch.zeros((), dtype=h.dtype)) @ wd
 
 
 def row_index(index, rows, name):
