@@ -113,7 +113,7 @@ def shared_gate_dropped(text, layer):
 
 def neighbour_expert(text, layer):
     """Each expert weighted by its neighbour's routing weight (its tables read one expert off)."""
-    return _once(text, r"\(h \* r\.repeat_interleave", "(h * r.roll(1, dims=1).repeat_interleave")
+    return _once(text, r"w = r\.repeat_interleave", "w = r.roll(1, dims=1).repeat_interleave")
 
 
 def bias_in_weights(text, layer):

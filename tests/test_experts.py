@@ -141,7 +141,7 @@ def test_the_lock_catches_an_expert_reading_its_neighbours_weights(tmp_path):
     write_bundle(emit_program(read_file(SMALL), {}), str(tmp_path / "b"))
     model = tmp_path / "b" / "model.py"
     text = model.read_text()
-    old = "    return (h * r.repeat_interleave(wg.shape[1] // n, dim=1)) @ wd"
+    old = "    w = r.repeat_interleave(wg.shape[1] // n, dim=1)"
     assert text.count(old) == 1
     model.write_text(text.replace(old, old.replace("r.repeat", "r.roll(1, dims=1).repeat")))
     r = lock_bundle(str(tmp_path / "b"), SMALL, WEIGHTS, "float64", 1)
