@@ -183,6 +183,9 @@ def test_under_github_actions_each_check_that_did_not_pass_is_an_error_annotatio
         assert len(notes) == 3, notes          # a float32, b float32, b float64
     rc, ran, out = doit(zoo)                  # elsewhere: no annotations
     assert "::error" not in out
+    # a zoo in a folder of the workspace: each file as GitHub names it, from the workspace
+    rc, ran, out = doit(zoo, env={"GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(zoo.parent)})
+    assert f"::error file={zoo.name}/programs/b.logos,line=2::b float64 ERROR: " in out, out
 
 
 def test_doits_verbosity_sets_what_the_pipeline_logs(zoo):

@@ -93,6 +93,8 @@ def test_github_actions_annotations(tmp_path):
     assert notes[-1] == ("::error file=programs/op.logos,line=2::`Let y be x matmull x.`: `matmull` is no "
                          "op; did you mean `matmul`, as in `Let OUT be A matmul B.`?")
     assert "::error" not in logos("check", cwd=tmp_path).stdout
+    r = logos("check", cwd=tmp_path, env={"GITHUB_ACTIONS": "true", "GITHUB_WORKSPACE": str(tmp_path.parent)})
+    assert f"::error file={tmp_path.name}/programs/op.logos,line=2::" in r.stdout, r.stdout
 
 
 def test_check_neither_emits_nor_imports_torch_or_numpy(tmp_path):

@@ -98,6 +98,7 @@ def test_a_bf16_verdict_names_the_bound_its_worst_op_is_nearest_and_the_worst_de
     text = describe(r, 1000)
     assert "stage 3 `h = rmsnorm` (line 9) at 2.5× its deviation bound" in text
     assert "worst deviation 1.25 (bound 0.5) at `h`" in text and "1 op(s) failing" in text
+    assert "worst 1−cos 1e-05" in text   # (a cosine of 0.99999 read as 1 would hide a failing one)
     assert "its tolerance" in describe({**r, "worst": {**r["worst"], "by": None}, "bf16": None}, 1000)
 
 
@@ -190,9 +191,10 @@ def test_the_header_names_the_commit_of_a_git_zoo_and_a_reproducible_time(tmp_pa
     assert f"commit <code>{head[:12]}</code> · 2023-11-14T22:13:20 UTC" in page
     # a page is about the run that made it: it never claims its verdicts are current now
     assert "as they are now" not in page and "<code>logos results</code> says whether each still is" in page
-    (tmp_path / ".gitignore").write_text("build/\n")   # what git ignores is no local change
-    (tmp_path / "build").mkdir()
+    (tmp_path / "build").mkdir()   # the zoo's build/ is the run's own, ignored by git or not
     (tmp_path / "build" / "x").write_text("x")
+    assert not context(str(tmp_path))["dirty"]
+    (tmp_path / ".gitignore").write_text("build/\n")   # what git ignores is no local change
     subprocess.run([*git, "add", ".gitignore"], check=True)
     subprocess.run([*git, "commit", "-qm", "i"], check=True)
     assert not context(str(tmp_path))["dirty"]

@@ -31,6 +31,10 @@ def annotation(path, line, message):
     properties escaped as the runner reads them (also each failed check of a doit run's)."""
     esc = lambda s, extra="": "".join({"%": "%25", "\r": "%0D", "\n": "%0A", ":": "%3A", ",": "%2C"}  # noqa: E731
                                       .get(c, c) if c in "%\r\n" + extra else c for c in str(s))
+    workspace = os.environ.get("GITHUB_WORKSPACE")   # (GitHub names a file from there: a zoo in a
+    if path and workspace:                            # subfolder, or a run from another folder)
+        inside = os.path.relpath(os.path.abspath(path), os.path.abspath(workspace))
+        path = path if inside.startswith("..") else inside
     where = ",".join(x for x in (path and f"file={esc(path, ':,')}", line and f"line={line}") if x)
     return f"::error {where}::{esc(message)}"
 

@@ -348,14 +348,14 @@ def render_summary(rows, _plots=None, header=None):
     gated = [r for r in rows if r.get("bf16")]
     if gated:
         out += ["", "### bfloat16 gate (per op, against its own rounding floor)", "",
-                "| program | verdict | worst excess (bound) | its op | worst \\|z\\| | min cosine | ops failing |",
+                "| program | verdict | worst excess (bound) | its op | worst \\|z\\| | worst 1−cos | ops failing |",
                 "|---|---|---|---|---|---|---|"]
         for r in gated:
             g = r["bf16"]
             we, wz, mc = g.get("worst_excess") or {}, g.get("worst_z") or {}, g.get("min_cosine") or {}
             out.append(f"| `{_code(short(r['name']))}` | {r['verdict']} | {number(we.get('excess'))} "
                        f"({number(we.get('limit'))}) | {_md(we.get('out'))} = {_md(we.get('op'))} | "
-                       f"{number(wz.get('z'))} | {number(mc.get('cosine'))} | {g.get('ops_failing')} |")
+                       f"{number(wz.get('z'))} | {number(one_minus_cos(mc))} | {g.get('ops_failing')} |")
     return "\n".join(out) + "\n"
 
 

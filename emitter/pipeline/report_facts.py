@@ -85,7 +85,8 @@ def context(root="."):
     and the environment's fingerprint and digest (the one the run's keys use)."""
     from ..verify import environment
     commit = _git(root, "rev-parse", "--verify", "-q", "HEAD")
-    dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=normal")) if commit else False
+    dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=normal", "--", ":/",
+                      ":(exclude)build")) if commit else False   # (the zoo's build/ is the run's own)
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
     try:   # (one that is no time this platform holds, past year 9999 or time_t, is no epoch)
         when = datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) \

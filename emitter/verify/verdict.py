@@ -75,7 +75,7 @@ def describe(r, limit=240):
                          f"at `{we.get('out')} = {we.get('op')}`, worst deviation "
                          f"{number(wd.get('deviation'))} (bound {number((g.get('bounds') or {}).get('deviation'))}) "
                          f"at `{wd.get('out')}`, worst |z| {number(wz.get('z'))} at "
-                         f"`{wz.get('out')}`, min cosine {number(mc.get('cosine'))}, "
+                         f"`{wz.get('out')}`, worst 1−cos {number(one_minus_cos(mc))}, "
                          f"{g.get('ops_failing', 0)} op(s) failing")
         rf = g.get("routing_failed")
         if rf:   # a router's other choice the gate does not excuse: named first
