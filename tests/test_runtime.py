@@ -88,3 +88,31 @@ def test_app_main_without_the_sdk_says_so(monkeypatch, tmp_path):
     monkeypatch.setattr(app, "bundle", bundle)
     with pytest.raises(SystemExit, match="needs SambaNova's SambaFlow SDK"):
         app.main(["compile"])
+
+
+def test_a_value_past_what_the_dtype_holds_is_one_line_from_model_py(tmp_path):
+    """A fill of 1e308 (torch raised a RuntimeError, a traceback) or a weights file's 1e308 (cast to
+    Inf, then NaN written out with exit 0) at float32: one line naming the leaf, exit 1; at float64
+    both run."""
+    import subprocess
+    import sys
+    src = ("Let x be a 1 by 2 tensor of Real.\nSet item 1 of x to 1e308.\nLet W be a 2 by 2 tensor of Real.\n"
+           "Let y be x matmul W.\n")
+    bundle = emit_bundle(src, tmp_path / "b")
+    for name, big in (("ok", 1.0), ("big", 1e308)):
+        (tmp_path / name).mkdir()
+        np.array([[big, 0], [0, 1]], "<f8").tofile(tmp_path / name / "W.f64")
+
+    def model(*args):
+        return subprocess.run([sys.executable, os.path.join(bundle, "model.py"), *args], capture_output=True,
+                              text=True)
+    done = model("--weights", str(tmp_path / "ok"))
+    assert done.returncode == 1 and done.stderr.strip() == "model.py: `x` item 1 is 1e+308, past what float32 holds"
+    text = open(os.path.join(bundle, "model.py")).read()
+    assert text.count("1e+308") == 1
+    with open(os.path.join(bundle, "model.py"), "w") as f:   # (the fill made finite: the weights' turn)
+        f.write(text.replace("1e+308", "1.0"))
+    done = model("--weights", str(tmp_path / "big"))
+    assert done.returncode == 1 and done.stderr.strip() == (
+        f"model.py: {tmp_path / 'big' / 'W.f64'}: `W` holds a value past what float32 holds (it would be Inf)")
+    assert model("--weights", str(tmp_path / "big"), "--dtype", "float64").returncode == 0
