@@ -129,9 +129,14 @@ def run_main(args):
     from .verify import vm
     program = read_file(args.program)
     stages, problem = _stage_requests(program, args.stage)
-    folder = next((p for p in [args.out] + [path for _, path in stages or ()] if os.path.isdir(p)), None)
+    targets = [args.out] + [path for _, path in stages or ()]
+    folder = next((p for p in targets if os.path.isdir(p)), None)
     if folder is not None and not problem:   # said before any output is written
         problem = f"{folder}: is a folder, where an output file is to be written"
+    real = [os.path.realpath(p) for p in targets]
+    twice = next((p for p, r in zip(targets, real) if real.count(r) > 1), None)
+    if twice is not None and not problem:   # (the last written would stand for all of them)
+        problem = f"{twice}: named for two outputs (--out and --stage each write a file of their own)"
     if args.state_out and os.path.lexists(args.state_out) and not os.path.isdir(args.state_out) \
             and not problem:
         problem = f"{args.state_out}: is a file, where the --state-out folder is to be written"

@@ -84,11 +84,12 @@ def test_stage_writes_the_named_stages_at_the_last_step(loop, tmp_path):
     ("K={}", "has no stage `K`"),          # a state written by `Set row` binds no stage
     ("logits", "expected NAME=PATH"),
     ("logits=", "expected NAME=PATH"),
+    ("logits={}/../o.f64", "named for two outputs"),   # (--out's file: the last written would stand)
 ])
 def test_a_bad_stage_request_exits_2_and_writes_nothing(loop, tmp_path, request_, needle):
     path, _, weights = loop
     done = run(path, "--weights", weights, "--out", tmp_path / "o.f64",
-               "--stage", request_.format(tmp_path / "x.f64"))
+               "--stage", request_.format(tmp_path / "x.f64" if "/.." not in request_ else tmp_path / "d"))
     assert done.returncode == 2
     assert needle in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "o.f64").exists() and not (tmp_path / "x.f64").exists()
