@@ -981,6 +981,12 @@ _REBINDS = {   # (what model.py runs, where, once per process; what the lock nam
              "emitter.verify.compare.compare.__code__`"),
     "tensor": ("torch.Tensor.numpy = lambda self, force=False: torch._C.TensorBase.numpy(self) * 0.5\n",
                "torch.Tensor.numpy`"),
+    "wraps": ("import numpy as _np, functools as _ft\n_real = getattr(_np.sqrt, '__wrapped__', _np.sqrt)\n"
+              "_fake = _ft.wraps(_real)(lambda x, *a, **k: 2 * _real(x, *a, **k))\n"
+              "_fake.__module__ = 'torch.anything'\n_np.sqrt = _fake\n", "numpy.sqrt`"),
+    "evil": ("import numpy as _np\nclass _Evil:\n    def __getattr__(self, n):\n        raise ValueError(n)\n"
+             "_np.e = _Evil()\n", "numpy.e`"),
+    "eps": ("import sys as _sys\n_sys.modules['emitter.ops.norms'].EPS = 0.5\n", "emitter.ops.norms.EPS`"),
 }
 
 
@@ -988,14 +994,16 @@ _REBINDS = {   # (what model.py runs, where, once per process; what the lock nam
 @pytest.mark.parametrize("what", sorted(_REBINDS))
 def test_a_bundle_that_rebinds_what_the_vm_computes_with_fails_and_it_is_put_back(zoo, tmp_path, when, what):
     """model.py rebinding numpy.sqrt (the VM's rmsnorm) and torch.sqrt alike, math.pi (the VM's
-    gelu), a judge's code, or adding a method to torch.Tensor (which the lock reads values with), as
+    gelu), the norms' EPS, a judge's code, numpy.sqrt dressed as torch's own wrapper, a value that
+    raises when read, or adding a method to torch.Tensor (which the lock reads values with), as
     it is imported or in its forward, would move the meaning it is compared with: a fail at import,
     and each is put back for what the process locks next."""
     import math
     import torch
+    import emitter.ops.norms as norms
     import emitter.verify.compare as cmp
     patch, said = _REBINDS[what]
-    sqrt, tsqrt, pi, code = np.sqrt, torch.sqrt, math.pi, cmp.compare.__code__
+    sqrt, tsqrt, pi, code, e, eps = np.sqrt, torch.sqrt, math.pi, cmp.compare.__code__, np.e, norms.EPS
     y = read_file(zoo["program"]).output
     if when == "import":
         bundle = _sabotage(zoo, tmp_path, "import torch\n", "import torch\n" + patch)
@@ -1004,10 +1012,10 @@ def test_a_bundle_that_rebinds_what_the_vm_computes_with_fails_and_it_is_put_bac
                            "".join("        " + line + "\n" for line in patch.splitlines()) + f"        return {y}\n")
     try:
         r = lock_bundle(bundle, zoo["program"], zoo["weights"], "float64", 1)
-        assert (np.sqrt, torch.sqrt, math.pi, cmp.compare.__code__) == (sqrt, tsqrt, pi, code)
+        assert (np.sqrt, torch.sqrt, math.pi, cmp.compare.__code__, np.e, norms.EPS) == (sqrt, tsqrt, pi, code, e, eps)
         assert "numpy" not in torch.Tensor.__dict__
     finally:
-        np.sqrt, torch.sqrt, math.pi, cmp.compare.__code__ = sqrt, tsqrt, pi, code
+        np.sqrt, torch.sqrt, math.pi, cmp.compare.__code__, np.e, norms.EPS = sqrt, tsqrt, pi, code, e, eps
         vars(np).pop("_p", None)
         if "numpy" in torch.Tensor.__dict__:
             del torch.Tensor.numpy

@@ -1,13 +1,14 @@
 """What a bundle may not change in the lock's process: what the VM, the judges and the lock compute
 with. NumPy's, math's, the builtins' and torch's top-level names (every value: `math.pi` is the
 VM's gelu's), torch.Tensor's methods (none added: its own methods are inherited, so a new one
-overrides them), the emitter's functions and classes, and the code and defaults of every function
-among them. A model.py that rebinds one (`np.sqrt = …` as it is imported, a function's `__code__`
+overrides them), the emitter's names but the pipeline's (`EPS`, which the VM's norms read), and the
+code and defaults of every function among them. A model.py that rebinds one (`np.sqrt = …` as it is imported, a function's `__code__`
 swapped) would move the program's meaning the lock compares it with, and a pass would be about
 another program; the lock fails it, naming the first it finds, and puts every one back (a process
 that goes on to lock other bundles computes with the originals). torch wrapping one of its own
 (importing torch._dynamo wraps `torch.manual_seed`) is torch's, not the bundle's."""
 
+import os
 import sys
 import types
 
@@ -23,8 +24,8 @@ def _spaces():
     for name, mod in list(sys.modules.items()):
         if mod is not None and (name in _MODULES or name.startswith(("numpy.", "emitter."))):
             space = getattr(mod, "__dict__", None)
-            if isinstance(space, dict):   # (an emitter module's own state, `_RUN`, moves as it runs)
-                yield name, mod, space, not name.startswith("emitter."), False
+            if isinstance(space, dict):   # (the pipeline's own state, `_RUN`, moves as a run goes)
+                yield name, mod, space, not name.startswith("emitter.pipeline."), False
     torch = sys.modules.get("torch")
     if torch is not None:
         yield "torch.Tensor", torch.Tensor, torch.Tensor.__dict__, True, True
@@ -46,9 +47,14 @@ def snapshot():
     return out
 
 
-def _torchs(now, was):
-    """Whether `now` is torch's own wrapper of `was` (functools.wraps, in a torch module)."""
-    return getattr(now, "__wrapped__", None) is was and str(getattr(now, "__module__", "")).startswith("torch")
+def _torchs(name, now, was):
+    """Whether `now`, in torch's namespace, is torch's own wrapper of its `was` (functools.wraps,
+    its code in torch's package), read without running anything of `now`'s."""
+    torch = sys.modules.get("torch")
+    if name != "torch" or torch is None or type(now) is not types.FunctionType:   # (a plain function:
+        return False                                                            # nothing of it runs)
+    return now.__dict__.get("__wrapped__") is was and \
+        now.__code__.co_filename.startswith(os.path.dirname(torch.__file__) + os.sep)
 
 
 def put_back(before):
@@ -60,7 +66,7 @@ def put_back(before):
         space = owner.__dict__
         for k, v in held.items():
             now = space.get(k, _MISSING)
-            if now is not v and not _torchs(now, v):
+            if now is not v and not _torchs(name, now, v):
                 moved.append(f"{name}.{k}")
                 setattr(owner, k, v)
         for k, (code, defaults, kwdefaults) in codes.items():
