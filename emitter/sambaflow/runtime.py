@@ -297,19 +297,19 @@ def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
         base = data.offset % mmap.ALLOCATIONGRANULARITY if isinstance(data, np.memmap) else 0
         for i in range(0, flat.size, block) if check or out is not source else ():
             part = flat[i:i + block]
+            hi, lo = (part.max(), part.min()) if check and part.size else (0.0, 0.0)   # (NaN: both NaN)
+            finite = name in allow_nonfinite or bool(np.isfinite(hi) and np.isfinite(lo))
+            whole = kind != "int" or bool(np.array_equal(part, np.round(part)))
             if out is not source:
                 out[i:i + part.size].copy_(source[i:i + part.size])
-            # (finite as it is held: a value of the file past what `held` holds rounds to Inf)
-            finite = name in allow_nonfinite or bool(np.isfinite(part).all() if out is source else
-                                                     torch.isfinite(out[i:i + part.size]).all())
-            whole = kind != "int" or bool(np.array_equal(part, np.round(part)))
             if isinstance(data, np.memmap):   # read: a map's pages come back when the forward reads them
                 start = base + i * data.itemsize
                 start -= start % mmap.PAGESIZE
                 data._mmap.madvise(mmap.MADV_DONTNEED, start, base + (i + part.size) * data.itemsize - start)
             if not finite:
-                raise WeightsError(path, f"{what} holds a non-finite value" if not np.isfinite(part).all() else
-                                   f"{what} holds a value past what {str(held)[6:]} holds (it would be Inf)")
+                raise WeightsError(path, f"{what} holds a non-finite value")
+            if name not in allow_nonfinite and max(hi, -lo) > torch.finfo(held).max:   # (it would be Inf)
+                raise WeightsError(path, f"{what} holds a value past what {str(held)[6:]} holds (it would be Inf)")
             if not whole:
                 raise WeightsError(path, f"{what} is an Int tensor (a row index, a token) but holds "
                                          "a non-integer")
