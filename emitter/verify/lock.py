@@ -333,6 +333,7 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
             load = result["load"] = judge.settled(load, replayed=any(after.values()))
             after["main"] = check_main(torch, module, model_py, weights_dir, steps, model)
             untouched.kept(before)
+            before = None   # (nothing of the bundle's runs after it)
             first = first or (after["main"] or {}).get("first")
         opened = watch.stop()
         if weights_dir is not None:   # the maps read the files to the end: still those hashed?
@@ -377,7 +378,8 @@ def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", ste
         _bundles_fault(result, e)
     except (Exception, SystemExit) as e:  # anything else is still "could not run" (exit 2), never a fail,
         try:   # unless the bundle changed what the lock computes with (and the lock raised for it)
-            untouched.kept(before or {})
+            if before is not None:
+                untouched.kept(before)
             result["reason"] = f"the lock check raised {type(e).__name__}: {e}"
             _load_wins(result)
         except BundleFault as fault:
