@@ -30,7 +30,7 @@ def spec_name(spec):
     """A checkpoint spec as a key names it: a path's normal spelling (`./a//b/` is `a/b`: one file,
     one name), a `package:` or chunked spec as written."""
     import posixpath
-    return spec if spec.startswith("package:") or chunks(spec) is not None else posixpath.normpath(spec)
+    return spec if spec.startswith("package:") else posixpath.normpath(spec)   # (a chunked spec is one)
 
 
 def declared_reads(importer, spec, path):

@@ -350,13 +350,12 @@ def worst_value(program, result):
     its own."""
     if result["load"]["failed"] or result.get("bf16") or any(not s["pass"] for s in result["stages"]):
         return None
-    failing = [(output_label(program), d.get("output")) for d in result["steps_detail"] + [result.get("fresh")] if d]
-    failing += [(writer(program, s), m) for d in result["steps_detail"] + [result.get("fresh")] if d
-                for s, m in (d.get("states") or {}).items()]
-    failing = [(label, m) for label, m in failing if m and m.get("pass") is False]
-    if not failing:
+    found = [x for d in result["steps_detail"] + [result.get("fresh")] if d and d.get("output") is not None
+             for x in failing(program, d["output"], d.get("states") or {})]
+    if not found:
         return None
+
     def ratio(m):   # (a value NaN or Inf on one side only is past any tolerance: no figure counts it)
         return math.inf if m.get("nonfinite_mismatch") else m.get("worst_ratio") or 0.0
-    label, m = max(failing, key=lambda x: ratio(x[1]))
+    label, m = max(found, key=lambda x: ratio(x[1]))
     return {**label, "ratio": ratio(m), "max_abs": m.get("max_abs"), "guarded_rel": m.get("guarded_rel")}

@@ -2,11 +2,12 @@
 with. NumPy's, math's, the builtins' and torch's top-level names (every value: `math.pi` is the
 VM's gelu's), torch.Tensor's methods (none added: its own methods are inherited, so a new one
 overrides them), the emitter's names but the pipeline's (`EPS`, which the VM's norms read), and the
-code and defaults of every function among them. A model.py that rebinds one (`np.sqrt = …` as it is imported, a function's `__code__`
-swapped) would move the program's meaning the lock compares it with, and a pass would be about
-another program; the lock fails it, naming the first it finds, and puts every one back (a process
-that goes on to lock other bundles computes with the originals). torch wrapping one of its own
-(importing torch._dynamo wraps `torch.manual_seed`) is torch's, not the bundle's."""
+code and defaults of every function among them. A model.py that rebinds one (`np.sqrt = …` as it
+is imported, a function's `__code__` swapped) would move the program's meaning the lock compares
+it with, and a pass would be about another program; the lock fails it, naming the first it finds,
+and puts every one back (a process that goes on to lock other bundles computes with the
+originals). torch wrapping one of its own (importing torch._dynamo wraps `torch.manual_seed`) is
+torch's, not the bundle's."""
 
 import operator
 import os
@@ -42,12 +43,12 @@ def _same(xs, ys):
 
 def snapshot():
     """What the lock computes with as it is now: ({namespace name: (its owner, a copy of its dict,
-    every value held or callables and modules alone, keys fixed)}, [(`namespace.name`, a function
-    among them)], [each one's code, defaults, keyword defaults]): about 8,000 names (1 ms)."""
+    every value held or callables and modules alone, keys fixed)}, [(namespace name, name, a
+    function among them)], [each one's code, defaults, keyword defaults]): about 8,000 names (1 ms)."""
     spaces = {name: (owner, dict(space), every, keys) for name, owner, space, every, keys in _spaces()}
-    funcs = [(f"{name}.{k}", v) for name, (_, copy, _, _) in spaces.items() for k, v in copy.items()
+    funcs = [(name, k, v) for name, (_, copy, _, _) in spaces.items() for k, v in copy.items()
              if type(v) is types.FunctionType]
-    return spaces, funcs, [list(map(part, (f for _, f in funcs))) for part in _PARTS]
+    return spaces, funcs, [list(map(part, (f for _, _, f in funcs))) for part in _PARTS]
 
 
 def _torchs(name, now, was):
@@ -64,7 +65,7 @@ def put_back(before):
     """The `namespace.name`s that moved since `before` (rebound, removed, a function's code or
     defaults swapped, a method added to torch.Tensor), each put back as it was; [] where none. A
     module imported since is the bundle's own to change. (A namespace whose values are those it
-    held, in order, is passed by their ids at once: a few hundred µs for them all.)"""
+    held, in order, is passed by their identity at once: a few hundred µs for them all.)"""
     spaces, funcs, codes = before
     moved = []
     for name, (owner, copy, every, keys) in spaces.items():
@@ -80,10 +81,10 @@ def put_back(before):
         for k in sorted(set(space) - set(copy)) if keys else ():
             moved.append(f"{name}.{k}")
             delattr(owner, k)
-    if not all(_same(map(part, (f for _, f in funcs)), was) for part, was in zip(_PARTS, codes)):
-        for (label, f), *was in zip(funcs, *codes):
+    if not all(_same(map(part, (f for _, _, f in funcs)), was) for part, was in zip(_PARTS, codes)):
+        for (name, k, f), *was in zip(funcs, *codes):
             if not _same([part(f) for part in _PARTS], was):
-                moved.append(f"{label}.__code__")
+                moved.append(f"{name}.{k}.__code__")
                 f.__code__, f.__defaults__, f.__kwdefaults__ = was
     return moved
 
