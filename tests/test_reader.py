@@ -167,6 +167,17 @@ def test_unsafe_names_refused_everywhere(name):
         assert f"`{name}`" in e.message
 
 
+def test_a_name_too_long_for_its_weights_file_is_refused_at_its_line():
+    """A leaf's weights file is named after it (`<name>.f32`): a name past 128 characters is
+    refused where it is declared or bound, and one of 128 is a name."""
+    long = "w" * 129
+    for src, line in ((f"Let {long} be a 1 by 2 tensor of Real.\nLet y be silu of {long}.", 1),
+                      (f"Let a be a 1 by 2 tensor of Real.\nLet {long} be silu of a.", 2)):
+        e = refused(src)
+        assert e.line == line and "129 characters long, past 128" in e.message, e.message
+    assert read_program(f"Let {'w' * 128} be a 1 by 2 tensor of Real.\nLet y be silu of {'w' * 128}.\n").output == "y"
+
+
 def test_set_row_writes_back_and_output_skips_it():
     p = read_program("Let t be a 3 by 2 tensor of Real.\nLet r be a 1 by 2 tensor of Real.\n"
                      "Let y be silu of r.\nSet row 2 of t to y.\n")

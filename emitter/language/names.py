@@ -6,6 +6,7 @@ import keyword
 import re
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_NAME = 128   # a leaf's weights file is named after it (`<name>.f32`), within a file name's 255 bytes
 
 # Names model.py and compile.py use themselves: imports, module-level names, forward's locals, and
 # every top-level name of emitter/sambaflow/runtime.py, weight_files.py and app.py (a test keeps
@@ -32,6 +33,8 @@ def unsafe_name(name):
     """Why `name` cannot be a tensor name, or None when it can."""
     if not _IDENT.fullmatch(name):
         return "is not a name ([A-Za-z_][A-Za-z0-9_]*)"
+    if len(name) > MAX_NAME:
+        return f"is {len(name)} characters long, past {MAX_NAME} (its weights file is named after it)"
     if name.startswith("__"):
         return "starts with `__`, which Python mangles or reserves"
     if name in RESERVED:

@@ -8,7 +8,7 @@ import stat
 from .errors import ProgramError, excerpt
 from .hints import did_you_mean, nearest, ranked
 from .lines import program_lines
-from .names import RESERVED, layer_of, unsafe_name
+from .names import layer_of, unsafe_name
 from ..ops import OPS, SET_ROW, Args, ShapeError
 from .patterns import compile_pattern, key_of, parse_pattern
 from .program import Decl, Fill, OpSentence, Program, Show, Stage
@@ -242,11 +242,11 @@ def read_tensor_sentences(source):
                                f"most {MAX_LINE}", number)
         t = text.strip()
         m = _FAST_FILL.fullmatch(t) if t.startswith("Set item") else None
-        if m is not None and len(m[3]) <= 64 and not m[2].startswith("__") and m[2] not in RESERVED:
+        if m is not None and len(m[3]) <= 64 and unsafe_name(m[2]) is None:
             out.append(Fill(m[2], int(m[1]), m[3], number))
             continue
         m = _FAST_DECL.fullmatch(t) if _DECL_FAST and t.startswith("Let") else None
-        if m is not None and not m[1].startswith("__") and m[1] not in RESERVED:
+        if m is not None and unsafe_name(m[1]) is None:
             rows, cols = int(m[2]), int(m[3])
             if rows and cols and rows * cols <= MAX_ELEMENTS:
                 out.append(Decl(m[1], rows, cols, m[4] == "Real", number))
