@@ -494,10 +494,50 @@ def test_under_bf16_a_state_written_before_the_choice_is_judged_on_other_tokens(
     good = str(tmp_path / "good")
     write_bundle(emit_program(read_file(program), {}), good)
     r = lock_bundle(good, program, weights, "bfloat16", 2)
-    assert r["verdict"] == "pass" and r["fresh"]["varied_states"] == ["tok"], (r["fresh"], r["reason"])
+    assert r["verdict"] == "pass" and r["fresh"]["varied_states"] == ["C", "tok"], (r["fresh"], r["reason"])
     bad = _changed(good, tmp_path, (', tok, "tok")', ', tok.to(torch.bfloat16).to(tok.dtype), "tok")'))
     r = lock_bundle(bad, program, weights, "bfloat16", 2)
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"]), (f, r["reason"])
     assert (f["stage"], f["out"], f["after"]) == ("write-back", "C", "fresh") and "other values of tok" in f["raised"], f
     assert r["fresh"]["output"]["pass"] and not r["fresh"]["states"]["C"]["pass"], r["fresh"]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_a_forward_wrong_only_as_model_py_main_calls_it_fails(tmp_path, dtype):
+    """model.py's main and compile.py call `model()`: no arguments, the inputs in their buffers, no
+    hook, autograd off, which no step's pass does (the free pass hands arguments, the probe sets a
+    hook). A forward wrong only so fails at the pass that calls it so, after the steps, at step 1."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    program = os.path.join(ROOT, "programs", "mlp.logos")
+    good = str(tmp_path / "good")
+    write_bundle(emit_program(read_file(program), {} if dtype == "bfloat16" else None), good)
+    weights = os.path.join(ROOT, "weights", "mlp")
+    r = lock_bundle(good, program, weights, dtype, 1)
+    assert r["verdict"] == "pass" and r["as_main"]["pass"], (r["reason"], r.get("as_main"))
+    line = "        X = self.leaf_X if X is None else X\n"
+    bad = _changed(good, tmp_path, (line, "        X = (self.leaf_X * 1.5 if self.probe is None else self.leaf_X) "
+                                          "if X is None else X\n"))
+    r = lock_bundle(bad, program, weights, dtype, 1)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and all(s["pass"] for s in r["stages"]), (f, r["reason"])
+    assert (f["stage"], f["after"], f["step"]) == ("output", "as_main", 1) and "model.py's main" in f["raised"], f
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_conv_that_drops_its_oldest_tap_fails_at_the_zoos_own_steps(tmp_path, dtype):
+    """delta's ring has 3 taps and starts at zero: over its 2 steps its oldest row is always 0, so
+    a conv that drops that tap matched every step. The fresh pass hands the module its Real states
+    rolled with a ramp added (rows no step wrote hold values too): it fails there, named at the
+    conv's state."""
+    program = os.path.join(ROOT, "programs", "delta.logos")
+    weights = os.path.join(ROOT, "weights", "delta")
+    good = emit_bundle(read_file(program).source, tmp_path / "good")
+    r = lock_bundle(good, program, weights, dtype, 2)
+    assert r["verdict"] == "pass" and r["fresh"]["varied_states"], (r["reason"], r["fresh"])
+    bad = _changed(good, tmp_path, ("    return (ring * wc).sum(dim=0, keepdim=True), ring\n",
+                                    "    return (ring[1:] * wc[1:]).sum(dim=0, keepdim=True), ring\n"))
+    r = lock_bundle(bad, program, weights, dtype, 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and f["after"] == "fresh", (f, r["reason"])
+    assert all(d["pass"] for d in r["steps_detail"]), r["steps_detail"]   # (every step of its own matched)

@@ -31,6 +31,7 @@ SRC = "Let x be a 1 by 2 tensor of Real.\nLet y be sigmoid of x.\n"
 
 @pytest.mark.parametrize("yaml_text, where, words", [
     ("colour: red\n", "programs/p.yaml:1", "`colour`: unknown key"),
+    ('"a\\x1b[2J\\x01": 1\n', "programs/p.yaml:1", "`a\\x1b[2J\\x01`: unknown key"),   # (a terminal escape: shown)
     ("steps: 2\nsteps_: 1\n", "programs/p.yaml:2", "`steps_`"),
     ("steps: '2'\n", "programs/p.yaml:1", "`steps`: must be a positive integer"),
     ("steps: true\n", "programs/p.yaml:1", "`steps`: must be a positive integer"),
@@ -447,3 +448,29 @@ def test_an_absolute_path_inside_the_repository_is_held_as_its_relative_one(tmp_
     got = zoo(repo, {"programs/d.logos": SRC,
                      "programs/d.yaml": f"derive: {{importer: gguf, checkpoint: {repo / 'ck' / 'm.gguf'}}}\n"})
     assert got["d"].error is None and got["d"].derive.checkpoint == "ck/m.gguf", got["d"]
+
+
+def test_a_link_that_cannot_be_read_fails_only_its_program(tmp_path, monkeypatch):
+    """A path through a link that cannot be read (/proc/1/root: EACCES, which os.path.realpath
+    raises rather than stops at), as `weights:`, a checkpoint, through a folder linked there, or as
+    a root, is refused at its line, failing only the programs it is about; a neighbour builds."""
+    real = os.path.realpath
+
+    def realpath(p, *a, **k):
+        if "denied" in os.fspath(p):
+            raise PermissionError(13, "Permission denied", os.fspath(p))
+        return real(p, *a, **k)
+    monkeypatch.setattr(os.path, "realpath", realpath)
+    os.makedirs(tmp_path / "weights")
+    os.symlink("/denied", tmp_path / "weights" / "link")
+    for yaml_text, words in (("weights: /denied/tmp\n", "`weights`: `/denied/tmp` leaves the repository"),
+                             ("weights: weights/link/tmp\n", "`weights`: `weights/link/tmp` leaves the repository"),
+                             ("derive: {importer: gguf, checkpoint: /denied/x.gguf}\n",
+                              "`derive.checkpoint`: `/denied/x.gguf` leaves the repository")):
+        got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/p.yaml": yaml_text, "programs/q.logos": SRC})
+        assert got["p"].error.startswith("programs/p.yaml:1: ") and words in got["p"].error, got["p"].error
+        assert got["q"].error is None
+    got = zoo(tmp_path, {"programs/defaults.yaml": "roots: [/denied/tmp]\n", "programs/p.yaml": "",
+                         "programs/p.logos": SRC})
+    assert got["p"].error.startswith("programs/defaults.yaml:1: `roots`: `/denied/tmp` cannot be resolved"), \
+        got["p"].error

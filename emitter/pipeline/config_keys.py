@@ -15,7 +15,7 @@ from ..language.hints import did_you_mean, unknown
 from ..verify.links import (PATH_BYTES, ROOTS_ENV, env_roots, path_bytes,  # noqa: F401  (config reads env_roots here)
                             root_problem)
 from ..verify.tolerances import DTYPES
-from .paths import inside
+from .paths import inside, resolved
 from ..yamlfile import ConfigError
 
 IMPORTER_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
@@ -37,7 +37,7 @@ class Problems:
         line, at = None, key
         while at and line is None:
             line, at = self.lines.get(at), at.rpartition(".")[0]
-        return ConfigError(f"`{key}`: {message}", line, self.path)
+        return ConfigError(f"`{excerpt(key, 120)}`: {message}", line, self.path)   # (a key is anyone's text)
 
     def add(self, key, message):
         self.errors.append(self.error(key, message))
@@ -136,9 +136,10 @@ def check_roots(p, v, root):
     if not isinstance(v, list) or not all(isinstance(x, str) and x and "\0" not in x for x in v):
         raise p.error("roots", "must be a list of folders (absolute, or relative to the repository)")
     v = [_short_path(p, "roots", x) for x in v]
-    out = tuple(os.path.realpath(os.path.join(root, x)) for x in v)
+    out = tuple(resolved(os.path.join(root, x)) for x in v)
     for x, r in zip(v, out):
-        why = root_problem(os.path.realpath(root), r)
+        why = "cannot be resolved (a link on the way cannot be read)" if r is None else \
+            root_problem(os.path.realpath(root), r)
         if why:
             raise p.error("roots", f"`{excerpt(x, 120)}` {why}")
     return out

@@ -7,6 +7,15 @@ import os
 from ..verify.links import find_zoo_root, under  # noqa: F401  (find_zoo_root: used from here)
 
 
+def resolved(path):
+    """`path` with its links followed, or None where one on the way cannot be read (a link to
+    /proc/1/root: EACCES, which os.path.realpath raises rather than stops at)."""
+    try:
+        return os.path.realpath(path)
+    except OSError:
+        return None
+
+
 class Tree:
     """What one discovery has learned of the repository: resolved directories and one listing per
     directory, so each of a zoo's thousand programs costs a dictionary lookup, not a path walk."""
@@ -23,7 +32,7 @@ class Tree:
 
     def real(self, path):
         if path not in self._real:
-            self._real[path] = os.path.realpath(path)
+            self._real[path] = resolved(path)
         return self._real[path]
 
     def entries(self, rel_dir):
@@ -64,20 +73,22 @@ def inside(root, rel, tree=None, roots=()):
     root_real = tree.real(root)
     parts = rel.split("/")
     if rel.startswith("/"):   # (one that lands inside the repository is held as a relative one)
-        full = os.path.realpath(rel)
+        full = resolved(rel)
     elif ".." in parts:
-        full = os.path.realpath(f"{root_real}/{rel}")   # `..` may follow a link: walk it all
+        full = resolved(f"{root_real}/{rel}")   # `..` may follow a link: walk it all
     else:
         parent = "/".join(p for p in parts[:-1] if p not in ("", "."))
         full = tree.real(f"{root_real}/{parent}") if parent else root_real
         leaf = parts[-1]
-        if leaf not in ("", "."):
+        if leaf not in ("", ".") and full is not None:
             full = f"{full}/{leaf}"
             entry = tree.entries(parent or ".").get(leaf)
             # not listed (an unreadable folder, a name that differs in case, a missing file) or a
             # link: what the listing cannot vouch for is resolved in full
             if entry is None or entry.is_symlink():
-                full = os.path.realpath(full)
+                full = resolved(full)
+    if full is None or root_real is None:   # (a link on the way that cannot be read lands nowhere)
+        return None
     if full == root_real:
         return "."
     prefix = root_real.rstrip("/") + "/"

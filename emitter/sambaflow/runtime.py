@@ -308,7 +308,7 @@ def load_weights(directory, dtype=torch.float32, allow_nonfinite=()):
                 data._mmap.madvise(mmap.MADV_DONTNEED, start, base + (i + part.size) * data.itemsize - start)
             if not finite:
                 raise WeightsError(path, f"{what} holds a non-finite value")
-            if name not in allow_nonfinite and max(hi, -lo) > torch.finfo(held).max:   # (it would be Inf)
+            if name not in allow_nonfinite and max(float(hi), -float(lo)) > torch.finfo(held).max:   # (Inf)
                 raise WeightsError(path, f"{what} holds a value past what {str(held)[6:]} holds (it would be Inf)")
             if not whole:
                 raise WeightsError(path, f"{what} is an Int tensor (a row index, a token) but holds "

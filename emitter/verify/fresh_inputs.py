@@ -1,5 +1,5 @@
 """What the lock's fresh pass (emitter.verify.passes.fresh) is handed, and the VM's step on it: the
-last step again with other values of the program's inputs and Int states. It is a function of the
+last step again with other values of the program's inputs and states. It is a function of the
 program, its weights and the VM's states alone, so it is VM work done once per program: the trace
 (emitter.verify.trace) computes it beside the steps, and a check takes it there where it asks for
 the same values (`request`: its digest), else computes it itself."""
@@ -18,7 +18,7 @@ FLOAT32_EXACT = 2.0 ** 24   # every integer up to this is a float32 (the emitted
 class FreshStep(NamedTuple):
     request: str                  # the digest of what was asked (`request`)
     trace: Optional[vm.StepTrace]  # None: the VM refused every try
-    far: dict                     # {Int state: the value it was given}
+    far: dict                     # {state: the value it was given}
     other: tuple                  # the inputs given other values
 
 
@@ -67,20 +67,28 @@ def varied(program, leaves):
 
 
 def other_states(program, states, exact):
-    """{Int state: [other values, the first tried first]}: for one a stage reads as a row index
-    (a token, a position), each value v as v + 257, or v + 256 where v is odd (an odd number past
-    256, which bfloat16's 8 bits cannot hold, so a module that rounds it on its way to the index
-    is found, though the lock's own steps may reach small ones alone), then 257, the least such
-    (259 for v = 257: a table of fewer rows); for any, v + 1 (v - 1 where that is past every
-    row): a counter keeps its size (one that scales a value makes no number the dtype cannot
-    hold). Each only where it is at most `exact[state]` (what the module's buffer of the state
-    holds exactly: float32's 2^24); a state `exact` does not name keeps its value."""
+    """{state: [other values, the first tried first]}. A Real one (a cache's rows, a conv's ring, a
+    memory) takes one: its rows rolled down by one (a one-row state's values along it) plus a ramp
+    of -0.5 to 0.5 across it, so a row no step has written yet (zero, or masked) holds values too
+    and a module that drops a tap or row of it is found, though the lock's own steps write only as
+    many rows as it has steps. An Int one a stage reads as a row index (a token, a position), each
+    value v as v + 257, or v + 256 where v is odd (an odd number past 256, which bfloat16's 8 bits
+    cannot hold, so a module that rounds it on its way to the index is found, though the lock's
+    own steps may reach small ones alone), then 257, the least such (259 for v = 257: a table of
+    fewer rows); any Int one v + 1 (v - 1 where that is past every row): a counter keeps its size
+    (one that scales a value makes no number the dtype cannot hold). An Int one only where it is
+    at most `exact[state]` (what the module's buffer of the state holds exactly: float32's 2^24);
+    an Int state `exact` does not name keeps its value."""
     out = {}
     index = {st.bound.get(slot) for st in program.stages for slot in st.op.index}
     for s in program.states:
-        if program.real[s] or s not in exact:
-            continue
         v = np.asarray(states[s], np.float64)
+        if program.real[s]:
+            axis = 0 if v.shape[0] > 1 else v.ndim - 1
+            out[s] = [np.roll(v, 1, axis=axis) + np.linspace(-0.5, 0.5, v.size).reshape(v.shape)]
+            continue
+        if s not in exact:
+            continue
         tries = [v + 257 - np.mod(v, 2), np.where(v == 257, 259.0, 257.0) + 0 * v] if s in index else []
         tries += [v + 1, v - 1]
         out[s] = [c for c in tries if np.abs(c).max(initial=0) <= exact[s]]
@@ -110,8 +118,8 @@ def standard(program, leaves, start):
 
 
 def step(program, leaves, start, other, tries, feed):
-    """The VM's step from the states `start` with the inputs `other` and each Int state's first try
-    of `tries`: where the VM refuses (an index out of range), a state the refusing stage reads
+    """The VM's step from the states `start` with the inputs `other` and each state's first try of
+    `tries`: where the VM refuses (an index out of range), a state the refusing stage reads
     takes its next try (none left: it keeps its value); a refusal no state explains: the inputs as
     they were. Only `feed`'s stage value is kept."""
     digest, trace = request(other, tries, feed), None

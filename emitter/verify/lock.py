@@ -34,8 +34,8 @@ from .bundle_main import check_main
 from .bundle_module import build_module, load_bundle_module, read_model as _read_model
 from .fresh_inputs import feeding, integer_output, varied
 from .judges import judge_for
-from .passes import (excuse_tokens, fresh as fresh_instance, free_pass, replay as replay_step_1, same_when_tapped,
-                     set_states, worst_value, writer)
+from .passes import (as_main as called_as_main, excuse_tokens, fresh as fresh_instance, free_pass,
+                     replay as replay_step_1, same_when_tapped, set_states, worst_value, writer)
 from .probe import (BundleFault, CouldNotRun, Probe, Raised, Returned, absurd, changed_after_tap, output_label,
                     run_module, watched)
 from .resident import Releasing, Resident, Watching, reads, worth_releasing
@@ -97,7 +97,7 @@ def _raised_at(program, e, step):
 def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, loaded, golden=None, vm_steps=None,
          another=None, asked=None):
     """The stepwise comparison: (steps_detail, worst per stage, first divergence, output figures,
-    where the module raised or None: the run stops at the step it raised in, {"replay", "fresh"}:
+    where the module raised or None: the run stops at the step it raised in, {"replay", "fresh", "as_main"}:
     the passes after the last step, emitter.verify.passes; `another()` builds the module's new
     instance). Each step has a
     teacher-forced free pass (the module alone from the VM's states, so each step's error is its
@@ -158,7 +158,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                     if judge.loose:
                         late += same_when_tapped(torch, model, program, current, resident, stage_reads, timings,
                                                  step, out, written)
-                    if step == 1 and program.states:   # what the replay must give again
+                    if step == 1:   # what the replay and the pass as model.py's main calls it give again
                         own_first = (out.detach().double().numpy().copy(), written)
                 except (Raised, BundleFault) as e:   # the probe pass still names what diverged before it
                     free_raised = e
@@ -215,32 +215,32 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
         details.append({"step": step, "output": out_m, "states": state_m, "pass": ok,
                         **({"changed_after_tap": [message for _, message in late]} if late else {})})
         current.update(trace.states)
-    replay = None
-    if raised is None and own_first is not None:
-        try:
-            replay = replay_step_1(torch, model, program, leaves, resident, stage_reads, timings, judge,
-                                   steps, own_first, integer, returned)
-            first = first or replay.get("first")
-        except Raised as e:   # (as in a step: the bundle's fault, named where it raised)
-            raised, at = _raised_at(program, e, steps)
-            first = first or at
-            replay = {"pass": False, "output": None, "states": {}, "raised": e.error}
-    fresh = None
-    if raised is None and another is not None:
-        try:
-            fresh = fresh_instance(torch, model, another, program, leaves, start, trace, resident, stage_reads,
-                                   timings, judge, steps, integer, feed, asked["ask"], returned, dtype)
-            first = first or (fresh or {}).get("first")
-        except Raised as e:
-            raised, at = _raised_at(program, e, steps)
-            first = first or at
-            fresh = {"pass": False, "inputs": sorted(varied(program, leaves)), "same": False, "raised": e.error}
+    after = dict.fromkeys(("replay", "fresh", "as_main"))
+    passes = {   # the passes after the steps, in order: (whether it runs, how, its result where it raised)
+        "replay": (own_first is not None and program.states, lambda: replay_step_1(
+            torch, model, program, leaves, resident, stage_reads, timings, judge, steps, own_first, integer, returned),
+            {"output": None, "states": {}}),
+        "fresh": (another is not None, lambda: fresh_instance(
+            torch, model, another, program, leaves, start, trace, resident, stage_reads, timings, judge, steps,
+            integer, feed, asked["ask"], returned, dtype), {"inputs": sorted(varied(program, leaves)), "same": False}),
+        "as_main": (own_first is not None, lambda: called_as_main(
+            torch, model, program, leaves, resident, stage_reads, timings, judge, steps, own_first, integer),
+            {"output": None, "states": {}})}
+    for name, (runs, run, broken) in passes.items():
+        if raised is None and runs:
+            try:
+                after[name] = run()
+                first = first or (after[name] or {}).get("first")
+            except Raised as e:   # (as in a step: the bundle's fault, named where it raised)
+                raised, at = _raised_at(program, e, 1 if name == "as_main" else steps)
+                first = first or at
+                after[name] = {"pass": False, **broken, "raised": e.error}
     stages = [{**_label(program, i), **figures(m), "pass": m["pass"]}
               for i, m in sorted(stages_worst.items())]
     output = None if output_worst is None else {**output_worst, "argmax_agree": argmax_all, "integer": integer}
     if feed is not None and output is not None:
         output["feeding"] = next((s for s in stages if s["stage"] == feed), None)
-    return details, stages, first, output, raised, {"replay": replay, "fresh": fresh}
+    return details, stages, first, output, raised, after
 
 
 def lock_bundle(bundle_dir, program_path, weights_dir=None, dtype="float64", steps=1, atol=None,

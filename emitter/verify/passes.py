@@ -29,20 +29,22 @@ def writer(program, state):
 
 
 def free_pass(torch, model, program, states, resident, stage_reads, timings, step, what, runs=as_a_user_runs,
-              given=None, summed=False, caller=None):
+              given=None, summed=False, caller=None, as_main=False):
     """The module alone from `states` (the VM's), its inputs passed as forward's arguments (`given`
-    values where given, else its buffers'): (its output, the states it wrote back, copies (or
-    `summed`, their held_sums), and what a caller sees it do: [(label, message)]). `runs`: how its
-    taps are (as a user runs it: none of the lock's; `_tapped`). `caller` (probe.Returned): holds
-    the arguments, as a caller does, for later passes to be checked against."""
+    values where given, else its buffers'), autograd on (a user's call, a trace): (its output, the
+    states it wrote back, copies (or `summed`, their held_sums), and what a caller sees it do:
+    [(label, message)]). `runs`: how its taps are (as a user runs it: none of the lock's;
+    `_tapped`). `caller` (probe.Returned): holds the arguments, as a caller does, for later passes
+    to be checked against. `as_main`: called as model.py's main and compile.py call it instead:
+    `model()`, its inputs in their buffers, autograd off."""
     set_states(torch, model, program, states, step)
-    inputs = [n for n in program.leaves if program.roles[n] == "input"]
+    inputs = [n for n in program.leaves if program.roles[n] == "input"] if not as_main else []
     with as_arguments(torch, model, inputs, given) as args, runs(model, resident, stage_reads) as seen:
         sent = {n: held_sum(torch, a, a.dtype) for n, a in args.items()}
         hook = getattr(seen, "hook", None)
         t, let_go, own = time.perf_counter(), resident.seconds, getattr(hook, "seconds", 0.0)
         try:   # (autograd on, as a user's call and compile.py's trace have it: the buffers need no
-            with torch.enable_grad():   # grad, so nothing is recorded; the probe pass runs without)
+            with torch.set_grad_enabled(not as_main):   # grad, so nothing is recorded)
                 out = run_module(model, program, f"{what} (its inputs passed as arguments, their buffers NaN)"
                                  if args else what, step, args, seen)
         finally:
@@ -126,7 +128,7 @@ def excuse_tokens(program, out_m, state_m, written, tokens):
 
 
 def named(step, label, after, raised, m=None):
-    """The first divergence a pass after the steps names (`after`: "replay", "fresh"), at `step`:
+    """The first divergence a pass after the steps names (`after`: "replay", "fresh", "as_main"), at `step`:
     where (`label`), its figures where it has some (`m`), and why."""
     return {"step": step, **label, **(figures(m) if m is not None else dict.fromkeys(KEYS)), "after": after,
             "raised": raised}
@@ -151,9 +153,10 @@ def fresh(torch, model, build, program, leaves, start, last, resident, stage_rea
     the VM's step on those inputs, judged as a step's free pass is (under bfloat16, on its cosine
     and nmse): a value outside the tolerance fails, named as not moving with its inputs where it is what the VM gave on the
     lock's own inputs (`last`: the VM's last step; a forward that ignores its input), else as
-    right on the lock's own inputs alone (a branch on their values). Its Int states (a token, a
-    position) take other values too, the first of `other_states` the VM takes for each: the VM's
-    step on all of it is `vm_fresh(other, tries, feed)`'s (a fresh_inputs.FreshStep).
+    right on the lock's own inputs alone (a branch on their values). Its states take other values
+    too (a Real one its rows rolled and a ramp added, an Int one, a token or a position, the first
+    of `other_states` the VM takes): the VM's step on all of it is `vm_fresh(other, tries, feed)`'s
+    (a fresh_inputs.FreshStep).
     {"pass", "inputs", "varied_states" (those given other values), "same", "module", "output"?,
     "states"?} and, where it fails,
     "first" (at the last step); None where each would be step 1's first call again (no input to
@@ -320,6 +323,30 @@ def replay(torch, model, program, leaves, resident, stage_reads, timings, judge,
             f"the free pass of step 1, run again after step {steps} from the same states and inputs, "
             "gave other values: the module reads something besides its buffers and arguments "
             "(a state it keeps of its own?)"), m)
+    return r
+
+
+def as_main(torch, model, program, leaves, resident, stage_reads, timings, judge, steps, first, integer):
+    """Step 1's free pass again, last, called as model.py's main and compile.py call it (`model()`,
+    its inputs in their buffers, autograd off: the one way of calling it no other pass takes),
+    against what it gave the first time (its inputs as arguments, autograd on): a module that
+    computes otherwise when called as a user's script calls it fails here, though every pass
+    before matched the VM. {"pass", "output", "states"} and, where it fails, "first"."""
+    out0, states0 = first
+    with torch.no_grad():
+        out, written, _ = free_pass(torch, model, program, leaves, resident, stage_reads, timings, 1,
+                                    "step 1 again, as model.py's main calls it", as_main=True)
+    out_m = judge.compare(out.double().numpy(), out0, integer)
+    state_m = {s: judge.compare(written[s], states0[s].double().numpy(), not program.real[s])
+               for s in program.states}
+    found = failing(program, out_m, state_m)
+    r = {"pass": not found, "output": figures(out_m), "states": {s: figures(m) for s, m in state_m.items()}}
+    if found:
+        label, m = found[0]
+        r["first"] = named(steps, label, "as_main", (
+            "step 1, run again last as model.py's main and compile.py call it (`model()`: no arguments, its "
+            "inputs in their buffers, autograd off), gave other values than its free pass (its inputs as "
+            "arguments, autograd on): the module computes otherwise when a user's script calls it"), m)
     return r
 
 
