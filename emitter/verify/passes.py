@@ -301,6 +301,24 @@ def _both(torch, model, build, program, start, resident, stage_reads, timings, s
     return r
 
 
+def _step_1_again(torch, model, program, leaves, resident, stage_reads, timings, judge, steps, first, integer,
+                  after, what, why, **how):
+    """Step 1's free pass run again (`how`: free_pass's), against what it gave the first time
+    (`first`: its output and states), judged as the dtype judges a step's (Int values exactly):
+    {"pass", "output", "states"} and, where it fails, "first", `why` it fails, named `after`."""
+    out0, states0 = first
+    with torch.no_grad():
+        out, written, _ = free_pass(torch, model, program, leaves, resident, stage_reads, timings, 1, what, **how)
+    out_m = judge.compare(out.double().numpy(), out0, integer)
+    state_m = {s: judge.compare(written[s], states0[s].double().numpy(), not program.real[s])
+               for s in program.states}
+    found = failing(program, out_m, state_m)
+    r = {"pass": not found, "output": figures(out_m), "states": {s: figures(m) for s, m in state_m.items()}}
+    if found:
+        r["first"] = named(steps, found[0][0], after, why, found[0][1])
+    return r
+
+
 def replay(torch, model, program, leaves, resident, stage_reads, timings, judge, steps, first, integer, caller=None):
     """Step 1's free pass again once every step ran, from the same states and inputs, against
     what it gave the first time: a module whose forward reads its buffers and arguments alone
@@ -308,22 +326,12 @@ def replay(torch, model, program, leaves, resident, stage_reads, timings, judge,
     does not, though each step, handed the VM's states, matched the VM. {"pass", "output",
     "states"} and, where it fails, "first" (the first divergence it makes, at the last step: a
     leaf the module wrote then is named before it)."""
-    out0, states0 = first
-    with torch.no_grad():
-        out, written, _ = free_pass(torch, model, program, leaves, resident, stage_reads, timings, 1,
-                                     f"the free pass of step 1 again (after step {steps})", caller=caller)
-    out_m = judge.compare(out.double().numpy(), out0, integer)
-    state_m = {s: judge.compare(written[s], states0[s].double().numpy(), not program.real[s])
-               for s in program.states}
-    found = failing(program, out_m, state_m)
-    r = {"pass": not found, "output": figures(out_m), "states": {s: figures(m) for s, m in state_m.items()}}
-    if found:
-        label, m = found[0]
-        r["first"] = named(steps, label, "replay", (
-            f"the free pass of step 1, run again after step {steps} from the same states and inputs, "
-            "gave other values: the module reads something besides its buffers and arguments "
-            "(a state it keeps of its own?)"), m)
-    return r
+    return _step_1_again(
+        torch, model, program, leaves, resident, stage_reads, timings, judge, steps, first, integer, "replay",
+        f"the free pass of step 1 again (after step {steps})",
+        f"the free pass of step 1, run again after step {steps} from the same states and inputs, gave other "
+        "values: the module reads something besides its buffers and arguments (a state it keeps of its own?)",
+        caller=caller)
 
 
 def as_main(torch, model, program, leaves, resident, stage_reads, timings, judge, steps, first, integer):
@@ -332,22 +340,12 @@ def as_main(torch, model, program, leaves, resident, stage_reads, timings, judge
     against what it gave the first time (its inputs as arguments, autograd on): a module that
     computes otherwise when called as a user's script calls it fails here, though every pass
     before matched the VM. {"pass", "output", "states"} and, where it fails, "first"."""
-    out0, states0 = first
-    with torch.no_grad():
-        out, written, _ = free_pass(torch, model, program, leaves, resident, stage_reads, timings, 1,
-                                    "step 1 again, as model.py's main calls it", as_main=True)
-    out_m = judge.compare(out.double().numpy(), out0, integer)
-    state_m = {s: judge.compare(written[s], states0[s].double().numpy(), not program.real[s])
-               for s in program.states}
-    found = failing(program, out_m, state_m)
-    r = {"pass": not found, "output": figures(out_m), "states": {s: figures(m) for s, m in state_m.items()}}
-    if found:
-        label, m = found[0]
-        r["first"] = named(steps, label, "as_main", (
-            "step 1, run again last as model.py's main and compile.py call it (`model()`: no arguments, its "
-            "inputs in their buffers, autograd off), gave other values than its free pass (its inputs as "
-            "arguments, autograd on): the module computes otherwise when a user's script calls it"), m)
-    return r
+    return _step_1_again(
+        torch, model, program, leaves, resident, stage_reads, timings, judge, steps, first, integer, "as_main",
+        "step 1 again, as model.py's main calls it",
+        "step 1, run again last as model.py's main and compile.py call it (`model()`: no arguments, its inputs in "
+        "their buffers, autograd off), gave other values than its free pass (its inputs as arguments, autograd "
+        "on): the module computes otherwise when a user's script calls it", as_main=True)
 
 
 def state_buffer(torch, model, program, state, step=0):
