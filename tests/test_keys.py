@@ -439,12 +439,20 @@ def test_results_say_whether_each_verdict_is_current_and_the_history_is_made_aga
     import sqlite3   # the history's newest row of a current result edited by hand: said so, and how
     with sqlite3.connect(z / "build/results.sqlite") as con:
         con.execute("UPDATE runs SET verdict = 'fail' WHERE id = (SELECT MAX(id) FROM runs WHERE name = 'a')")
+    con.close()   # (each connection closed: one left open keeps a WAL the deleted history's next one reads)
     rc, out = results("a")
     assert rc == 1 and "fail  NOT CURRENT" in out and "its result in build/results/ is current" in out, out
     rc, out = results("a", "--json")
     assert [(r["current"], r["history_differs"]) for r in json.loads(out)["runs"]] == [(False, True)], out
     rc, out = results("--history", "a")
     assert rc == 0 and "its result in build/results/ is current" in out and "float64 fail (NOT CURRENT)" in out, out
+    with sqlite3.connect(z / "build/results.sqlite") as con:   # its figures edited, key and verdict kept
+        con.execute("UPDATE runs SET verdict = 'pass', max_abs = 0.5 WHERE id = (SELECT MAX(id) FROM runs "
+                    "WHERE name = 'a')")
+    rc, out = results("a", "--json")
+    con.close()
+    assert rc == 1 and [(r["current"], r["history_differs"], r["max_abs"]) for r in json.loads(out)["runs"]] \
+        == [(False, True, 0.5)], out
     (z / "build/results.sqlite").unlink()
     assert doit(z)[0] == 1 and results("a")[0] == 0
 

@@ -253,15 +253,25 @@ def record_all(db, rs, at=None):
     con = connect(db)
     try:
         with _readable(db), con:   # (the commit, at the end of `con`, may fail too: a full disk)
-            return [con.execute(
-                "INSERT INTO runs (at, name, dtype, steps, verdict, reason, program, source_sha, "
-                "bundle_sha, weights_sha, config_sha, max_abs, max_rel, nmse, cosine, first_stage, "
-                "first_out, first_op, first_line, total_s, result, worst_stage, worst_op, "
-                "worst_ratio, guarded_rel, code_sha, env_sha, key, threads) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", _row(r, at)).lastrowid
-                for r in rs]
+            return [con.execute(f"INSERT INTO runs ({', '.join(_COLUMNS)}) VALUES "
+                                f"({','.join('?' * len(_COLUMNS))})", _row(r, at)).lastrowid for r in rs]
     finally:
         con.close()
+
+
+_COLUMNS = ("at", "name", "dtype", "steps", "verdict", "reason", "program", "source_sha", "bundle_sha",
+            "weights_sha", "config_sha", "max_abs", "max_rel", "nmse", "cosine", "first_stage", "first_out",
+            "first_op", "first_line", "total_s", "result", "worst_stage", "worst_op", "worst_ratio",
+            "guarded_rel", "code_sha", "env_sha", "key", "threads")   # (what _row gives, in order)
+
+
+def _as_recorded(row, result):
+    """Whether the history's `row` holds what the result file `result` records, every column (its
+    figures too: a row edited with its key and verdict kept is not that result; SQLite keeps a
+    NaN as NULL)."""
+    norm = lambda v: None if isinstance(v, float) and v != v else v   # noqa: E731
+    return isinstance(result, dict) and all(norm(row.get(k)) == norm(v)
+                                            for k, v in zip(_COLUMNS, _row(result, row.get("at"))))
 
 
 def _row(r, at):
@@ -340,7 +350,8 @@ def currency(rows, programs_dir, threads):
                     key = parts and check_key(parts)
                     written_now = bool(key) and mine.get("key") == key \
                         and fingerprint.sha256_or_none(c.result) == mine.get("sha256")   # as the lock wrote it
-                    same = x.get("key") == key and mine.get("verdict") == x["verdict"]
+                    same = x.get("key") == key and mine.get("verdict") == x["verdict"] and \
+                        (not written_now or _as_recorded(x, read_json(c.result)))
                     x["current"] = written_now and same and golden
                     # the result on disk is current, the history's newest row of it is not that result
                     x["history_differs"] = written_now and not same and x.get("id") is not None
