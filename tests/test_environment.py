@@ -36,6 +36,34 @@ def test_the_cpu_capability_moves_the_digest(monkeypatch):
     assert environment.fingerprint()["numerics_env"] == {"ATEN_CPU_CAPABILITY": "default"}
 
 
+def test_the_cpus_maker_and_model_move_the_digest(monkeypatch, tmp_path):
+    """Two CPUs of one level and the same features (an AMD Zen 3 and an Intel Skylake client both
+    show avx2, fma and f16c) take other kernels in MKL and OpenBLAS: their maker and model are in
+    the fingerprint. Arm lists its part after its features; only the first processor counts."""
+    from emitter.verify import cpu
+    _clean(monkeypatch)
+    flags = "flags\t\t: fpu sse4_2 avx avx2 fma f16c\n"
+    files = {"intel": "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 94\n" + flags,
+             "amd": "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 33\n" + flags
+                    + "\nprocessor\t: 1\nvendor_id\t: GenuineIntel\n" + flags,
+             "arm": "processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n\n"
+                    "processor\t: 1\nFeatures\t: fp asimd\nCPU implementer\t: 0x51\nCPU part\t: 0x001\n"}
+    seen, digests = {}, {}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        monkeypatch.setattr(cpu, "CPUINFO", str(tmp_path / name))
+        environment._installed.cache_clear()   # (a process reads its CPU once)
+        seen[name] = cpu.describe()
+        digests[name] = environment.digest(environment.fingerprint())
+    assert seen["intel"]["isa"] == seen["amd"]["isa"] == "avx2" and seen["intel"]["cpu_features"] == \
+        seen["amd"]["cpu_features"] == ["fma", "f16c"]
+    assert seen["amd"]["cpu_model"] == "vendor_id=AuthenticAMD cpu family=25 model=33", seen
+    assert seen["arm"] == {"isa": "asimd", "cpu_features": ["bf16", "i8mm"],
+                           "cpu_model": "CPU implementer=0x41 CPU part=0xd40"}, seen
+    environment._installed.cache_clear()
+    assert len(set(digests.values())) == 3, digests
+
+
 @pytest.mark.parametrize("var, value", [("MKL_CBWR", "COMPATIBLE"), ("MKL_ENABLE_INSTRUCTIONS", "AVX2"),
                                         ("MKL_DYNAMIC", "FALSE"), ("OMP_DYNAMIC", "true"),
                                         ("ONEDNN_MAX_CPU_ISA", "AVX2"),

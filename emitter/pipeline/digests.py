@@ -35,7 +35,8 @@ CODE = {
                        "pipeline/plot_svg.py", "pipeline/report.py", "pipeline/report_aside.py",
                        "pipeline/report_facts.py", "pipeline/spread.py",
                        "sambaflow/__init__.py", "sambaflow/weight_files.py",
-                       "verify/__init__.py", "verify/environment.py", "verify/links.py", "verify/memory.py",
+                       "verify/__init__.py", "verify/cpu.py", "verify/environment.py", "verify/links.py",
+                       "verify/memory.py",
                        "verify/verdict.py", "yamlfile.py",
                        # the renderers report_aside.REPORT_FORMATS names (tests/test_report.py holds
                        # them equal: here, an edit of a format would move every lock's key)

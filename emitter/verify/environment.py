@@ -12,6 +12,8 @@ import json
 import os
 import sys
 
+from . import cpu
+
 # Thread counts and the BLAS's core settings. Those ending in _NUM_THREADS only size thread pools
 # (each check sets its pools explicitly): check_worker copies them from the driver to Dask workers.
 # GOTO_NUM_THREADS and OPENBLAS_DEFAULT_NUM_THREADS are OpenBLAS's (numpy's) other spellings of its
@@ -54,28 +56,6 @@ LOADER_VARS = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_HWCAP_MASK")
 # count; missing or shadowed, the count is the environment's): where each is imported from
 COMPUTING = ("numpy", "torch", "math", "threadpoolctl")
 CODE_SUFFIXES = (".py",) + tuple(importlib.machinery.EXTENSION_SUFFIXES)
-# instruction-set levels, best first: the first the CPU has names its level
-ISA = ("avx512f", "avx2", "avx", "sse4_2", "sve", "asimd", "neon")
-# the features beside the level that choose another kernel (torch's bf16 matmul on AVX512_BF16 or
-# AMX, oneDNN's VNNI paths, FMA in libm and OpenBLAS): two CPUs of one level may differ in these
-FEATURES = ("fma", "f16c", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx_vnni",
-            "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "bf16", "i8mm", "sve2")
-
-
-def _cpu():
-    """The CPU's instruction-set level and its features of FEATURES."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    flags = set(line.split(":", 1)[1].split())
-                    return {"isa": next((x for x in ISA if x in flags), "baseline"),
-                            "cpu_features": [x for x in FEATURES if x in flags]}
-    except OSError:
-        pass
-    return {"isa": "unknown", "cpu_features": None}
-
-
 def _dist_infos(names):
     return _dist_infos_on(tuple(names), tuple(sys.path))
 
@@ -354,7 +334,7 @@ def _installed(path):
         "implementation": sys.implementation.name,
         "machine": os.uname().machine,
         "system": sys.platform,
-        **_cpu(),
+        **cpu.describe(),
         "cpu_count": os.cpu_count(),
         **versions(("numpy", "torch")),
         "records": records(("numpy", "torch")),
