@@ -140,6 +140,7 @@ Let gd be gated delta of q over q and v with gate v beta hb decay hb state S nor
     (DECLS + "Set item " + "1" * 5000 + " of a to 1.", 4, "at most 15 digits"),
     ("Let t be a 1 by 2 tensor of Int.\nSet item 1 of t to " + "9" * 400 + ".", 2, "VALUE must be a numeric literal"),
     ("Let t be a 1 by 2 tensor of Int.\nSet item 1 of t to 9007199254740993.", 2, "at most 2^53"),
+    ("Let t be a 1 by 2 tensor of Int.\nSet item 1 of t to 2.0.", 2, "takes an integer written in digits (`-3`, `42`"),
     (DECLS + "Let y be rmsnorm of a across " + "3" * 5000 + " heads.", 4, "at most 15 digits"),
 ])
 def test_refusals(source, line, needle):

@@ -82,6 +82,28 @@ def test_runtime_constants_and_reserved_names():
         assert imported <= RESERVED, imported - RESERVED
 
 
+def test_every_name_an_emitted_file_binds_at_its_top_level_is_reserved(all_ops_path, tmp_path):
+    """Every name model.py binds at its top level (functions, classes, constants, imports), with
+    every op and under a bfloat16 precision policy, is no tensor's name: a program naming one is
+    refused, not emitted over it (compile.py never names a tensor)."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    program = read_program(open(all_ops_path).read())
+    bound = set()
+    for i, precision in enumerate((None, {})):
+        out = str(tmp_path / f"b{i}")
+        write_bundle(emit_program(program, precision), out)
+        for node in ast.parse(open(os.path.join(out, "model.py")).read()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                bound.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+    assert {"PRECISION", "LogosModule", "main"} <= bound
+    assert bound <= RESERVED, sorted(bound - RESERVED)
+
+
 def test_app_main_without_the_sdk_says_so(monkeypatch, tmp_path):
     from conftest import load_model
     bundle = load_model(emit_bundle("Let x be a 1 by 2 tensor of Real.\nLet y be silu of x.\n", tmp_path))

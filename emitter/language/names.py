@@ -14,7 +14,7 @@ MAX_NAME = 128   # a leaf's weights file is named after it (`<name>.f32`), withi
 EMITTED = frozenset({
     "argparse", "json", "math", "mmap", "os", "sys", "np", "torch", "nn", "F",
     "self", "inputs", "args", "LEAVES", "FILLS", "INPUTS", "STATES", "REQUIRED", "OUTPUT", "PROGRAM",
-    "EPS",
+    "EPS", "PRECISION",
     "weights", "LogosModule", "ProgramModule", "load_weights", "main", "add_args", "bundle", "name",
     "value", "shape", "role", "kind", "dtype", "path", "model", "out", "samba", "utils",
     "parse_app_args", "get_pefmeta",

@@ -301,7 +301,8 @@ class _Checker:
             value = int(s.value)
         else:
             raise ProgramError(f"`Set item {s.index} of {s.var}`: `{s.var}` is an Int tensor and takes "
-                               f"an integer of at most 2^53, not `{s.value}`", s.line)
+                               f"an integer written in digits (`-3`, `42`; at most 2^53), not `{excerpt(s.value, 40)}`",
+                               s.line)
         self.fills[s.var].append((s.index - 1, value))
 
     def op(self, s):
