@@ -474,3 +474,24 @@ def test_a_link_that_cannot_be_read_fails_only_its_program(tmp_path, monkeypatch
                          "programs/p.logos": SRC})
     assert got["p"].error.startswith("programs/defaults.yaml:1: `roots`: `/denied/tmp` cannot be resolved"), \
         got["p"].error
+
+
+def test_a_weights_folder_or_file_linked_into_build_is_refused(tmp_path):
+    """build/ is what runs write (another program's lock output, derived weights): a program's
+    default weights folder linked there is refused as a config's `weights:` there is, and a leaf's
+    file linked there is refused by the lock's link rule, named; a link inside the folder is kept."""
+    from emitter.verify.links import refused_link
+    os.makedirs(tmp_path / "build" / "w")
+    os.makedirs(tmp_path / "weights")
+    os.symlink("../build/w", tmp_path / "weights" / "p")
+    got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/q.logos": SRC})
+    assert got["p"].error is not None and "`weights/p` is a link under build/" in got["p"].error, got["p"].error
+    assert got["q"].error is None
+    os.makedirs(tmp_path / "weights" / "q")
+    (tmp_path / "build" / "x.f64").write_bytes(b"\0" * 16)
+    (tmp_path / "weights" / "q" / "y.f64").write_bytes(b"\0" * 16)
+    os.symlink("../../build/x.f64", tmp_path / "weights" / "q" / "x.f64")
+    os.symlink("y.f64", tmp_path / "weights" / "q" / "z.f64")
+    why = refused_link(str(tmp_path / "weights" / "q"), "x.f64")
+    assert why is not None and why.startswith("`x.f64` links into the zoo's build/"), why
+    assert refused_link(str(tmp_path / "weights" / "q"), "z.f64") is None

@@ -189,9 +189,13 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
         if pc.weights is None and name in tree.entries("weights"):   # (read as none: a misleading error)
             p.errors.append(ConfigError(f"`{default}` is there but is not a folder of weights "
                                         f"({_not_folder(os.path.join(root, default))})", None, source))
-        if pc.weights and inside(root, default, tree, roots) is None:
+        rel = pc.weights and inside(root, default, tree, roots)
+        if pc.weights and rel is None:
             p.errors.append(ConfigError(f"{leaves_message(default, roots)} (a link?)", None,
                                         cfg_rel if has_cfg else source))
+        elif rel and (rel == "build" or rel.startswith("build/")):
+            p.errors.append(ConfigError(f"`{default}` is a link under build/, which a run rewrites (derived "
+                                        "weights are made there by `derive:`)", None, cfg_rel if has_cfg else source))
     return _finish(p, pc)
 
 

@@ -89,7 +89,8 @@ def _outside(weights_dir, fname, roots=None):
     if os.path.dirname(target) == os.path.realpath(weights_dir):
         return None
     roots = allowed_roots(weights_dir) if roots is None else roots
-    return None if under(target, roots) else (target, roots)
+    built = [os.path.join(os.path.realpath(z), "build") for z in (find_zoo_root(weights_dir),) if z]
+    return None if under(target, roots) and not under(target, built) else (target, roots)
 
 
 def refused_links(weights_dir, names):
@@ -105,6 +106,10 @@ def refused_link(weights_dir, fname):
     if out is None:
         return None
     target, roots = out
+    zoo = find_zoo_root(weights_dir)
+    if zoo and under(target, [os.path.join(os.path.realpath(zoo), "build")]):
+        return (f"`{fname}` links into the zoo's build/, to `{target}`, which a run rewrites (another "
+                "program's output): a weights file is the author's; copy it in")
     return (f"`{fname}` links outside the weights directory, to `{target}`, which is outside the "
             f"repository and every named root ({', '.join(roots) or 'none'}); copy the file in, or "
             f"name its folder in programs/defaults.yaml `roots:` or {ROOTS_ENV}")
