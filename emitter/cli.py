@@ -108,6 +108,7 @@ def _write_state_dir(program, leaves, states, directory, weights):
         raise ProgramError(f"the state `{shared[0]}` is a tensor of `{leaves.sources[shared[0]]}`, "
                            "which --state-out cannot rewrite in place: give --state-out another "
                            "folder", path=directory)
+    os.makedirs(directory, exist_ok=True)   # (a program with no state and no file: a folder of none)
     for name in program.leaves:
         if name in states:
             write_leaf(directory, name, states[name], "<f8")

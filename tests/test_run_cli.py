@@ -235,3 +235,17 @@ def test_output_into_a_pipe_its_reader_closed_ends_quietly():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
+def test_state_out_of_a_program_with_no_state_or_file_is_a_folder_to_resume_from(tmp_path):
+    """A program of declared values and no state writes no file to --state-out, yet the folder is
+    made: `run --weights DIR` from it runs as the first did (it said the folder did not exist)."""
+    path = tmp_path / "hello.logos"
+    path.write_text("Let x be a 1 by 2 tensor of Real.\nSet item 1 of x to 3.\nSet item 2 of x to 4.\n"
+                    "Let y be rmsnorm of x.\n")
+    state = tmp_path / "state"
+    done = run(path, "--out", tmp_path / "a.f64", "--state-out", state)
+    assert done.returncode == 0 and os.path.isdir(state) and os.listdir(state) == [], done.stderr
+    again = run(path, "--weights", state, "--out", tmp_path / "b.f64")
+    assert again.returncode == 0, again.stderr
+    assert np.array_equal(f64(tmp_path / "a.f64"), f64(tmp_path / "b.f64"))

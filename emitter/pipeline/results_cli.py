@@ -82,8 +82,9 @@ def add_arguments(p):
                    help=f"judge currency as `doit threads=N` would (default {DEFAULT_THREADS}, a "
                         "plain `doit`'s): the thread count is part of every check's key")
     p.add_argument("names", nargs="*", metavar="NAME",
-                   help="only these programs (exit 1 if any of their checks does not pass, 2 if one "
-                        "has no runs): `doit lock:NAME && python -m emitter results NAME` gates one")
+                   help="only these programs (exit 1 if any of their checks does not pass or is not "
+                        "current, 2 if one has no runs): `doit lock:NAME && python -m emitter results "
+                        "NAME` gates one")
 
 
 def _threads(text):
