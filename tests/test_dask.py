@@ -510,3 +510,24 @@ def test_a_scheduler_and_two_workers_started_by_hand(tmp_path):
     finally:
         _stop(workers + [scheduler])
         logs.close()
+
+
+def test_a_locks_declared_memory_holds_what_it_takes(tmp_path):
+    """A lock declares its need (the Dask resource MEMORY) from its manifest: a program of one big
+    input and its norm, whose lock holds each many times over (the VM's, the module's, the passes'
+    copies), takes no more than it declares, measured as its process's peak."""
+    from conftest import emit_bundle
+    from emitter.pipeline.executors import memory_need
+    src = "Let x be a 2048 by 2048 tensor of Real.\nSet item 1 of x to 3.\nLet y be rmsnorm of x.\n"
+    (tmp_path / "big.logos").write_text(src)
+    bundle = emit_bundle(src, tmp_path / "b")
+    code = ("import resource, subprocess, sys\n"
+            "p = subprocess.run([sys.executable, '-m', 'emitter', 'lock', sys.argv[1], '--program', sys.argv[2], "
+            "'--dtype', 'float64', '-o', sys.argv[3]], capture_output=True)\n"
+            "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code, bundle, str(tmp_path / "big.logos"), str(tmp_path / "r.json")],
+                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    rc, peak = map(int, out.stdout.split())
+    assert rc == 0, out.stderr
+    need = memory_need(os.path.join(bundle, "manifest.json"))
+    assert peak <= need, (peak, need)
