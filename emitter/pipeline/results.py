@@ -166,8 +166,8 @@ def _unreadable(db, e):
     (`guards.history_lost`)."""
     if disk_failed(e):
         return HistoryError(f"{db}: could not be written or read ({e}): is the disk full? The "
-                            "verdicts stand in build/results/; with the history removed, the next "
-                            "`doit` makes it again from there")
+                            f"verdicts stand in build/results/; with the history removed ({os.path.basename(db)} "
+                            "and its -wal and -shm files beside it), the next `doit` makes it again from there")
     folder = os.path.dirname(os.path.abspath(db))
     if "unable to open" in str(e) and not os.access(folder, os.W_OK):
         return HistoryError(f"{db}: cannot be opened: {folder} is not writable (a reader of the "
