@@ -165,9 +165,36 @@ def test_the_bundle_locks_over_its_whole_kv_cache_and_a_conv_ring_that_forgets_f
     assert ring in text
     with open(model, "w") as f:
         f.write(text.replace(ring, "    ring = torch.cat([torch.zeros_like(cs[:1]), cs[2:], x.reshape(1, -1)], dim=0)\n"))
-    assert lock_bundle(bundle, PROGRAM, weights, dtype, 2)["verdict"] == "pass"   # (what 2 steps see)
+    r = lock_bundle(bundle, PROGRAM, weights, dtype, 2)   # 2 steps' own rings hold zeros there, and the
+    f = r["first_divergence"]                            # fresh pass's ring other values
+    assert r["verdict"] == "fail" and f["after"] == "fresh", f
     r = lock_bundle(bundle, PROGRAM, weights, dtype, CACHE_ROWS)
     assert r["verdict"] == "fail" and r["first_divergence"]["op"] == "causal conv", r["first_divergence"]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_attention_over_the_last_rows_alone_fails_at_the_zoos_own_steps(program, weights, tmp_path, dtype):
+    """A sliding window of 2 rows where the program attends to every row written matches each of
+    2 steps (2 rows written); the fresh pass hands the cache its rows moved apart from the one its
+    step writes (their mask with them), where the window misses one: a fail, at the attention."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    from emitter.verify.lock import lock_bundle
+    bundle = str(tmp_path / "b")
+    write_bundle(emit_program(program, {}), bundle)
+    assert lock_bundle(bundle, PROGRAM, weights, dtype, 2)["verdict"] == "pass"
+    model = os.path.join(bundle, "model.py")
+    with open(model) as f:
+        text = f.read()
+    head = "def attention(q, k, v, heads, groups, hd):\n"
+    call = "self.cast(45, Vc1), 4, 2, 9))"
+    assert head in text and call in text
+    with open(model, "w") as f:
+        f.write(text.replace(head, head.replace("hd)", "hd, pos=None)") + "    if pos is not None:\n"
+                             "        p = int(pos.reshape(-1)[0]); k, v = k[max(0, p - 1):p + 1], v[max(0, p - 1):p + 1]\n")
+                .replace(call, call[:-2] + ", Pos))"))
+    r = lock_bundle(bundle, PROGRAM, weights, dtype, 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and f["after"] == "fresh" and all(d["pass"] for d in r["steps_detail"]), f
 
 
 def test_program_uses_all_qwen38_ops(program):

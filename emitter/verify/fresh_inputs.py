@@ -68,10 +68,12 @@ def varied(program, leaves):
 
 def other_states(program, states, exact):
     """{state: [other values, the first tried first]}. A Real one (a cache's rows, a conv's ring, a
-    memory) takes one: its rows rolled down by one (a one-row state's values along it) plus a ramp
-    of -0.5 to 0.5 across it, so a row no step has written yet (zero, or masked) holds values too
-    and a module that drops a tap or row of it is found, though the lock's own steps write only as
-    many rows as it has steps. An Int one a stage reads as a row index (a token, a position), each
+    memory) takes one: its rows rolled down by half their count (one at least; a one-row state's
+    values along it) plus a ramp of -0.5 to 0.5 across it, so a row no step has written yet (zero)
+    holds values too and a module that drops a tap or row of it is found, though the lock's own
+    steps write only as many rows as it has steps; and a cache's written rows (their mask moves
+    with them) lie apart from the one the step writes, so one that reads only its last rows (a
+    window of the steps' count) is found too. An Int one a stage reads as a row index (a token, a position), each
     value v as v + 257, or v + 256 where v is odd (an odd number past 256, which bfloat16's 8 bits
     cannot hold, so a module that rounds it on its way to the index is found, though the lock's
     own steps may reach small ones alone), then 257, the least such (259 for v = 257: a table of
@@ -85,7 +87,8 @@ def other_states(program, states, exact):
         v = np.asarray(states[s], np.float64)
         if program.real[s]:
             axis = 0 if v.shape[0] > 1 else v.ndim - 1
-            out[s] = [np.roll(v, 1, axis=axis) + np.linspace(-0.5, 0.5, v.size).reshape(v.shape)]
+            ramp = np.linspace(-0.5, 0.5, v.size).reshape(v.shape)
+            out[s] = [np.roll(v, max(1, v.shape[axis] // 2), axis=axis) + ramp]
             continue
         if s not in exact:
             continue
