@@ -541,3 +541,48 @@ def test_a_conv_that_drops_its_oldest_tap_fails_at_the_zoos_own_steps(tmp_path, 
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and f["after"] == "fresh", (f, r["reason"])
     assert all(d["pass"] for d in r["steps_detail"]), r["steps_detail"]   # (every step of its own matched)
+
+
+TABLE = """Let x be a 1 by 3 tensor of Real.
+Let pos be a 1 by 1 tensor of Int.
+Let one be a 1 by 1 tensor of Int.
+Set item 1 of one to 1.
+Let T be a 4 by 3 tensor of Real.
+Let W be a 3 by 2 tensor of Real.
+Set row pos of T to x.
+Let pn be pos plus one.
+Set row 0 of pos to pn.
+Let y be T matmul W.
+"""
+
+
+def test_a_table_written_at_an_int_position_keeps_its_other_values_in_the_fresh_pass(tmp_path):
+    """Where the VM refuses the fresh pass's first position (past the table) at the `Set row` that
+    writes the table, the position takes its next try and the table keeps its rolled rows (it was
+    dropped with the position, so a set_row that zeroes the table's other rows passed)."""
+    (tmp_path / "t.logos").write_text(TABLE)
+    os.makedirs(tmp_path / "w")
+    rng = np.random.default_rng(2)
+    rng.standard_normal((1, 3)).tofile(tmp_path / "w" / "x.f64")
+    rng.standard_normal((3, 2)).tofile(tmp_path / "w" / "W.f64")
+    program, weights = str(tmp_path / "t.logos"), str(tmp_path / "w")
+    good = emit_bundle(TABLE, tmp_path / "good")
+    r = lock_bundle(good, program, weights, "float64", 1)
+    assert r["verdict"] == "pass" and r["fresh"]["varied_states"] == ["T", "pos"], (r["reason"], r["fresh"])
+    bad = _changed(good, tmp_path, ("    return table.index_copy(0, index, row.reshape(1, -1))\n",
+                                    "    return torch.zeros_like(table).index_copy(0, index, row.reshape(1, -1))\n"))
+    r = lock_bundle(bad, program, weights, "float64", 1)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and f["after"] == "fresh", (f, r["reason"])
+
+
+def test_a_forward_that_raises_only_as_model_py_main_calls_it_is_named_after_the_steps(tmp_path):
+    """A raise in a pass after the steps is that pass's: the first divergence says `after`."""
+    program = os.path.join(ROOT, "programs", "mlp.logos")
+    good = emit_bundle(read_file(program).source, tmp_path / "good")
+    line = "        X = self.leaf_X if X is None else X\n"
+    bad = _changed(good, tmp_path, (line, "        if X is None and self.probe is None and not torch.is_grad_enabled():\n"
+                                          "            raise RuntimeError('boom')\n" + line))
+    r = lock_bundle(bad, program, os.path.join(ROOT, "weights", "mlp"), "float64", 1)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and (f["after"], f["step"]) == ("as_main", 1) and "boom" in r["reason"], (f, r["reason"])

@@ -456,8 +456,8 @@ def test_a_link_that_cannot_be_read_fails_only_its_program(tmp_path, monkeypatch
     a root, is refused at its line, failing only the programs it is about; a neighbour builds."""
     real = os.path.realpath
 
-    def realpath(p, *a, **k):
-        if "denied" in os.fspath(p):
+    def realpath(p, *a, **k):   # (a path into /denied, or a link there, cannot be read)
+        if "denied" in os.fspath(p) or "denied" in real(p, *a, **k):
             raise PermissionError(13, "Permission denied", os.fspath(p))
         return real(p, *a, **k)
     monkeypatch.setattr(os.path, "realpath", realpath)
@@ -474,6 +474,17 @@ def test_a_link_that_cannot_be_read_fails_only_its_program(tmp_path, monkeypatch
                          "programs/p.logos": SRC})
     assert got["p"].error.startswith("programs/defaults.yaml:1: `roots`: `/denied/tmp` cannot be resolved"), \
         got["p"].error
+    monkeypatch.setenv("LOGOS_ROOTS", "/denied/tmp")   # (the same through the environment: named)
+    got = zoo(tmp_path, {"programs/p.logos": SRC})
+    assert got["p"].error == "LOGOS_ROOTS: names `/denied/tmp`, which cannot be resolved (a link on the way " \
+        "cannot be read)", got["p"].error
+    from emitter.verify.links import refused_link   # (a leaf's file through one: refused, named)
+    os.makedirs(tmp_path / "weights" / "q")
+    os.symlink("/denied/X.f64", tmp_path / "weights" / "q" / "X.f64")
+    monkeypatch.delenv("LOGOS_ROOTS")
+    why = refused_link(str(tmp_path / "weights" / "q"), "X.f64")
+    assert why is not None and why.startswith("`X.f64` links outside the weights directory") and \
+        "through a link that cannot be read" in why, why
 
 
 def test_a_weights_folder_or_file_linked_into_build_is_refused(tmp_path):

@@ -312,3 +312,25 @@ def test_a_config_of_a_billion_layers_is_refused_before_its_layers_are_listed():
     c["num_hidden_layers"] = 10 ** 9
     with pytest.raises(q.ConfigError, match="num_hidden_layers 1000000000 is not a whole number from 1 to 4096"):
         q.dims_of(c)
+
+
+def test_under_bf16_a_key_row_written_wrong_in_the_fresh_pass_fails(program, weights, tmp_path):
+    """Under bfloat16 the fresh pass judges a cache a `Set row` writes row by row: the rounding of
+    its unwritten rows' mask (-1e9) was the whole cache's noise, so a key row written 1.5 times over
+    from position 2 on (the fresh pass's, past 2 steps') kept its cosine and nmse to 13 digits."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    from emitter.verify.lock import lock_bundle
+    bundle = str(tmp_path / "b")
+    write_bundle(emit_program(program, {}), bundle)
+    assert lock_bundle(bundle, PROGRAM, weights, "bfloat16", 2)["verdict"] == "pass"
+    model = os.path.join(bundle, "model.py")
+    with open(model) as f:
+        text = f.read()
+    old = "    return table.index_copy(0, index, row.reshape(1, -1))\n"
+    assert text.count(old) == 1
+    with open(model, "w") as f:
+        f.write(text.replace(old, "    if table.shape[1] == 18 and int(index[0]) >= 2:\n        row = row * 1.5\n" + old))
+    r = lock_bundle(bundle, PROGRAM, weights, "bfloat16", 2)
+    f = r["first_divergence"]
+    assert r["verdict"] == "fail" and f["after"] == "fresh" and f["out"] in ("Kc1", "Kc3"), (f, r["fresh"])
+    assert all(d["pass"] for d in r["steps_detail"]), r["steps_detail"]

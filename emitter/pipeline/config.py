@@ -21,7 +21,7 @@ from ..verify.memory import default_tensor_bytes
 from ..verify.tolerances import DEFAULT_TOLERANCES
 from .config_keys import (Problems, check_bf16, check_common, check_derive, check_precision,
                           check_weights, env_roots, leaves_message)
-from ..verify.links import ROOTS_ENV, root_problem
+from ..verify.links import ROOTS_ENV, resolved, root_problem
 from .paths import Tree, inside
 from ..yamlfile import ConfigError, ConfigErrors, ParseCache, load_yaml
 
@@ -94,6 +94,10 @@ def load_defaults(root, programs_dir="programs", cache=None):
     """The zoo-wide defaults: the built-in ones updated by `programs/defaults.yaml` if present;
     `roots` are the folders it and LOGOS_ROOTS name."""
     merged = load_defaults_builtin(root)
+    for x in os.environ.get(ROOTS_ENV, "").split(os.pathsep):
+        if x and "\0" not in x and resolved(os.path.join(root, x)) is None:
+            raise ConfigError(f"names `{excerpt(x, 120)}`, which cannot be resolved (a link on the way cannot be "
+                              "read)", None, ROOTS_ENV)
     for r in merged["roots"]:   # (LOGOS_ROOTS: held to the rule `roots:` is)
         why = root_problem(os.path.realpath(root), r)
         if why:

@@ -4,16 +4,7 @@ listed and resolved, so a zoo of thousands costs lookups."""
 
 import os
 
-from ..verify.links import find_zoo_root, under  # noqa: F401  (find_zoo_root: used from here)
-
-
-def resolved(path):
-    """`path` with its links followed, or None where one on the way cannot be read (a link to
-    /proc/1/root: EACCES, which os.path.realpath raises rather than stops at)."""
-    try:
-        return os.path.realpath(path)
-    except OSError:
-        return None
+from ..verify.links import find_zoo_root, resolved, under  # noqa: F401  (find_zoo_root, resolved: used from here)
 
 
 class Tree:

@@ -122,9 +122,10 @@ def standard(program, leaves, start):
 
 def step(program, leaves, start, other, tries, feed):
     """The VM's step from the states `start` with the inputs `other` and each state's first try of
-    `tries`: where the VM refuses (an index out of range), a state the refusing stage reads
-    takes its next try (none left: it keeps its value); a refusal no state explains: the inputs as
-    they were. Only `feed`'s stage value is kept."""
+    `tries`: where the VM refuses (an index out of range), a state the refusing stage reads as its
+    row index takes its next try (none left: it keeps its value; a table the stage writes keeps
+    its own); a refusal no state explains: the inputs as they were. Only `feed`'s stage value is
+    kept."""
     digest, trace = request(other, tries, feed), None
     while other or tries:
         far = {s: c[0] for s, c in tries.items()}
@@ -132,7 +133,8 @@ def step(program, leaves, start, other, tries, feed):
             trace = vm.step(program, {**leaves, **start, **far, **other}, keep_stages={feed})
             break
         except ProgramError as e:
-            refused = {n for st in program.stages if st.line == e.line for n in st.inputs} & set(tries)
+            refused = {st.bound.get(slot) for st in program.stages if st.line == e.line   # (what it reads
+                       for slot in st.op.index} & set(tries)                               # as a row index)
             tries = {s: c[1:] if s in refused else c for s, c in tries.items() if s not in refused or c[1:]} \
                 if refused else {}
             other = other if refused or far else {}

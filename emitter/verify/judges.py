@@ -47,9 +47,10 @@ class Flat:
         self.sums = {}       # (watch: the constant leaves as they passed the load stage)
         self.last = 0        # the last step judged
 
-    def compare(self, got, want, integer=False):
+    def compare(self, got, want, integer=False, rows=False):
         """A tensor's figures (the module's against the VM's) and its pass; an Int one (`integer`:
-        a token, a position) passes only where each value is the VM's."""
+        a token, a position) passes only where each value is the VM's. (`rows`: the bf16 judge's;
+        the tolerance here bounds each row on its own values already.)"""
         m = compare(got, want, self.tol)
         if integer:
             got = np.asarray(got.double() if hasattr(got, "double") else got, np.float64).reshape(-1)
@@ -152,14 +153,25 @@ class Bf16(Flat):
         self.seen, self.flips, self.excused = [], 0, 0
         self.routing = []    # each routing flip: its stage, step, token, expert sets, margin, noise
 
-    def compare(self, got, want, integer=False):
+    def compare(self, got, want, integer=False, rows=False):
         """An Int tensor exactly (the policy holds it in fp32); a real one on its cosine and, as a
-        gain moves no cosine, its nmse."""
+        gain moves no cosine, its nmse; with `rows` (a cache a `Set row` writes, where no probe
+        judges the row written: the fresh pass's), each row of it so too, as a row's values are
+        its own (an unwritten row's mask of -1e9, rounded, is the whole tensor's noise: a key row
+        written at the wrong position kept the whole cache's cosine and nmse to 13 digits)."""
         if integer:
             return super().compare(got, want, integer)
         m = compare(got, want, self.tol)
         m["pass"] = m["nonfinite_mismatch"] == 0 and m["cosine"] >= self.bounds["cosine"] and \
             m["nmse"] <= self.bounds["nmse"]
+        if rows and m["pass"] and len(getattr(want, "shape", ())) == 2:
+            g = np.asarray(got.double() if hasattr(got, "double") else got, np.float64).reshape(want.shape)
+            w = np.asarray(want, np.float64)
+            for i in range(w.shape[0]):
+                r = compare(g[i:i + 1], w[i:i + 1], self.tol)
+                if r["nonfinite_mismatch"] or r["cosine"] < self.bounds["cosine"] or r["nmse"] > self.bounds["nmse"]:
+                    m.update({"pass": False, "row": i, "row_cosine": r["cosine"], "row_nmse": r["nmse"]})
+                    break
         return m
 
     def step(self, torch, program, current, trace, probe, step, label):

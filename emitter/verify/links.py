@@ -27,10 +27,21 @@ def find_zoo_root(start):
         here = up
 
 
+def resolved(path):
+    """`path` with its links followed, or None where one on the way cannot be read (a link to
+    /proc/1/root: EACCES, which os.path.realpath raises rather than stops at)."""
+    try:
+        return os.path.realpath(path)
+    except OSError:
+        return None
+
+
 def env_roots(root="."):
-    """The roots LOGOS_ROOTS names (os.pathsep between folders), each resolved."""
-    return tuple(os.path.realpath(os.path.join(root, x)) for x in os.environ.get(ROOTS_ENV, "").split(os.pathsep)
-                 if x and "\0" not in x and path_bytes(x) <= PATH_BYTES)
+    """The roots LOGOS_ROOTS names (os.pathsep between folders), each resolved (one that cannot be
+    is none: the defaults' check says so, naming it)."""
+    got = (resolved(os.path.join(root, x)) for x in os.environ.get(ROOTS_ENV, "").split(os.pathsep)
+           if x and "\0" not in x and path_bytes(x) <= PATH_BYTES)
+    return tuple(r for r in got if r is not None)
 
 
 def _named_roots(zoo):
@@ -49,7 +60,7 @@ def _named_roots(zoo):
     if not isinstance(v, list) or not all(isinstance(x, str) and x and "\0" not in x
                                           and path_bytes(x) <= PATH_BYTES for x in v):
         return ()   # (no longer than a path can be: the config's check says so)
-    return tuple(os.path.realpath(os.path.join(zoo, x)) for x in v)
+    return tuple(r for r in (resolved(os.path.join(zoo, x)) for x in v) if r is not None)
 
 
 def root_problem(repo, r):
@@ -85,7 +96,9 @@ def _outside(weights_dir, fname, roots=None):
     path = os.path.join(weights_dir, fname)
     if os.sep not in fname and "/" not in fname and not os.path.islink(path):
         return None   # an entry of the folder itself, no link: it resolves inside the folder
-    target = os.path.realpath(path)
+    target = resolved(path)
+    if target is None:   # (a link on the way that cannot be read: followed nowhere)
+        return f"{path}, through a link that cannot be read", allowed_roots(weights_dir) if roots is None else roots
     if os.path.dirname(target) == os.path.realpath(weights_dir):
         return None
     roots = allowed_roots(weights_dir) if roots is None else roots

@@ -233,7 +233,7 @@ def _run(torch, model, dtype, program, leaves, steps, judge, timings, resident, 
                 first = first or (after[name] or {}).get("first")
             except Raised as e:   # (as in a step: the bundle's fault, named where it raised)
                 raised, at = _raised_at(program, e, 1 if name == "as_main" else steps)
-                first = first or at
+                first = first or {**at, "after": name}
                 after[name] = {"pass": False, **broken, "raised": e.error}
     stages = [{**_label(program, i), **figures(m), "pass": m["pass"]}
               for i, m in sorted(stages_worst.items())]

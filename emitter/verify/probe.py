@@ -326,7 +326,7 @@ class Returned:
 
 @contextlib.contextmanager
 def as_arguments(torch, model, inputs, given=None):
-    """The inputs `inputs` as forward's keyword arguments (compile.py's way), copies of their
+    """The inputs `inputs` as forward's keyword arguments (as a caller may pass them), copies of their
     buffers (or of `given` values, held as their buffers hold them), which meanwhile hold what no
     input does (NaN; an integer buffer its least value; a mask each value flipped), so a forward
     that reads a buffer instead of its argument computes on it; the buffers put back after, from
