@@ -535,3 +535,49 @@ def test_a_raise_after_a_stage_the_gate_fails_still_names_that_stage_first(qwen)
     said = describe(r)
     assert said.startswith(f"first diverging op: stage {gained} ") and "where the module raised" in said \
         and "None" not in said, said
+
+
+MASKED = """Let x be a 1 by 4 tensor of Real.
+Let W be a 4 by 4 tensor of Real.
+Let Msk be a 4 by 1 tensor of Real.
+Let Z be a 1 by 1 tensor of Real.
+Let pos be a 1 by 1 tensor of Int.
+Let one be a 1 by 1 tensor of Int.
+Set item 1 of one to 1.
+Set row pos of Msk to Z.
+Let MT be transpose of Msk.
+Let h be x matmul W.
+Let hm be h plus MT.
+Let y be softmax of hm.
+Let pn be pos plus one.
+Set row 0 of pos to pn.
+"""
+
+
+def test_a_mask_of_minus_inf_the_program_allows_is_no_error_under_the_gate(tmp_path):
+    """A state of -inf the program allows (`allow_nonfinite`), added to a value: module, VM and floor
+    hold the same -inf there, whose inf − inf made every figure of the stage NaN (a right bundle
+    failed at inf× its bound). The gate judges the values around it; one wrong there fails."""
+    from emitter.sambaflow.emit import emit_program, write_bundle
+    from emitter.verify.lock import lock_bundle
+    (tmp_path / "m.logos").write_text(MASKED)
+    w = tmp_path / "w"
+    w.mkdir()
+    rng = np.random.default_rng(0)
+    np.full((4, 1), -np.inf).tofile(w / "Msk.f64")
+    np.zeros((1, 1)).tofile(w / "Z.f64")
+    np.zeros((1, 1)).tofile(w / "pos.f64")
+    rng.standard_normal((1, 4)).tofile(w / "x.f64")
+    rng.standard_normal((4, 4)).tofile(w / "W.f64")
+    good = str(tmp_path / "good")
+    write_bundle(emit_program(read_file(str(tmp_path / "m.logos")), {}), good)
+    r = lock_bundle(good, str(tmp_path / "m.logos"), str(w), "bfloat16", 2, allow_nonfinite=("Msk",))
+    assert r["verdict"] == "pass", (r["reason"], r["first_divergence"])
+    bad = str(tmp_path / "bad")
+    shutil.copytree(good, bad)
+    text = open(os.path.join(bad, "model.py")).read()
+    old = "hm = self.tap(3, self.cast(3, h) + self.cast(3, MT))"
+    assert old in text
+    open(os.path.join(bad, "model.py"), "w").write(text.replace(old, old.replace("self.cast(3, h) +", "self.cast(3, h) * 1.01 +")))
+    r = lock_bundle(bad, str(tmp_path / "m.logos"), str(w), "bfloat16", 2, allow_nonfinite=("Msk",))
+    assert r["verdict"] == "fail" and r["first_divergence"]["out"] == "hm", r["first_divergence"]

@@ -223,10 +223,22 @@ def _ratio(err, noise):
     return 0.0 if err == 0 else (err / noise if noise > 0 else math.inf)
 
 
+def _agreeing_nonfinite_out(m, v, f):
+    """m, v and f without the places where all three hold the same NaN or Inf: what the program
+    allows (`allow_nonfinite`: a mask of -inf), moved or added as it is, is no error and no noise
+    (its inf − inf made every figure of the stage NaN: a right `h plus mask` failed at inf×)."""
+    with np.errstate(invalid="ignore"):
+        odd = ~(np.isfinite(m) & np.isfinite(v) & np.isfinite(f))
+        if not odd.any():
+            return m, v, f
+        keep = ~(odd & (((m == v) & (f == v)) | (np.isnan(m) & np.isnan(v) & np.isnan(f))))
+    return m[keep], v[keep], f[keep]
+
+
 def judge(op_name, module, vm, floor, b, compute="fp32"):
     """The gate's figures for one op on one step (its compute precision gives the noise's grain),
     and whether it passes."""
-    m, v, f = _flat(module), _flat(vm), _flat(floor)
+    m, v, f = _agreeing_nonfinite_out(_flat(module), _flat(vm), _flat(floor))
     rv = _rms(v)
     w = 1.0 / np.maximum(np.abs(v), rv + np.finfo(float).tiny)   # values over the rms: relative
     moved = ((m - f) * w) ** 2
@@ -290,6 +302,8 @@ def judge_many(items, b):
             finite = [np.logical_and.reduceat(np.isfinite(x), starts).tolist() for x in (m, f, v)]
             some = np.logical_or.reduceat(v != 0, starts).tolist()
         for k, (i, (lo, hi)) in enumerate(zip(todo, spans)):
+            if not (finite[0][k] and finite[1][k] and finite[2][k]):   # (judge's: the NaN or Inf it may allow)
+                continue
             out[i] = _judged(items[i][0], items[i][4], b, (m[lo:hi], v[lo:hi], f[lo:hi]),
                              (fv[lo:hi], mv[lo:hi], fvw[lo:hi], moved[lo:hi]), top[k], rv[k],
                              (finite[0][k], finite[1][k], finite[2][k], some[k]))
