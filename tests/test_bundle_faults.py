@@ -586,3 +586,16 @@ def test_a_forward_that_raises_only_as_model_py_main_calls_it_is_named_after_the
     r = lock_bundle(bad, program, os.path.join(ROOT, "weights", "mlp"), "float64", 1)
     f = r["first_divergence"]
     assert r["verdict"] == "fail" and (f["after"], f["step"]) == ("as_main", 1) and "boom" in r["reason"], (f, r["reason"])
+
+
+def test_a_forward_whose_parameters_are_in_another_order_fails(tmp_path):
+    """compile.py hands SambaFlow's tracer the inputs as a list in INPUTS order: the free passes
+    pass them so, by position, and a forward whose parameters are swapped computes on the wrong
+    ones (by name it was right)."""
+    program = os.path.join(ROOT, "programs", "norms.logos")
+    good = emit_bundle(read_file(program).source, tmp_path / "good")
+    weights = os.path.join(ROOT, "weights", "norms")
+    assert lock_bundle(good, program, weights, "float64", 1)["verdict"] == "pass"
+    bad = _changed(good, tmp_path, ("    def forward(self, X=None, R=None):\n", "    def forward(self, R=None, X=None):\n"))
+    r = lock_bundle(bad, program, weights, "float64", 1)
+    assert r["verdict"] == "fail", (r["reason"], r["first_divergence"])

@@ -112,10 +112,12 @@ def run_module(model, program, what, step=0, args=None, hook=None):
     bundle (Raised, naming the stage after the last one tapped); one that is not the bundle's
     (out of time or memory, the lock's own) is CouldNotRun. An output that is a state's buffer,
     which the next step overwrites under a caller's feet, is a BundleFault. `args`: the inputs
-    passed to forward as arguments (compile.py's way), by name; `hook`: what sees each tap (its
-    `last`), where it is not the module's `probe`."""
+    passed to forward as arguments, in the program's order, by position (compile.py hands
+    SambaFlow's tracer a list in INPUTS order: a forward whose parameters are in another order
+    computes on the wrong ones); `hook`: what sees each tap (its `last`), where it is not the
+    module's `probe`."""
     try:
-        out = model(**(args or {}))
+        out = model(*(args or {}).values())
         if not hasattr(out, "untyped_storage") or not hasattr(out, "resolve_neg"):
             odd = f"a {type(out).__name__}, not a tensor"
         else:
@@ -326,7 +328,7 @@ class Returned:
 
 @contextlib.contextmanager
 def as_arguments(torch, model, inputs, given=None):
-    """The inputs `inputs` as forward's keyword arguments (as a caller may pass them), copies of their
+    """The inputs `inputs` as forward's arguments ({name: value}, in their order), copies of their
     buffers (or of `given` values, held as their buffers hold them), which meanwhile hold what no
     input does (NaN; an integer buffer its least value; a mask each value flipped), so a forward
     that reads a buffer instead of its argument computes on it; the buffers put back after, from
