@@ -301,6 +301,11 @@ def test_a_result_file_edited_by_hand_is_never_a_current_verdict(tmp_path):
     row = next(r for r in report["results"] if (r["name"], r["check"]) == ("a", "float32"))
     assert row["verdict"] == "error" and not row["current"], row
     assert "not the one the lock wrote" in row["reason"], row
+    # the void verdict's figures and place are none of the row's (junit would point at its line)
+    assert (row["first_divergence"], row["worst"], row["output"], row["seconds"]) == (None, None, None, None), row
+    junit = (z / "build/junit.xml").read_text()
+    case = junit[junit.index('classname="a" name="float32"'):]
+    assert ' line="' not in case[:case.index(">")], case[:300]
     assert "not the one the lock wrote" in (z / "build/summary.md").read_text()
     p = subprocess.run([sys.executable, "-m", "emitter", "results", "--json", "a"], cwd=z,
                        capture_output=True, text=True)

@@ -235,6 +235,9 @@ def test_a_failed_task_of_no_program_is_neither_a_program_nor_a_check():
     head = "1 program, 2 checks and 1 failed task — 2 pass, 0 fail, 1 error"
     assert render_summary([ok, {**ok, "check": "float32"}, task]).splitlines()[0] == f"## ❌ LOGOS lock: {head}"
     assert f"<h1>LOGOS lock: {head}</h1>" in render_html([ok, {**ok, "check": "float32"}, task])
+    bad = {**ok, "check": "float32", "verdict": "fail", "reason": "x"}
+    assert "<h2>Did not pass: 0 checks and 1 failed task</h2>" in render_html([ok, task])
+    assert "<h2>Did not pass: 1 check and 1 failed task</h2>" in render_html([ok, bad, task])
     assert "2 programs, 2 checks — 2 pass" in render_summary([ok, {**ok, "name": "b"}])
 
 

@@ -661,7 +661,7 @@ def test_results_judge_currency_at_the_thread_count_a_run_would_use(tmp_path):
         build = z / "build"
         assert json.loads((build / "report.json").read_text())["threads"] == n
         said = (build / "summary.md").read_text().splitlines()[2]   # (and when it was judged)
-        assert f"Each verdict is current against its check's key at threads={n}, 20" in said, said   # (no commit: no git)
+        assert f"Each pass or fail is current against its check's key at threads={n}, 20" in said, said   # (no commit: no git)
         assert "(`logos results` says whether it still is)" in said
         assert f'<property name="threads" value="{n}" />' in (build / "junit.xml").read_text()
         assert f"currency judged at threads={n}" in (build / "report.html").read_text()

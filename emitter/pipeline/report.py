@@ -88,8 +88,8 @@ def _check_rows(e, status, now, parts_now, written):
             else:
                 stale = moved(inputs, parts_now[c.dtype])
                 why = f"its {', '.join(stale)} {'differ' if len(stale) > 1 else 'differs'} from the inputs now"
-            r.update(verdict="error", reason=f"{c.result}: refused: not current: {why}; run doit to "
-                     "lock it again")
+            r.update(verdict="error", reason=f"{c.result}: refused: not current: {why}; run doit to lock it "
+                     "again", **dict.fromkeys(("first_divergence", "worst", "output", "bf16", "seconds")))   # (void)
         note = _elsewhere(r)
         if note:
             r["environment_note"] = note
@@ -325,7 +325,7 @@ def render_summary(rows, _plots=None, header=None):
     if (header or {}).get("threads"):
         at = header.get("commit")   # (a report says when its currency was judged: `logos results` says now)
         at = f" as of commit {at[:12]}{' with local edits' if header.get('dirty') else ''}" if at else ""
-        out += [f"Each verdict is current against its check's key at threads={header['threads']}{at}"
+        out += [f"Each pass or fail is current against its check's key at threads={header['threads']}{at}"
                 f"{', ' + header['time'] + ' UTC' if header.get('time') else ''} (`logos results` says "
                 "whether it still is).", ""]
     notes = warnings(rows)

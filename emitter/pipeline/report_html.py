@@ -190,7 +190,10 @@ def render(rows, cache_path=None, header=None):
         out.append('<section class="warnings"><h2>Warnings</h2><ul>'
                    + "".join(f"<li>{_text(n)}</li>" for n in notes) + "</ul></section>")
     if bad:
-        out.append(f'<nav><h2>Did not pass: {sum(r["verdict"] != "pass" for r in rows)} checks</h2><ol>')
+        bad_checks = sum(r["verdict"] != "pass" and r["check"] != "task" for r in rows)
+        tasks = sum(r["check"] == "task" for r in rows)   # (a failed task of no program is no check)
+        out.append(f'<nav><h2>Did not pass: {bad_checks} check{"s" * (bad_checks != 1)}'
+                   f'{f" and {tasks} failed task" + "s" * (tasks != 1) if tasks else ""}</h2><ol>')
         for name, checks in bad.items():
             for r in checks:
                 if r["verdict"] != "pass":

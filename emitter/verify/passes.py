@@ -168,8 +168,9 @@ def fresh(torch, model, build, program, leaves, start, last, resident, stage_rea
     trace, far, other = got.trace, got.far, {n: v for n, v in other.items() if n in got.other}
     env = {**leaves, **start, **far, **other}
     start = {**start, **far}
-    what = f"the free pass of step {steps} again" + (f" with other values of {', '.join([*other, *far])}"
-                                                     if other or far else "")
+    varied_names = [*other, *far]   # (a few by name: a reason's cause comes after them, and views cut its end)
+    what = f"the free pass of step {steps} again" + (f" with other values of {', '.join(varied_names[:4])}" + (
+        f" and {len(varied_names) - 4} more" if len(varied_names) > 4 else "") if varied_names else "")
     given = {n: torch.from_numpy(v) for n, v in other.items()}
     against = {}
     if trace is not None:   # (first: the call after the replay's, whose arguments a caller holds)
