@@ -19,6 +19,8 @@ from test_pipeline import FAKE_IMPORTER, PROG_A, PROG_B, _weights, doit, make_zo
 
 pytest.importorskip("fsspec")
 from emitter.pipeline import cache as vc  # noqa: E402
+from emitter.pipeline.keys import check_key  # noqa: E402
+from emitter.pipeline.publish import publish_all  # noqa: E402
 
 KEY = "a" * 64
 
@@ -209,12 +211,12 @@ def test_the_key_covers_what_the_verdict_depends_on():
     base = {"dtype": "float32", "steps": 2, "tolerance": {"abs": 1e-4, "rel": 1e-3}, "config": "c",
             "precision": None, "source": "s", "bundle": {"model.py": "m"}, "weights": "w",
             "code": "k", "environment": "e", "threads": 1}
-    k = vc.check_key(base)
-    assert k == vc.check_key(dict(reversed(list(base.items()))))
+    k = check_key(base)
+    assert k == check_key(dict(reversed(list(base.items()))))
     for part, other in [("dtype", "bfloat16"), ("steps", 3), ("tolerance", {"abs": 1e-4, "rel": 1e-2}),
                         ("precision", {"matmul": ["bf16", "fp32"]}), ("weights", {"sha256": "x"}),
                         ("bundle", {"model.py": "n"}), ("environment", "f"), ("threads", 2)]:
-        assert vc.check_key({**base, part: other}) != k, part
+        assert check_key({**base, part: other}) != k, part
 
 
 DERIVED = "derive:\n  importer: fake\n  checkpoint: ckpt/w.bin\n"
@@ -521,7 +523,7 @@ def test_a_verdict_the_cache_task_cannot_publish_is_a_warning(tmp_path, monkeypa
     monkeypatch.setattr(vc.VerdictCache, "put", refused)
     said = []
     monkeypatch.setattr(log.LOG, "warning", said.append)
-    assert vc.publish_all(list(_entries(z).values()), 1, url) is True
+    assert publish_all(list(_entries(z).values()), 1, url) is True
     assert len(said) == 2 and all("cache: not published: build/results/b/" in s and
                                   "PermissionError: refused" in s for s in said), said
 
@@ -540,6 +542,50 @@ def test_a_result_edited_since_its_lock_wrote_it_is_never_published(tmp_path, mo
     r = json.loads(path.read_text())
     r["output"]["max_abs"], r["worst"] = 0.0, None   # the key, the verdict and the size kept or not
     path.write_text(json.dumps(r, indent=1))
-    assert vc.publish_all(list(_entries(z).values()), 1, url) is True
+    assert publish_all(list(_entries(z).values()), 1, url) is True
     kept = json.loads((z / "build/results/b/float32.json").read_text())["key"]
     assert {p.stem for p in (tmp_path / "cache").rglob("*.json")} == {kept} != {r["key"]}
+
+
+def test_a_store_that_does_not_answer_is_asked_once_a_run(monkeypatch):
+    """A store whose reads stall (s3fs retried each GET for minutes, check by check) or fail is
+    given REACH_S seconds once: then the cache is not asked again this run, said once, and every
+    check left is run here."""
+    import threading
+    import time
+    said = []
+    c = vc.VerdictCache("memory://stalled-cache", "sekrit", said.append)
+    monkeypatch.setattr(vc, "REACH_S", 0.3)
+    release, calls = threading.Event(), []
+
+    def stalled(*a, **k):
+        calls.append(a)
+        release.wait(60)
+        raise OSError("stalled")
+    monkeypatch.setattr(c.fs, "open", stalled)
+    try:
+        t = time.monotonic()
+        assert c.get("a" * 64) is None and c.get("b" * 64) is None and not c.has("c" * 64)
+        assert c.put("d" * 64, _result()) is False and c.listed() is None
+        assert time.monotonic() - t < 30   # (not a timing: a stall of 60 s each would be minutes)
+    finally:
+        release.set()
+    assert len(calls) == 1, calls
+    assert len(said) == 1 and "did not answer in 0.3 s: not used for the rest of this run" in said[0], said
+
+
+def test_an_entry_of_many_small_containers_costs_about_its_size(tmp_path):
+    """An unsigned entry up to MAX_ENTRY of 40M empty objects grew 25 times in json.loads (3.4 GB
+    for 128 MiB) before its schema was read: what is not a string in it is read first, and a few
+    keys are all an envelope holds."""
+    code = ("import resource, sys\nsys.path.insert(0, sys.argv[1])\n"
+            "from emitter.pipeline.cache import VerdictCache\n"
+            "data = b'[' + b'{},' * ((32 << 20) // 3) + b'{}]'\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "why = VerdictCache('file://' + sys.argv[2], 'k').verified('ab' * 32, data)\n"
+            "print(why, '|', (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-c", code, root, str(tmp_path)], capture_output=True, text=True)
+    why, grown = p.stdout.rsplit("|", 1)
+    assert p.returncode == 0 and why.strip() == "not a verdict-cache entry", p.stderr
+    assert int(grown) < 8 * (32 << 20), grown   # (json.loads took about 25 times)

@@ -140,7 +140,7 @@ def cache_lookup(entry, threads, url):
 
 
 def cache_publish(*args):
-    from .cache import publish_all
+    from .publish import publish_all
     return publish_all(*args)
 
 

@@ -20,27 +20,30 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import socket
-import sys
 import threading
 import uuid
 
 from ..extras import require
-from ..files import open_regular, read_json, write_atomic
-from ..fingerprint import sha256_or_none
+from ..files import open_regular, write_atomic
 from .digests import canonical
 from .guards import say_once
-from .keys import check_key, check_parts, lock_records
 from .log import LOG
 
 SCHEMA, VERSION = "logos.verdict-cache", 1
 KEY_ENV = "LOGOS_CACHE_KEY"
 MAX_ENTRY = 128 << 20       # a hostile cache cannot make a reader load more than this
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')   # a JSON string (an entry's body is one)
 CACHEABLE = ("pass", "fail")   # an error says something about the run, not about the inputs
 
 
 class CacheError(Exception):
     """A cache URL that cannot be used (no such fsspec protocol, a bad URL): one line."""
+
+
+class _Down(Exception):
+    """The store failed to answer once this run: it is not asked again."""
 
 
 _RUN = None
@@ -86,6 +89,7 @@ class VerdictCache:
         self._say = say or LOG.warning
         self.key_id = hmac.new(self.secret, b"logos.verdict-cache key id", hashlib.sha256).hexdigest()[:16]
         self._looked = False   # (whether the first miss looked for another key's entries)
+        self._down = False     # (a store that failed to answer: not asked again this run)
 
     def path(self, key):
         return f"{self.root}/{self.key_id}/{key[:2]}/{key}.json"
@@ -153,12 +157,44 @@ class VerdictCache:
                      f"{', '.join(others[:3])}), none with this one (key id {self.key_id}): is it "
                      "the key the cache's writers hold? Every check is run here", self._say)
 
+    def _within(self, fn):
+        """fn()'s value, from a store that answers within REACH_S seconds (a folder's at once). One
+        that does not is not asked again this run, said once: each read retried for minutes (s3fs's
+        and botocore's retries on a stalled or closed connection), check by check."""
+        if self._down:
+            raise _Down()
+        if self._local:
+            return fn()
+        out = []
+
+        def asked():
+            try:
+                out.append((True, fn()))
+            except BaseException as e:   # noqa: BLE001 (handed back to the caller)
+                out.append((False, e))
+        t = threading.Thread(target=asked, daemon=True)
+        t.start()
+        t.join(REACH_S)
+        if not out:   # (a connection closed at once is retried for minutes by s3fs and botocore too)
+            self._down = True
+            say_once(f"cache: {self.url} did not answer in {REACH_S:g} s: not used for the rest of this run; every "
+                     "check left is run here", self._say)
+            raise _Down()
+        if out[0][0]:
+            return out[0][1]
+        raise out[0][1]
+
     def _read(self, key):
         """The raw entry, or None when there is none (or it cannot be read)."""
         p = self.path(key)
-        try:   # (a folder's entry opened without waiting: a FIFO in its place is no entry)
+
+        def read():   # (a folder's entry opened without waiting: a FIFO in its place is no entry)
             with (open_regular(p) if self._local else self.fs.open(p, "rb")) as f:
-                data = f.read(MAX_ENTRY + 1)
+                return f.read(MAX_ENTRY + 1)
+        try:
+            data = self._within(read)
+        except _Down:
+            return None
         except FileNotFoundError:
             self._other_keys()
             return None
@@ -174,7 +210,10 @@ class VerdictCache:
         """The entry's `result` when `data` is a whole entry signed with our key for `key`, else
         the reason it is not (a str)."""
         try:
-            envelope = json.loads(data.decode("utf-8"))
+            text = data.decode("utf-8")
+            if len(_STRINGS.sub('""', text)) > 512:   # what is not a string: an envelope's few keys (a
+                return "not a verdict-cache entry"      # body of 40M empty objects took 3.4 GB to parse)
+            envelope = json.loads(text)
         except (UnicodeDecodeError, ValueError, RecursionError):
             return "not JSON (truncated or not an entry)"
         if not isinstance(envelope, dict) or envelope.get("schema") != SCHEMA:
@@ -250,7 +289,7 @@ class VerdictCache:
         """The keys this key's folder holds an entry under, by name (one listing), or None where it
         cannot be listed."""
         try:
-            names = self.fs.find(f"{self.root}/{self.key_id}")
+            names = self._within(lambda: self.fs.find(f"{self.root}/{self.key_id}"))
         except Exception:   # noqa: BLE001 (a store's client raises its own)
             return None
         return {n.rsplit("/", 1)[-1][:-len(".json")] for n in names if n.endswith(".json")}
@@ -264,11 +303,17 @@ class VerdictCache:
         data = canonical({"schema": SCHEMA, "version": VERSION, "hmac": self._sign(body), "body": body})
         p = self.path(key)
         tmp = f"{p}.{uuid.uuid4().hex[:12]}.partial"
-        self.fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
-        self.fs.pipe_file(tmp, data.encode("ascii"))
-        if self.fs.isdir(p):   # a folder in the entry's place: moved into, it would stay there
-            self.fs.rm(p, recursive=True)
-        self.fs.mv(tmp, p)
+
+        def publish():
+            self.fs.makedirs(p.rsplit("/", 1)[0], exist_ok=True)
+            self.fs.pipe_file(tmp, data.encode("ascii"))
+            if self.fs.isdir(p):   # a folder in the entry's place: moved into, it would stay there
+                self.fs.rm(p, recursive=True)
+            self.fs.mv(tmp, p)
+        try:
+            self._within(publish)
+        except _Down:
+            return False
         with self._lock:
             self._valid.add(key)
         return True
@@ -334,54 +379,3 @@ def store(url):
         if url not in _STORES:
             _STORES[url] = open_cache(url, reach=False)[0]   # (the run asked it once, before any task)
         return _STORES[url]
-
-
-def publishable(r, parts):
-    """Whether the result `r` may be published under the key of `parts`: a pass or fail recorded
-    under exactly that key, computed here in the environment the key names (a Dask worker
-    elsewhere computed it in its own; one taken from a cache is that cache's, its run named there,
-    never published again as this run's)."""
-    return (isinstance(r, dict) and r.get("verdict") in CACHEABLE and parts is not None
-            and not r.get("from_cache")
-            and r.get("key") == check_key(parts)
-            and (r.get("hashes") or {}).get("environment") == parts["environment"])
-
-
-def as_written(path, record):
-    """The result at `path` where its file is the one the lock wrote (`record`: what the lock
-    status holds of it, its sha256, key and verdict), else None: a result edited since, by hand or
-    by a restore, is nobody's verdict to share."""
-    if not isinstance(record, dict) or sha256_or_none(path) != record.get("sha256"):
-        return None
-    r = read_json(path)
-    return r if r is not None and (r.get("key"), r.get("verdict")) == (record.get("key"), record.get("verdict")) \
-        else None
-
-
-def publish_all(entries, threads, url):
-    """The `cache` task: publish every current pass/fail verdict the cache lacks, including those
-    of locks that did not rerun (a no-op over a restored build/ fills a new cache). What the cache
-    holds is listed once a run (a cache emptied or pruned since the last run is filled again); a
-    key listed there is not sent again (a bad entry is replaced when its check runs here)."""
-    cache = store(url)
-    if cache is None:
-        return True
-    held, sent, failed = cache.listed(), 0, []
-    for e in entries:
-        status, wrote = read_json(e.status), lock_records(read_json(e.lock_status))
-        for c in e.checks:
-            r = as_written(c.result, wrote.get(c.dtype))
-            ran = (r.get("execution") or {}).get("threads") if isinstance(r, dict) else None
-            if not publishable(r, check_parts(e, c, status, ran)) or (held is not None and r["key"] in held):
-                continue
-            try:
-                if held is not None or not cache.has(r["key"], (r.get("hashes") or {}).get("environment")):
-                    cache.put(r["key"], r)
-                    sent += 1
-            except Exception as x:   # the verdicts stand; the cache is best effort
-                failed.append(f"{c.result}: {type(x).__name__}: {str(x)[:200]}")
-    if sent:
-        sys.stdout.write(f"cache: published {sent} verdict(s) to {url}\n")
-    for f in failed[:5]:
-        LOG.warning(f"cache: not published: {f}")
-    return True

@@ -321,7 +321,7 @@ def _drop_others(entry):
 def _publish(store, name, dtype, key, r, parts, quiet=False):
     """Store a verdict computed here under its key (best effort: the verdict stands regardless);
     one computed in another environment than the key names (a Dask worker elsewhere) is not."""
-    from .cache import publishable
+    from .publish import publishable
     if r["verdict"] not in ("pass", "fail"):
         return
     if not publishable(r, parts):

@@ -302,7 +302,7 @@ class ProgressReporter(ConsoleReporter):
             entries, threads, url = task.actions[0].args
             mine = entries if unmet else [e for e in entries if e.name in done]
             if mine:
-                from .cache import publish_all
+                from .publish import publish_all
                 publish_all(mine, threads, url)
         except Exception as e:
             LOG.warning(f"cache: not published: {type(e).__name__}: {str(e)[:200]}")
