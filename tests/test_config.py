@@ -506,3 +506,15 @@ def test_a_weights_folder_or_file_linked_into_build_is_refused(tmp_path):
     why = refused_link(str(tmp_path / "weights" / "q"), "x.f64")
     assert why is not None and why.startswith("`x.f64` links into the zoo's build/"), why
     assert refused_link(str(tmp_path / "weights" / "q"), "z.f64") is None
+
+
+def test_a_refused_config_keeps_the_checks_it_names(tmp_path):
+    """A config refused for one key still names its program's checks where its `dtypes:` and
+    `lock:` read well: each is an error row (a bfloat16 check vanished from junit instead)."""
+    got = zoo(tmp_path, {"programs/p.logos": SRC,
+                         "programs/p.yaml": "dtypes: [float64, bfloat16]\nweights: ../outside\n"})
+    assert got["p"].error is not None and got["p"].dtypes == ["float64", "bfloat16"], (got["p"].error, got["p"].dtypes)
+    got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/p.yaml": "lock: false\ncolour: red\n"})
+    assert got["p"].error is not None and got["p"].lock is False
+    got = zoo(tmp_path, {"programs/p.logos": SRC, "programs/p.yaml": "dtypes: [float16]\n"})   # (unread: the defaults)
+    assert got["p"].error is not None and got["p"].dtypes == ["float64", "float32"]

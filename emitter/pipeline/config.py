@@ -82,12 +82,14 @@ class ProgramConfig:
 
 
 def _finish(p, value=None):
-    """`value`, or every refusal `p` kept (in file order) as one ConfigError."""
+    """`value`, or every refusal `p` kept (in file order) as one ConfigError, holding `value` as
+    far as it was read (`partial`: a program's dtypes and `lock`, so its checks are still rows)."""
     if not p.errors:
         return value
-    if len(p.errors) == 1:
-        raise p.errors[0]
-    raise ConfigErrors(sorted(p.errors, key=lambda e: (e.path != p.path, e.line or 0)))
+    e = p.errors[0] if len(p.errors) == 1 else \
+        ConfigErrors(sorted(p.errors, key=lambda e: (e.path != p.path, e.line or 0)))
+    e.partial = value
+    raise e
 
 
 def load_defaults(root, programs_dir="programs", cache=None):
@@ -270,10 +272,11 @@ def discover(root, programs_dir="programs", cache_file=None, warnings=None, make
             pc = load_program(root, name, defaults, programs_dir, tree, cache)
         except ConfigError as e:
             plain = NAME_RE.fullmatch(name) is not None
+            read = getattr(e, "partial", None) if isinstance(getattr(e, "partial", None), ProgramConfig) else None
             pc = ProgramConfig(name=slug(name), source=source if plain else excerpt(source, 200),
                                config=cfg if plain and tree.is_file(programs_dir, f"{name}.yaml") else None,
-                               weights=None, lock=defaults["lock"],
-                               dtypes=list(defaults["dtypes"]), steps=1,
+                               weights=None, lock=read.lock if read else defaults["lock"],
+                               dtypes=list(read.dtypes if read else defaults["dtypes"]), steps=1,
                                tolerances=defaults["tolerances"], limits=dict(defaults["limits"]),
                                error=str(e) if not default_error else default_error)
         out.append(pc)
