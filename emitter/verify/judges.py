@@ -135,6 +135,24 @@ class Flat:
         return {"worst": worst_of(stages, load)}
 
 
+def _row_figures(g, w):
+    """compare()'s nonfinite_mismatch, cosine and nmse of each row of `g` against `w`'s, for all
+    rows at once (a cache of 1,024 rows compared row by row cost 20 ms)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fin_g, fin_w = np.isfinite(g), np.isfinite(w)
+        same = (g == w) | (np.isnan(g) & np.isnan(w))
+        mismatch = np.count_nonzero((fin_g != fin_w) | (~fin_g & ~fin_w & ~same), axis=1)
+        both = fin_g & fin_w
+        g, w = np.where(both, g, 0.0), np.where(both, w, 0.0)
+        d = g - w
+        sq, power = np.einsum("ij,ij->i", d, d), np.einsum("ij,ij->i", w, w)
+        norms = np.sqrt(np.einsum("ij,ij->i", g, g)) * np.sqrt(power)
+        nmse = np.where(power > 0, sq / power, sq)
+        cosine = np.where(norms > 0, np.einsum("ij,ij->i", g, w) / norms,
+                          np.where(np.abs(d).max(axis=1, initial=0.0) == 0, 1.0, 0.0))
+    return mismatch, cosine, nmse
+
+
 class Bf16(Flat):
     """bfloat16: the per-op gate. `module` (the bundle's model.py) must hold the program's
     precision under `policy` (the config's, else each op's default); `overrides`, the config's
@@ -166,12 +184,11 @@ class Bf16(Flat):
             m["nmse"] <= self.bounds["nmse"]
         if rows and m["pass"] and len(getattr(want, "shape", ())) == 2:
             g = np.asarray(got.double() if hasattr(got, "double") else got, np.float64).reshape(want.shape)
-            w = np.asarray(want, np.float64)
-            for i in range(w.shape[0]):
-                r = compare(g[i:i + 1], w[i:i + 1], self.tol)
-                if r["nonfinite_mismatch"] or r["cosine"] < self.bounds["cosine"] or r["nmse"] > self.bounds["nmse"]:
-                    m.update({"pass": False, "row": i, "row_cosine": r["cosine"], "row_nmse": r["nmse"]})
-                    break
+            mismatch, cosine, nmse = _row_figures(g, np.asarray(want, np.float64))
+            bad = np.flatnonzero((mismatch > 0) | (cosine < self.bounds["cosine"]) | (nmse > self.bounds["nmse"]))
+            if bad.size:
+                i = int(bad[0])
+                m.update({"pass": False, "row": i, "row_cosine": float(cosine[i]), "row_nmse": float(nmse[i])})
         return m
 
     def step(self, torch, program, current, trace, probe, step, label):
