@@ -22,7 +22,7 @@ from ..verify.tolerances import DEFAULT_TOLERANCES
 from .config_keys import (Problems, check_bf16, check_common, check_derive, check_precision,
                           check_weights, env_roots, leaves_message)
 from ..verify.links import ROOTS_ENV, resolved, root_problem
-from .paths import Tree, inside
+from .paths import Tree, in_build, inside
 from ..yamlfile import ConfigError, ConfigErrors, ParseCache, load_yaml
 
 DEFAULTS_FILE = "defaults.yaml"
@@ -199,7 +199,7 @@ def load_program(root, name, defaults, programs_dir="programs", tree=None, cache
         if pc.weights and rel is None:
             p.errors.append(ConfigError(f"{leaves_message(default, roots)} (a link?)", None,
                                         cfg_rel if has_cfg else source))
-        elif rel and (rel == "build" or rel.startswith("build/")):
+        elif rel and in_build(rel):
             p.errors.append(ConfigError(f"`{default}` is a link under build/, which a run rewrites (derived "
                                         "weights are made there by `derive:`)", None, cfg_rel if has_cfg else source))
     return _finish(p, pc)

@@ -15,7 +15,7 @@ from ..language.hints import did_you_mean, unknown
 from ..verify.links import (PATH_BYTES, ROOTS_ENV, env_roots, path_bytes,  # noqa: F401  (config reads env_roots here)
                             root_problem)
 from ..verify.tolerances import DTYPES
-from .paths import inside, resolved
+from .paths import in_build, inside, resolved
 from ..yamlfile import ConfigError
 
 IMPORTER_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
@@ -304,7 +304,7 @@ def check_weights(p, w, root, tree, roots):
     rel = inside(root, _short_path(p, "weights", w), tree, roots)
     if rel is None:
         raise p.error("weights", leaves_message(w, roots))
-    if rel == "." or rel == "build" or rel.startswith("build/"):
+    if rel == "." or in_build(rel):
         raise p.error("weights", f"`{excerpt(w, 120)}` is the repository or under build/ "
                       "(derived weights are made there by `derive:`)")
     if not os.path.isdir(os.path.join(root, rel)) and not (tree and tree.to_be_made(rel)):

@@ -52,6 +52,12 @@ class Tree:
             return False
 
 
+def in_build(rel):
+    """Whether the repository-relative `rel` (as `inside` gives it) is build/ or under it: what runs
+    write, which no weights folder may be."""
+    return rel == "build" or rel.startswith("build/")
+
+
 def inside(root, rel, tree=None, roots=()):
     """The repo-relative normal form of `rel` (symlinks followed; an absolute path too); else, where
     it lands inside one of `roots` (resolved folders outside the repository), its absolute resolved

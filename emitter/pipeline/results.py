@@ -350,15 +350,16 @@ def currency(rows, programs_dir, threads):
                     key = parts and check_key(parts)
                     written_now = bool(key) and mine.get("key") == key \
                         and fingerprint.sha256_or_none(c.result) == mine.get("sha256")   # as the lock wrote it
+                    result = read_json(c.result) if written_now else None   # (read once: as the lock wrote it)
                     same = x.get("key") == key and mine.get("verdict") == x["verdict"] and \
-                        (not written_now or _as_recorded(x, read_json(c.result)))
+                        (not written_now or _as_recorded(x, result))
                     x["current"] = written_now and same and golden
                     # the result on disk is current, the history's newest row of it is not that result
                     x["history_differs"] = written_now and not same and x.get("id") is not None
                     # computed in another environment than the key names (a Dask worker elsewhere)
                     x["elsewhere"] = bool(x.get("env_sha")) and x["env_sha"] != env()
                     # taken from the shared verdict cache (signed, under this key), not computed here
-                    x["from_cache"] = x["current"] and bool((read_json(c.result) or {}).get("from_cache"))
+                    x["from_cache"] = x["current"] and bool((result or {}).get("from_cache"))
                     zoo.append(x)
     finally:
         os.chdir(here)

@@ -73,14 +73,14 @@ def other_states(program, states, exact):
     holds values too and a module that drops a tap or row of it is found, though the lock's own
     steps write only as many rows as it has steps; and a cache's written rows (their mask moves
     with them) lie apart from the one the step writes, so one that reads only its last rows (a
-    window of the steps' count) is found too. An Int one a stage reads as a row index (a token, a position), each
-    value v as v + 257, or v + 256 where v is odd (an odd number past 256, which bfloat16's 8 bits
-    cannot hold, so a module that rounds it on its way to the index is found, though the lock's
-    own steps may reach small ones alone), then 257, the least such (259 for v = 257: a table of
-    fewer rows); any Int one v + 1 (v - 1 where that is past every row): a counter keeps its size
-    (one that scales a value makes no number the dtype cannot hold). An Int one only where it is
-    at most `exact[state]` (what the module's buffer of the state holds exactly: float32's 2^24);
-    an Int state `exact` does not name keeps its value."""
+    window of the steps' count) is found too. An Int one a stage reads as a row index (a token, a
+    position), each value v as v + 257, or v + 256 where v is odd (an odd number past 256, which
+    bfloat16's 8 bits cannot hold, so a module that rounds it on its way to the index is found,
+    though the lock's own steps may reach small ones alone), then 257, the least such (259 for
+    v = 257: a table of fewer rows); any Int one v + 1 (v - 1 where that is past every row): a
+    counter keeps its size (one that scales a value makes no number the dtype cannot hold). An Int
+    one only where it is at most `exact[state]` (what the module's buffer of the state holds
+    exactly: float32's 2^24); an Int state `exact` does not name keeps its value."""
     out = {}
     index = {st.bound.get(slot) for st in program.stages for slot in st.op.index}
     for s in program.states:

@@ -92,18 +92,25 @@ def under(path, roots):
 
 def _outside(weights_dir, fname, roots=None):
     """(target, roots) where `weights_dir/fname` links outside its folder and every allowed root
-    (`roots`, resolved here when None), else None."""
+    (`roots`, resolved here when None) or into the zoo's build/ (target None: through a link that
+    cannot be read), else None."""
     path = os.path.join(weights_dir, fname)
     if os.sep not in fname and "/" not in fname and not os.path.islink(path):
         return None   # an entry of the folder itself, no link: it resolves inside the folder
     target = resolved(path)
-    if target is None:   # (a link on the way that cannot be read: followed nowhere)
-        return f"{path}, through a link that cannot be read", allowed_roots(weights_dir) if roots is None else roots
-    if os.path.dirname(target) == os.path.realpath(weights_dir):
+    if target is not None and os.path.dirname(target) == os.path.realpath(weights_dir):
         return None
     roots = allowed_roots(weights_dir) if roots is None else roots
-    built = [os.path.join(os.path.realpath(z), "build") for z in (find_zoo_root(weights_dir),) if z]
-    return None if under(target, roots) and not under(target, built) else (target, roots)
+    if target is None:   # (a link on the way that cannot be read: followed nowhere)
+        return None, roots
+    return None if under(target, roots) and not _in_build(weights_dir, target) else (target, roots)
+
+
+def _in_build(weights_dir, target):
+    """Whether the resolved `target` is in the build/ of the zoo `weights_dir` is in (what runs
+    rewrite: another program's output)."""
+    zoo = find_zoo_root(weights_dir)
+    return bool(zoo) and under(target, [os.path.join(os.path.realpath(zoo), "build")])
 
 
 def refused_links(weights_dir, names):
@@ -119,8 +126,9 @@ def refused_link(weights_dir, fname):
     if out is None:
         return None
     target, roots = out
-    zoo = find_zoo_root(weights_dir)
-    if zoo and under(target, [os.path.join(os.path.realpath(zoo), "build")]):
+    if target is None:
+        target = f"{os.path.join(weights_dir, fname)}, through a link that cannot be read"
+    elif _in_build(weights_dir, target):
         return (f"`{fname}` links into the zoo's build/, to `{target}`, which a run rewrites (another "
                 "program's output): a weights file is the author's; copy it in")
     return (f"`{fname}` links outside the weights directory, to `{target}`, which is outside the "
